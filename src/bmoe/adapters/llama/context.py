@@ -1,0 +1,166 @@
+"""``LlamaContext``: one llama.cpp context (KV/recurrent memory, compute threads) on a model."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Literal, Protocol
+
+import attrs
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.llama.status import check_decode
+from bmoe.errors import ConfigError, ContextInitError, ContextOverflowError
+
+FlashAttn = Literal["auto", "on", "off"]
+_FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+class EvalCallback(Protocol):
+    """A C eval callback and its state (see ``bmoe.cext.route_recorder.RouteRecorder``)."""
+
+    @property
+    def callback_address(self) -> int: ...
+
+    @property
+    def user_data_address(self) -> int: ...
+
+
+@attrs.frozen
+class ContextParams:
+    """Fixed at creation: the context length, batch sizes and threads never change after."""
+
+    n_ctx: int = 256
+    n_batch: int = 64
+    n_ubatch: int = 64
+    n_threads: int = 2
+    flash_attn: FlashAttn = "auto"
+
+    def __attrs_post_init__(self) -> None:
+        if self.n_ctx < 8:
+            raise ConfigError(f"n_ctx must be at least 8, not {self.n_ctx}")
+        if not 1 <= self.n_ubatch <= self.n_batch:
+            raise ConfigError(f"need 1 <= n_ubatch <= n_batch, got {self.n_ubatch} and {self.n_batch}")
+        if self.n_threads < 1:
+            raise ConfigError(f"n_threads must be at least 1, not {self.n_threads}")
+        if self.flash_attn not in _FLASH_ATTN:
+            raise ConfigError(f"flash_attn must be one of {sorted(_FLASH_ATTN)}, not {self.flash_attn!r}")
+
+
+class LlamaContext:
+    """Owns a ``llama_context`` and its batch; free with ``close()`` or a ``with`` block.
+
+    One sequence (id 0). ``eval_callback``, when given, must outlive the context: the
+    context keeps a reference to it.
+    """
+
+    def __init__(
+        self, model: LlamaModel, params: ContextParams, *, eval_callback: EvalCallback | None = None
+    ) -> None:
+        self.model = model
+        self.params = params
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = params.n_ctx
+        cparams.n_batch = params.n_batch
+        cparams.n_ubatch = params.n_ubatch
+        cparams.n_seq_max = 1
+        cparams.n_rs_seq = 0
+        cparams.n_threads = params.n_threads
+        cparams.n_threads_batch = params.n_threads
+        cparams.flash_attn_type = _FLASH_ATTN[params.flash_attn]
+        cparams.no_perf = True
+        self._eval_callback = eval_callback
+        self._cb_ref = None
+        if eval_callback is not None:
+            self._cb_ref = llama_cpp.ggml_backend_sched_eval_callback(eval_callback.callback_address)
+            cparams.cb_eval = self._cb_ref
+            cparams.cb_eval_user_data = ctypes.c_void_p(eval_callback.user_data_address)
+        ptr = llama_cpp.llama_init_from_model(model.ptr, cparams)
+        if not ptr:
+            raise ContextInitError(
+                f"llama.cpp could not create a context of {params.n_ctx} tokens "
+                "(not enough memory for the KV cache?)"
+            )
+        self._ptr: llama_cpp.llama_context_p | None = ptr
+        self.n_ctx: int = int(llama_cpp.llama_n_ctx(ptr))
+        self._batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
+        self._batch_live = True
+
+    # -- ownership -------------------------------------------------------------------------
+
+    @property
+    def ptr(self) -> llama_cpp.llama_context_p:
+        if self._ptr is None:
+            raise ValueError("the context is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._batch_live:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch_live = False
+        if self._ptr is not None:
+            llama_cpp.llama_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> LlamaContext:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- memory ----------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Drop every cell of the KV / recurrent memory."""
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ptr), True)
+
+    def remove_from(self, pos: int) -> bool:
+        """Remove positions ``pos..end`` of the sequence; False when the memory refuses."""
+        return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.ptr), 0, pos, -1))
+
+    # -- compute ---------------------------------------------------------------------------
+
+    def decode(
+        self, tokens: Sequence[int], start_pos: int, *, logits: Literal["last", "all"] = "last"
+    ) -> None:
+        """Feed ``tokens`` at positions ``start_pos...``, in chunks of ``n_batch``.
+
+        Logits are computed for the last token only (``"last"``) or for every token (``"all"``).
+        Raises ``ContextOverflowError`` before decoding anything if the tokens do not fit.
+        """
+        if not tokens:
+            raise ConfigError("decode needs at least one token")
+        if start_pos + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start_pos + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
+            )
+        step = self.params.n_batch
+        batch = self._batch
+        for begin in range(0, len(tokens), step):
+            chunk = tokens[begin : begin + step]
+            last_chunk = begin + step >= len(tokens)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = start_pos + begin + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = logits == "all" or (last_chunk and i == len(chunk) - 1)
+            batch.n_tokens = len(chunk)
+            check_decode(llama_cpp.llama_decode(self.ptr, batch))
+
+    def logits(self, index: int = -1) -> npt.NDArray[np.float32]:
+        """A copy of one output row of logits (``-1``: the last one computed)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
+        if not ptr:
+            raise ValueError(f"no logits for output row {index}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()

@@ -1,0 +1,154 @@
+"""``LlamaModel``: one loaded GGUF model, its vocabulary and metadata."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from types import TracebackType
+
+import attrs
+import llama_cpp
+
+from bmoe.adapters.llama.log import ensure_backend
+from bmoe.errors import ModelLoadError, TokenizeError
+
+
+@attrs.frozen
+class ModelParams:
+    """How a model is loaded.
+
+    The defaults are the ones streaming needs and that make an oracle comparable: the file
+    is memory-mapped (tensors point into the mapping at their file offsets), nothing is
+    offloaded, and weight repacking (``use_extra_bufts``) is off so expert tensors keep the
+    file's layout.
+    """
+
+    use_mmap: bool = True
+    use_extra_bufts: bool = False
+    vocab_only: bool = False
+
+
+class LlamaModel:
+    """Owns a ``llama_model``; free it with ``close()`` or a ``with`` block."""
+
+    def __init__(self, path: str | Path, params: ModelParams | None = None) -> None:
+        params = params or ModelParams()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelLoadError(f"model file not found: {self.path}")
+        ensure_backend()
+        cparams = llama_cpp.llama_model_default_params()
+        cparams.n_gpu_layers = 0
+        cparams.load_mode = (
+            llama_cpp.LLAMA_LOAD_MODE_MMAP if params.use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+        )
+        cparams.use_extra_bufts = params.use_extra_bufts
+        cparams.vocab_only = params.vocab_only
+        ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), cparams)
+        if not ptr:
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.path} (not a GGUF, an unsupported architecture, "
+                "or missing tensors; run with --verbose to see llama.cpp's reason)"
+            )
+        self._ptr: llama_cpp.llama_model_p | None = ptr
+        self._vocab = llama_cpp.llama_model_get_vocab(ptr)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+
+    # -- ownership -------------------------------------------------------------------------
+
+    @property
+    def ptr(self) -> llama_cpp.llama_model_p:
+        if self._ptr is None:
+            raise ValueError("the model is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            llama_cpp.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> LlamaModel:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- facts -----------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text, or None when the key is absent."""
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", errors="replace")
+            size = n + 1
+
+    @property
+    def arch(self) -> str:
+        return self.meta("general.architecture") or "unknown"
+
+    @property
+    def n_layer(self) -> int:
+        return int(llama_cpp.llama_model_n_layer(self.ptr))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(llama_cpp.llama_model_n_ctx_train(self.ptr))
+
+    @property
+    def n_expert(self) -> int:
+        value = self.meta(f"{self.arch}.expert_count")
+        return int(value) if value else 0
+
+    @property
+    def n_expert_used(self) -> int:
+        value = self.meta(f"{self.arch}.expert_used_count")
+        return int(value) if value else 0
+
+    @property
+    def is_recurrent_or_hybrid(self) -> bool:
+        return bool(llama_cpp.llama_model_is_recurrent(self.ptr)) or bool(
+            llama_cpp.llama_model_is_hybrid(self.ptr)
+        )
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta("tokenizer.chat_template")
+
+    # -- vocabulary ------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; specials such as ``<|im_start|>`` are parsed by default."""
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buf, n_max, add_special, parse_special
+            )
+        if n < 0:
+            raise TokenizeError(f"llama_tokenize failed on {len(data)} bytes (code {n})")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes one token stands for (control tokens render empty unless ``special``)."""
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, ``<|im_end|>`` ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

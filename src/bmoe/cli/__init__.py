@@ -1,0 +1,107 @@
+"""Command line of bmoe: ``python -m bmoe.cli`` (also installed as ``bmoe``).
+
+One-shot mode: ``-p PROMPT -n N`` generates once, prints the answer on stdout and a summary
+on stderr. With no ``-m`` it runs on the built-in tiny model (generated on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bmoe.adapters.chat_template import JinjaChatTemplate
+from bmoe.adapters.llama import ContextParams
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.generation import GenerationRequest
+from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.summary import generation_line, timing_line
+from bmoe.errors import BmoeError
+from bmoe.runtime import RunConfig, run
+
+DEFAULT_MODEL_FIXTURE = "qwen3moe"
+DEFAULT_PROMPT = "Hello, world"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bmoe.cli",
+        description="Run a Mixture-of-Experts GGUF model with bmoe.",
+        epilog="With no -m, a tiny random-weight model (qwen3moe) is generated and used: "
+        "its output is gibberish, but every part of the engine runs.",
+    )
+    p.add_argument("-m", "--model", type=Path, help="GGUF file (for a split model: the first shard)")
+    p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help="prompt text (default: %(default)r)")
+    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default: 32)")
+    p.add_argument("-t", "--threads", type=int, default=2, help="compute threads (default: 2)")
+    p.add_argument("-c", "--ctx-size", type=int, default=512, help="context length (default: 512)")
+    p.add_argument(
+        "-b", "--batch-size", type=int, default=64, help="prompt batch and ubatch size (default: 64)"
+    )
+    p.add_argument(
+        "--chatml", action="store_true", help="wrap the prompt as a user turn with the chat template"
+    )
+    p.add_argument("--no-think", action="store_true", help="with --chatml: render with thinking off")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k when --temp > 0 (default: 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p when --temp > 0 (default: 0.95)")
+    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
+    return p
+
+
+def _default_model() -> Path:
+    from bmoe.testing.fixtures import fixture_path
+
+    path = fixture_path(DEFAULT_MODEL_FIXTURE)
+    print(
+        f"bmoe: no -m given, using the built-in tiny model ({DEFAULT_MODEL_FIXTURE}, random weights): {path}",
+        file=sys.stderr,
+    )
+    return path
+
+
+def _render_prompt(model_path: Path, prompt: str, think: bool) -> str:
+    from bmoe.adapters.llama import LlamaModel, ModelParams
+
+    with LlamaModel(model_path, ModelParams(vocab_only=True)) as vocab:
+        template = JinjaChatTemplate(vocab.chat_template)
+    return template.render([ChatMessage("user", prompt)], enable_thinking=think)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        model_path = args.model if args.model is not None else _default_model()
+        prompt = _render_prompt(model_path, args.prompt, not args.no_think) if args.chatml else args.prompt
+        request = GenerationRequest(
+            prompt=prompt,
+            n_predict=args.n_predict,
+            sampling=SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        )
+        config = RunConfig(
+            model_path=model_path,
+            context=ContextParams(
+                n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.batch_size, n_threads=args.threads
+            ),
+            verbose=args.verbose,
+        )
+
+        def echo(piece: str) -> None:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+        outcome = run(config, request, on_text=echo)
+    except BmoeError as exc:
+        print(f"\nbmoe: error: {exc}", file=sys.stderr)
+        return 1
+    print()
+    result = outcome.result
+    mode = "resident (expert streaming not enabled)"
+    if outcome.n_expert:
+        mode += f"; {outcome.arch}, {outcome.n_expert} experts, top-{outcome.n_expert_used}"
+    print(generation_line(result), file=sys.stderr)
+    print(f"mode: {mode}", file=sys.stderr)
+    print(timing_line(result, outcome.load_s), file=sys.stderr)
+    return 0

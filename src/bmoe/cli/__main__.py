@@ -1,0 +1,5 @@
+"""``python -m bmoe.cli``."""
+
+from bmoe.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""Every error bmoe raises on purpose derives from ``BmoeError``.
+
+Where an error resembles a builtin, it also derives from that builtin, so callers that
+already catch ``ValueError`` or ``OSError`` keep working. llama.cpp's return codes become
+these types in one place: ``bmoe.adapters.llama.status``.
+"""
+
+from __future__ import annotations
+
+
+class BmoeError(Exception):
+    """Base of every error bmoe raises on purpose."""
+
+
+class ConfigError(BmoeError, ValueError):
+    """A setting or request that cannot be honoured (caught before any work is done)."""
+
+
+class ContextOverflowError(ConfigError):
+    """A prompt (plus the tokens to generate) does not fit in the context fixed at open."""
+
+
+class ModelLoadError(BmoeError, OSError):
+    """llama.cpp could not load the model file (missing, unreadable, unsupported)."""
+
+
+class ContextInitError(BmoeError, RuntimeError):
+    """llama.cpp could not create a context (usually: not enough memory for the KV cache)."""
+
+
+class TokenizeError(BmoeError, ValueError):
+    """Text could not be turned into tokens (or tokens into text)."""
+
+
+class DecodeError(BmoeError, RuntimeError):
+    """``llama_decode`` failed; ``code`` is its return value."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class KvCacheFullError(DecodeError):
+    """``llama_decode`` found no KV slot for the batch (return code 1)."""
+
+
+class DecodeAbortedError(DecodeError):
+    """The abort callback stopped ``llama_decode`` (return code 2): a cancel or a failed read."""
+
+
+class FixtureError(BmoeError, ValueError):
+    """An unknown tiny-model fixture was asked for, or it could not be built."""

@@ -1,0 +1,1 @@
+"""Ports: the interfaces the service layer needs, implemented by adapters and fakes."""
