@@ -30,11 +30,12 @@ INCLUDE = llama_cpp_include_dir()
 
 extensions = [
     Extension(
-        "bmoe.cext.route_recorder",
-        ["src/bmoe/cext/route_recorder.pyx"],
+        f"bmoe.cext.{name}",
+        [f"src/bmoe/cext/{name}.pyx"],
         include_dirs=[INCLUDE],
         extra_compile_args=["-O2"],
-    ),
+    )
+    for name in ("route_recorder", "abort_flag")
 ]
 
 setup(

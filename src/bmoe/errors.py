@@ -50,3 +50,7 @@ class DecodeAbortedError(DecodeError):
 
 class FixtureError(BmoeError, ValueError):
     """An unknown tiny-model fixture was asked for, or it could not be built."""
+
+
+class SessionFailedError(BmoeError, RuntimeError):
+    """A fatal error ended the session earlier (sticky); open a new one."""

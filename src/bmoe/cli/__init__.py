@@ -11,14 +11,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.llama import ContextParams
-from bmoe.domain.chat import ChatMessage
-from bmoe.domain.generation import GenerationRequest
+from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.summary import generation_line, timing_line
 from bmoe.errors import BmoeError
-from bmoe.runtime import RunConfig, run
+from bmoe.runtime import Session, SessionConfig
 
 DEFAULT_MODEL_FIXTURE = "qwen3moe"
 DEFAULT_PROMPT = "Hello, world"
@@ -62,46 +60,42 @@ def _default_model() -> Path:
     return path
 
 
-def _render_prompt(model_path: Path, prompt: str, think: bool) -> str:
-    from bmoe.adapters.llama import LlamaModel, ModelParams
-
-    with LlamaModel(model_path, ModelParams(vocab_only=True)) as vocab:
-        template = JinjaChatTemplate(vocab.chat_template)
-    return template.render([ChatMessage("user", prompt)], enable_thinking=think)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        model_path = args.model if args.model is not None else _default_model()
-        prompt = _render_prompt(model_path, args.prompt, not args.no_think) if args.chatml else args.prompt
-        request = GenerationRequest(
-            prompt=prompt,
-            n_predict=args.n_predict,
-            sampling=SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
-        )
-        config = RunConfig(
-            model_path=model_path,
+        config = SessionConfig(
+            model_path=args.model if args.model is not None else _default_model(),
             context=ContextParams(
                 n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.batch_size, n_threads=args.threads
             ),
+            chat=args.chatml,
+            think=not args.no_think,
+            n_predict=args.n_predict,
             verbose=args.verbose,
         )
+        request = GenerateRequest(
+            prompt=args.prompt,
+            sampling=SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        )
 
-        def echo(piece: str) -> None:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+        def echo(progress: Progress) -> None:
+            if progress.delta_text:
+                sys.stdout.write(progress.delta_text)
+                sys.stdout.flush()
 
-        outcome = run(config, request, on_text=echo)
+        with Session.open(config) as session:
+            result = session.generate(request, on_progress=echo)
+            mode = "resident (expert streaming not enabled)"
+            if session.n_expert:
+                mode += f"; {session.arch}, {session.n_expert} experts, top-{session.n_expert_used}"
+            load_s = session.load_s
     except BmoeError as exc:
         print(f"\nbmoe: error: {exc}", file=sys.stderr)
         return 1
     print()
-    result = outcome.result
-    mode = "resident (expert streaming not enabled)"
-    if outcome.n_expert:
-        mode += f"; {outcome.arch}, {outcome.n_expert} experts, top-{outcome.n_expert_used}"
+    if result.reasoning:
+        print(f"reasoning: {result.reasoning!r}", file=sys.stderr)
     print(generation_line(result), file=sys.stderr)
     print(f"mode: {mode}", file=sys.stderr)
-    print(timing_line(result, outcome.load_s), file=sys.stderr)
+    print(timing_line(result, load_s), file=sys.stderr)
     return 0

@@ -1,4 +1,4 @@
-"""What a generation asks for and what it returns."""
+"""What a generate request asks for, and what it returns."""
 
 from __future__ import annotations
 
@@ -9,39 +9,61 @@ from bmoe.errors import ConfigError
 
 
 @attrs.frozen
-class GenerationRequest:
-    """One prompt to complete.
+class GenerateRequest:
+    """One prompt to answer.
 
-    ``prompt`` is the text fed to the model as is (already rendered through a chat template
-    when the caller wants one). At most ``n_predict`` tokens are generated; generation also
-    stops at an end-of-generation token, which is not part of the result.
+    - ``prompt``: in chat mode the new user message (the session renders the chat template
+      over the whole conversation); in raw mode the text fed as is.
+    - ``n_predict`` / ``think``: None means the session's default.
+    - ``clear_kv``: True starts a new conversation (KV and history dropped, expert cache
+      kept); False continues the engine-held conversation, reusing the KV prefix.
+
+    Generation stops after ``n_predict`` tokens or at an end-of-generation token, which is
+    not part of the result.
     """
 
     prompt: str
-    n_predict: int = 32
+    n_predict: int | None = None
+    think: bool | None = None
+    clear_kv: bool = True
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
 
     def __attrs_post_init__(self) -> None:
         if not self.prompt:
-            raise ConfigError("the prompt is empty")
-        if self.n_predict < 0:
+            raise ConfigError("empty prompt")
+        if self.n_predict is not None and self.n_predict < 0:
             raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
 
 
 @attrs.frozen
-class GenerationResult:
-    """Tokens and text of one generation, with its timings (seconds)."""
+class Progress:
+    """One decoded token's worth of news (``BMOE_PROGRESS``)."""
 
-    prompt_tokens: tuple[int, ...]
-    tokens: tuple[int, ...]
+    step: int
+    steps: int
+    wall_ms: float
+    delta_text: str
+    delta_reasoning: str
+
+
+@attrs.frozen
+class RunResult:
+    """The outcome of one generate (``BMOE_DONE``). Times in seconds.
+
+    ``tokens`` are the generated ids (the end-of-generation token excluded); ``text`` the
+    answer and ``reasoning`` the thinking span, parsed apart; ``n_prompt`` the tokens
+    prefilled this turn (after prefix reuse); ``n_past`` the context length after the turn.
+    """
+
     text: str
+    reasoning: str
+    tokens: tuple[int, ...]
+    n_prompt: int
+    n_past: int
     prefill_s: float
     decode_s: float
-    stopped_at_eog: bool
-
-    @property
-    def n_prompt(self) -> int:
-        return len(self.prompt_tokens)
+    cancelled: bool = False
+    stopped_at_eog: bool = False
 
     @property
     def prefill_tps(self) -> float:
@@ -49,7 +71,8 @@ class GenerationResult:
 
     @property
     def decode_s_tok(self) -> float:
-        """Seconds per generated token (the first token comes from the prefill's logits)."""
+        """Seconds per generated token (decode steps only: the first token comes from the
+        prefill's logits)."""
         steps = len(self.tokens) - 1
         return self.decode_s / steps if steps > 0 and self.decode_s > 0 else 0.0
 

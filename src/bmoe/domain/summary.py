@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from bmoe.domain.generation import GenerationResult
+from bmoe.domain.generation import RunResult
 
 
-def generation_line(result: GenerationResult) -> str:
+def generation_line(result: RunResult) -> str:
     """``generation:`` tokens generated and decode speed."""
     return (
         f"generation: {len(result.tokens)} tokens, {result.decode_s_tok:.4f} s/token "
@@ -13,7 +13,7 @@ def generation_line(result: GenerationResult) -> str:
     )
 
 
-def timing_line(result: GenerationResult, load_s: float) -> str:
+def timing_line(result: RunResult, load_s: float) -> str:
     """``timing:`` model load and prompt prefill."""
     return (
         f"timing: load {load_s:.2f} s, prefill {result.n_prompt} tokens in {result.prefill_s:.3f} s "

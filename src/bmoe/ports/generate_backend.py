@@ -1,16 +1,19 @@
-"""``IGenerateBackend``: what a generation needs from a language-model engine."""
+"""``IGenerateBackend`` and ``IChatRenderer``: what a session needs from an engine."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
 
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.sampling import SamplingParams
+
 
 class IGenerateBackend(Protocol):
     """A model with one sequence of context, a tokenizer and a sampler.
 
-    Policy (when to stop, what fits, timing) lives in ``bmoe.service``; the backend only
-    does what it is told.
+    Policy (what to keep, when to stop, what fits, cancel, timing) lives in
+    ``bmoe.service``; the backend only does what it is told.
     """
 
     @property
@@ -34,13 +37,49 @@ class IGenerateBackend(Protocol):
         """Forget the whole context (the next ``feed`` starts at position 0)."""
         ...
 
+    def keep_prefix(self, n_keep: int) -> bool:
+        """Remove every position from ``n_keep`` on and keep the rest.
+
+        False when the memory cannot keep a partial prefix (recurrent/hybrid state, or a
+        sliding window that already dropped cells the prefix needs): the caller then
+        ``reset()``s and prefills the whole prompt. Never raises for that reason.
+        """
+        ...
+
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
         """Compute ``tokens`` at ``start_pos...`` into the context, logits for the last one.
 
-        Raises ``DecodeError`` (the context is then in an unknown state: ``reset`` it).
+        Raises ``DecodeAbortedError`` when ``abort()`` stopped it, another ``DecodeError``
+        when it failed; either way the positions it was computing are in an unknown state.
         """
+        ...
+
+    def start_sampling(self, params: SamplingParams) -> None:
+        """Begin a new generation: a fresh sampler (fresh seed state) with ``params``."""
         ...
 
     def sample(self) -> int:
         """Choose the next token from the last logits (and let the sampler accept it)."""
+        ...
+
+    def abort(self) -> None:
+        """Make the running (or next) ``feed`` stop early. Safe from any thread."""
+        ...
+
+    def clear_abort(self) -> None:
+        """Let ``feed`` run again after an ``abort()``."""
+        ...
+
+
+class IChatRenderer(Protocol):
+    """A model's chat template."""
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = True,
+    ) -> str:
+        """Prompt text for ``messages``. Raises ``ConfigError`` when the template fails."""
         ...

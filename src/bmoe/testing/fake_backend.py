@@ -1,42 +1,58 @@
 """``ScriptedGenerateBackend``: an ``IGenerateBackend`` with no model behind it.
 
 Public so users can test code built on bmoe without a model. Its "model" is a script:
-the token that follows a given context is a pure function of the tokens in the context,
-so the same history always continues the same way.
+the token that follows a context is a pure function of the tokens in the context, so
+the same history always continues the same way, whatever was computed before.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
-from bmoe.errors import DecodeError
+from bmoe.domain.sampling import SamplingParams
+from bmoe.errors import DecodeAbortedError, DecodeError
 
 EOG = 0
 
+NextToken = Callable[[Sequence[int]], int]
+
 
 def _default_next(context: Sequence[int]) -> int:
-    return (sum(context) * 31 + len(context)) % 200 + 1
+    return (sum(context) * 31 + len(context)) % 200 + 32
 
 
 class ScriptedGenerateBackend:
     """Text is bytes: token ``t`` (1..255) is the byte ``t``; token 0 ends a generation.
 
-    ``next_token(context)`` decides what follows; ``fail_at`` makes the n-th ``feed`` call
-    raise ``DecodeError`` (to test error paths). ``feeds`` records every ``feed`` call.
+    - ``next_token(context)`` decides what follows the context;
+    - ``partial_keep=False`` behaves like recurrent/hybrid memory (``keep_prefix`` refuses
+      anything but keeping all or nothing);
+    - ``fail_at=n`` makes the n-th ``feed`` raise ``DecodeError`` (a fatal failure);
+    - ``on_feed(backend, tokens, pos)`` runs at each feed (e.g. to ``abort()`` from a test).
+
+    ``feeds`` records every ``feed`` call as ``(tokens, start_pos)``; ``resets`` counts resets.
     """
 
     def __init__(
         self,
         n_ctx: int = 64,
-        next_token: Callable[[Sequence[int]], int] = _default_next,
+        next_token: NextToken = _default_next,
+        *,
+        partial_keep: bool = True,
         fail_at: int | None = None,
+        on_feed: Callable[[ScriptedGenerateBackend, Sequence[int], int], None] | None = None,
     ) -> None:
         self._n_ctx = n_ctx
         self.next_token = next_token
+        self.partial_keep = partial_keep
         self.fail_at = fail_at
+        self.on_feed = on_feed
         self.context: list[int] = []
         self.feeds: list[tuple[tuple[int, ...], int]] = []
         self.resets = 0
+        self.samplings: list[SamplingParams] = []
+        self._abort = threading.Event()
 
     @property
     def n_ctx(self) -> int:
@@ -55,8 +71,18 @@ class ScriptedGenerateBackend:
         self.context.clear()
         self.resets += 1
 
+    def keep_prefix(self, n_keep: int) -> bool:
+        if n_keep not in (0, len(self.context)) and not self.partial_keep:
+            return False
+        del self.context[n_keep:]
+        return True
+
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
         self.feeds.append((tuple(tokens), start_pos))
+        if self.on_feed is not None:
+            self.on_feed(self, tokens, start_pos)
+        if self._abort.is_set():
+            raise DecodeAbortedError("llama_decode failed: aborted by the abort callback (code 2)", 2)
         if self.fail_at is not None and len(self.feeds) == self.fail_at:
             raise DecodeError("scripted failure", -3)
         if start_pos != len(self.context):
@@ -65,5 +91,14 @@ class ScriptedGenerateBackend:
             raise DecodeError("context full", 1)
         self.context.extend(tokens)
 
+    def start_sampling(self, params: SamplingParams) -> None:
+        self.samplings.append(params)
+
     def sample(self) -> int:
         return self.next_token(self.context)
+
+    def abort(self) -> None:
+        self._abort.set()
+
+    def clear_abort(self) -> None:
+        self._abort.clear()

@@ -24,8 +24,8 @@ _FLASH_ATTN = {
 }
 
 
-class EvalCallback(Protocol):
-    """A C eval callback and its state (see ``bmoe.cext.route_recorder.RouteRecorder``)."""
+class CCallback(Protocol):
+    """A C function and its user data, owned by a Python object (see ``bmoe.cext``)."""
 
     @property
     def callback_address(self) -> int: ...
@@ -36,13 +36,18 @@ class EvalCallback(Protocol):
 
 @attrs.frozen
 class ContextParams:
-    """Fixed at creation: the context length, batch sizes and threads never change after."""
+    """Fixed at creation: the context length, batch sizes and threads never change after.
+
+    ``swa_full=False`` keeps only the window of sliding-window layers (less memory; a kept
+    prefix may then have lost cells, see ``LlamaGenerateBackend.keep_prefix``).
+    """
 
     n_ctx: int = 256
     n_batch: int = 64
     n_ubatch: int = 64
     n_threads: int = 2
     flash_attn: FlashAttn = "auto"
+    swa_full: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx < 8:
@@ -58,12 +63,18 @@ class ContextParams:
 class LlamaContext:
     """Owns a ``llama_context`` and its batch; free with ``close()`` or a ``with`` block.
 
-    One sequence (id 0). ``eval_callback``, when given, must outlive the context: the
-    context keeps a reference to it.
+    One sequence (id 0). ``eval_callback`` (``cb_eval``, e.g. a ``RouteRecorder``) and
+    ``abort`` (the abort callback, e.g. an ``AbortFlag``) are optional; the context keeps a
+    reference to each so they live as long as it does.
     """
 
     def __init__(
-        self, model: LlamaModel, params: ContextParams, *, eval_callback: EvalCallback | None = None
+        self,
+        model: LlamaModel,
+        params: ContextParams,
+        *,
+        eval_callback: CCallback | None = None,
+        abort: CCallback | None = None,
     ) -> None:
         self.model = model
         self.params = params
@@ -77,6 +88,7 @@ class LlamaContext:
         cparams.n_threads_batch = params.n_threads
         cparams.flash_attn_type = _FLASH_ATTN[params.flash_attn]
         cparams.no_perf = True
+        cparams.swa_full = params.swa_full
         self._eval_callback = eval_callback
         self._cb_ref = None
         if eval_callback is not None:
@@ -90,6 +102,11 @@ class LlamaContext:
                 "(not enough memory for the KV cache?)"
             )
         self._ptr: llama_cpp.llama_context_p | None = ptr
+        self._abort = abort
+        self._abort_ref = None
+        if abort is not None:
+            self._abort_ref = llama_cpp.ggml_abort_callback(abort.callback_address)
+            llama_cpp.llama_set_abort_callback(ptr, self._abort_ref, ctypes.c_void_p(abort.user_data_address))
         self.n_ctx: int = int(llama_cpp.llama_n_ctx(ptr))
         self._batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
         self._batch_live = True
@@ -127,6 +144,10 @@ class LlamaContext:
     def remove_from(self, pos: int) -> bool:
         """Remove positions ``pos..end`` of the sequence; False when the memory refuses."""
         return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.ptr), 0, pos, -1))
+
+    def pos_min(self) -> int:
+        """Smallest position the memory still holds for the sequence (-1 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(self.ptr), 0))
 
     # -- compute ---------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""``LlamaGenerateBackend``: ``IGenerateBackend`` over a llama.cpp model, context and sampler."""
+"""``LlamaGenerateBackend``: ``IGenerateBackend`` over a llama.cpp model and context."""
 
 from __future__ import annotations
 
@@ -7,15 +7,20 @@ from collections.abc import Sequence
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.sampler import Sampler
+from bmoe.cext.abort_flag import AbortFlag
+from bmoe.domain.kv_reuse import swa_prefix_usable
+from bmoe.domain.sampling import SamplingParams
 
 
 class LlamaGenerateBackend:
-    """Borrows (does not own) a model, a context on it and a sampler."""
+    """Borrows a model and a context created with ``abort=flag`` (the same ``AbortFlag``);
+    owns the sampler of the current generation."""
 
-    def __init__(self, model: LlamaModel, ctx: LlamaContext, sampler: Sampler) -> None:
+    def __init__(self, model: LlamaModel, ctx: LlamaContext, flag: AbortFlag) -> None:
         self.model = model
         self.ctx = ctx
-        self.sampler = sampler
+        self.flag = flag
+        self._sampler: Sampler | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -33,8 +38,30 @@ class LlamaGenerateBackend:
     def reset(self) -> None:
         self.ctx.clear()
 
+    def keep_prefix(self, n_keep: int) -> bool:
+        if not self.ctx.remove_from(n_keep):
+            return False  # recurrent / hybrid memory: no partial removal
+        return swa_prefix_usable(n_keep, self.ctx.pos_min(), self.model.n_swa)
+
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
         self.ctx.decode(tokens, start_pos)
 
+    def start_sampling(self, params: SamplingParams) -> None:
+        self.close_sampler()
+        self._sampler = Sampler(params)
+
     def sample(self) -> int:
-        return self.sampler.sample(self.ctx)
+        if self._sampler is None:
+            raise ValueError("start_sampling() first")
+        return self._sampler.sample(self.ctx)
+
+    def abort(self) -> None:
+        self.flag.set()
+
+    def clear_abort(self) -> None:
+        self.flag.clear()
+
+    def close_sampler(self) -> None:
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None

@@ -102,6 +102,11 @@ class LlamaModel:
         return int(llama_cpp.llama_model_n_ctx_train(self.ptr))
 
     @property
+    def n_swa(self) -> int:
+        """Sliding-window size of the SWA layers (0: no sliding window)."""
+        return int(llama_cpp.llama_model_n_swa(self.ptr))
+
+    @property
     def n_expert(self) -> int:
         value = self.meta(f"{self.arch}.expert_count")
         return int(value) if value else 0

@@ -1,0 +1,216 @@
+"""The session's generate policy: chat history, KV prefix reuse, thinking, cancel.
+
+Runs over the ports only (``IGenerateBackend``, ``IChatRenderer``), so every rule here is
+tested against a scripted fake backend; ``bmoe.runtime.Session`` wires it to llama.cpp.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections.abc import Callable
+
+import attrs
+
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.kv_reuse import plan_reuse
+from bmoe.domain.reasoning import Delta, ReasoningSplitter
+from bmoe.errors import BmoeError, ContextOverflowError, DecodeAbortedError, SessionFailedError
+from bmoe.ports.generate_backend import IChatRenderer, IGenerateBackend
+
+OnProgress = Callable[[Progress], None]
+
+
+@attrs.frozen
+class EngineDefaults:
+    """Session-wide settings a request may leave unsaid.
+
+    ``chat``: prompts are user messages rendered through the chat template (else raw text).
+    """
+
+    chat: bool = False
+    think: bool = True
+    n_predict: int = 128
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@attrs.define
+class _Turn:
+    """Mutable bookkeeping of one generate."""
+
+    prompt: list[int]
+    n_predict: int
+    keep: int = 0
+    tokens: list[int] = attrs.Factory(list)
+    text: list[str] = attrs.Factory(list)
+    reasoning: list[str] = attrs.Factory(list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    stopped_at_eog: bool = False
+
+
+class SessionEngine:
+    """One conversation over one backend. ``generate`` calls are serialised; ``cancel`` may
+    come from any thread and stops the generate in flight at the next decode boundary."""
+
+    def __init__(
+        self, backend: IGenerateBackend, renderer: IChatRenderer, defaults: EngineDefaults | None = None
+    ) -> None:
+        self.backend = backend
+        self.renderer = renderer
+        self.defaults = defaults or EngineDefaults()
+        self.history: list[ChatMessage] = []
+        self.kv_tokens: list[int] = []  # the tokens whose state the backend holds, in order
+        self.transcript: list[int] = []  # raw mode: prompt and generated tokens so far
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._fatal: BmoeError | None = None
+
+    # -- control ---------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop the generate in flight (no effect on later ones)."""
+        self._cancel.set()
+        self.backend.abort()
+
+    @property
+    def failed(self) -> BmoeError | None:
+        """The fatal error that ended the session, if any."""
+        return self._fatal
+
+    def render_prompt(self, request: GenerateRequest) -> list[int]:
+        """The whole token sequence the context must hold before this turn's answer."""
+        think = self.defaults.think if request.think is None else request.think
+        if self.defaults.chat:
+            past = [] if request.clear_kv else self.history
+            text = self.renderer.render([*past, ChatMessage("user", request.prompt)], enable_thinking=think)
+            return self.backend.tokenize(text)
+        past_tokens = [] if request.clear_kv else self.transcript
+        return [*past_tokens, *self.backend.tokenize(request.prompt)]
+
+    # -- generate --------------------------------------------------------------------------
+
+    def generate(self, request: GenerateRequest, on_progress: OnProgress | None = None) -> RunResult:
+        """Answer one request. Raises ``ContextOverflowError`` (session unchanged) when the
+        prompt plus ``n_predict`` does not fit, ``SessionFailedError`` after a fatal error."""
+        with self._lock:
+            if self._fatal is not None:
+                raise SessionFailedError(f"the session ended after a fatal error: {self._fatal}")
+            self._cancel.clear()
+            self.backend.clear_abort()
+            n_predict = self.defaults.n_predict if request.n_predict is None else request.n_predict
+            prompt = self.render_prompt(request)
+            if not prompt:
+                raise ContextOverflowError("the prompt tokenizes to nothing")
+            need = len(prompt) + n_predict
+            if need > self.backend.n_ctx:
+                raise ContextOverflowError(
+                    f"prompt ({len(prompt)} tokens) + n_predict ({n_predict}) = {need} "
+                    f"exceeds the context of {self.backend.n_ctx} tokens"
+                )
+            turn = _Turn(prompt=prompt, n_predict=n_predict)
+            if request.clear_kv:
+                self.history = []
+                self.transcript = []
+            try:
+                self._prefill(turn, request.clear_kv)
+                self.backend.start_sampling(request.sampling)
+                self._decode(turn, on_progress)
+            except (_Cancelled, DecodeAbortedError):
+                self._roll_back(turn)
+                return self._result(turn, cancelled=True)
+            except BmoeError as exc:
+                self._fatal = exc
+                raise
+            self.transcript = [*turn.prompt, *turn.tokens]
+            if self.defaults.chat:
+                self.history += [
+                    ChatMessage("user", request.prompt),
+                    ChatMessage("assistant", "".join(turn.text), "".join(turn.reasoning)),
+                ]
+            return self._result(turn, cancelled=False)
+
+    def _prefill(self, turn: _Turn, clear: bool) -> None:
+        keep = 0
+        if clear:
+            self.backend.reset()
+        else:
+            plan = plan_reuse(self.kv_tokens, turn.prompt)
+            keep = plan.keep
+            if plan.trim and not self.backend.keep_prefix(keep):
+                self.backend.reset()
+                keep = 0
+        turn.keep = keep
+        self.kv_tokens = turn.prompt[:keep]
+        t0 = time.perf_counter()
+        self.backend.feed(turn.prompt[keep:], keep)
+        turn.prefill_s = time.perf_counter() - t0
+        self.kv_tokens = list(turn.prompt)
+
+    def _decode(self, turn: _Turn, on_progress: OnProgress | None) -> None:
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        splitter = ReasoningSplitter()
+        t_start = time.perf_counter()
+        try:
+            while len(turn.tokens) < turn.n_predict:
+                if self._cancel.is_set():
+                    raise _Cancelled
+                t_tok = time.perf_counter()
+                token = self.backend.sample()
+                if self.backend.is_eog(token):
+                    turn.stopped_at_eog = True
+                    break
+                turn.tokens.append(token)
+                delta = splitter.feed(utf8.decode(self.backend.token_bytes(token)))
+                self._add(turn, delta)
+                if on_progress is not None:
+                    on_progress(
+                        Progress(
+                            step=len(turn.tokens),
+                            steps=turn.n_predict,
+                            wall_ms=(time.perf_counter() - t_tok) * 1000.0,
+                            delta_text=delta.text,
+                            delta_reasoning=delta.reasoning,
+                        )
+                    )
+                if len(turn.tokens) < turn.n_predict:
+                    self.backend.feed([token], len(self.kv_tokens))
+                    self.kv_tokens.append(token)
+        finally:
+            turn.decode_s = time.perf_counter() - t_start
+            self._add(turn, splitter.feed(utf8.decode(b"", final=True)))
+            self._add(turn, splitter.finish())
+
+    @staticmethod
+    def _add(turn: _Turn, delta: Delta) -> None:
+        if delta.text:
+            turn.text.append(delta.text)
+        if delta.reasoning:
+            turn.reasoning.append(delta.reasoning)
+
+    def _roll_back(self, turn: _Turn) -> None:
+        """Drop this turn's KV: back to the reused prefix, or to nothing if refused."""
+        if self.backend.keep_prefix(turn.keep):
+            self.kv_tokens = turn.prompt[: turn.keep]
+        else:
+            self.backend.reset()
+            self.kv_tokens = []
+        self.backend.clear_abort()
+
+    def _result(self, turn: _Turn, *, cancelled: bool) -> RunResult:
+        return RunResult(
+            text="".join(turn.text),
+            reasoning="".join(turn.reasoning),
+            tokens=tuple(turn.tokens),
+            n_prompt=len(turn.prompt) - turn.keep,
+            n_past=len(turn.prompt) + len(turn.tokens) if not cancelled else len(self.kv_tokens),
+            prefill_s=turn.prefill_s,
+            decode_s=turn.decode_s,
+            cancelled=cancelled,
+            stopped_at_eog=turn.stopped_at_eog,
+        )
