@@ -28,7 +28,9 @@ def config(path: Path, **kw: object) -> SessionConfig:
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_s1_a_warm_second_generate_equals_the_cold_one_shot_run(name: str, tiny_model_path: TinyModel) -> None:
+def test_s1_a_warm_second_generate_equals_the_cold_one_shot_run(
+    name: str, tiny_model_path: TinyModel
+) -> None:
     cfg = config(tiny_model_path(name), n_predict=12)
     request = GenerateRequest(PROMPT)
     cold = run(cfg, request)
@@ -53,8 +55,14 @@ def test_oracle_greedy_equals_stock_llama_cpp(name: str, tiny_model_path: TinyMo
         ours = session.generate(GenerateRequest(PROMPT))
         our_logits = session.last_logits()
     stock = llama_cpp.Llama(
-        model_path=str(path), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, n_threads_batch=2,
-        flash_attn=False, verbose=False,
+        model_path=str(path),
+        n_ctx=256,
+        n_batch=64,
+        n_ubatch=64,
+        n_threads=2,
+        n_threads_batch=2,
+        flash_attn=False,
+        verbose=False,
     )
     try:
         prompt = stock.tokenize(PROMPT.encode(), add_bos=False, special=True)
@@ -71,7 +79,9 @@ def test_oracle_greedy_equals_stock_llama_cpp(name: str, tiny_model_path: TinyMo
 
 
 @pytest.mark.parametrize(("name", "reuses"), [("qwen3moe", True), ("qwen35moe", False)])
-def test_sx_continued_chat_equals_the_history_re_prefilled(name: str, reuses: bool, tiny_model_path: TinyModel) -> None:
+def test_sx_continued_chat_equals_the_history_re_prefilled(
+    name: str, reuses: bool, tiny_model_path: TinyModel
+) -> None:
     """Tokens equal; logits within 1e-4 (a re-prefill feeds the text in other pieces)."""
     cfg = config(tiny_model_path(name), chat=True, think=False, n_predict=8)
     with Session.open(cfg) as session:
@@ -105,7 +115,9 @@ def test_sx_sliding_window_falls_back_when_the_window_lost_the_prefix(tiny_model
         session.generate(GenerateRequest("Tell me a long story"))
         second = session.generate(GenerateRequest("Go on", clear_kv=False, n_predict=6))
         history = list(session.engine.history)
-        rendered = session.engine.backend.tokenize(session.template.render(history[:3], enable_thinking=False))
+        rendered = session.engine.backend.tokenize(
+            session.template.render(history[:3], enable_thinking=False)
+        )
     with Session.open(cfg) as fresh:
         fresh.engine.history = history[:2]
         replay = fresh.generate(GenerateRequest("Go on", clear_kv=False, n_predict=6))
@@ -117,7 +129,9 @@ def test_overflow_is_refused_and_the_next_request_is_served(tiny_model_path: Tin
     cfg = config(tiny_model_path("qwen3moe"), n_predict=8)
     with Session.open(cfg) as session:
         before = session.generate(GenerateRequest(PROMPT))
-        with pytest.raises(ContextOverflowError, match=r"n_predict \(250\) = \d+ exceeds the context of 256 tokens"):
+        with pytest.raises(
+            ContextOverflowError, match=r"n_predict \(250\) = \d+ exceeds the context of 256 tokens"
+        ):
             session.generate(GenerateRequest(PROMPT, n_predict=250))
         after = session.generate(GenerateRequest(PROMPT))
     assert after.tokens == before.tokens
@@ -144,7 +158,9 @@ def test_cancel_from_another_thread_then_the_chat_goes_on_as_if_it_never_happene
 
         thread = threading.Thread(target=canceller)
         thread.start()
-        cut = session.generate(GenerateRequest("Something to forget", clear_kv=False, n_predict=100), on_progress)
+        cut = session.generate(
+            GenerateRequest("Something to forget", clear_kv=False, n_predict=100), on_progress
+        )
         thread.join()
         after = session.generate(GenerateRequest("And then?", clear_kv=False))
     assert cut.cancelled and len(cut.tokens) == 3

@@ -58,7 +58,10 @@ def test_independent_prompts_reset_the_context_each_time() -> None:
     first = engine.generate(GenerateRequest("abc"))
     second = engine.generate(GenerateRequest("abc"))
     assert (first.text, first.tokens, first.n_prompt, first.n_past) == (
-        second.text, second.tokens, second.n_prompt, second.n_past
+        second.text,
+        second.tokens,
+        second.n_prompt,
+        second.n_past,
     )
     assert first.text == "hi" and first.stopped_at_eog
     assert first.n_prompt == len("<u>abc</u><a>")

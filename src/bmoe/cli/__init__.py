@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bmoe.adapters.llama import ContextParams
+from bmoe.adapters.protocol import Error, encode_response
+from bmoe.cli.session_loop import SessionLoop
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.summary import generation_line, timing_line
@@ -46,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=40, help="top-k when --temp > 0 (default: 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p when --temp > 0 (default: 0.95)")
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
+    s = p.add_argument_group("session mode (docs/protocol.md)")
+    s.add_argument(
+        "--session",
+        action="store_true",
+        help="load once, then serve JSON requests from stdin with BMOE_* lines on stdout",
+    )
+    s.add_argument("--progress", action="store_true", help="with --session: a BMOE_PROGRESS line per token")
     return p
 
 
@@ -60,19 +69,36 @@ def _default_model() -> Path:
     return path
 
 
+def _config(args: argparse.Namespace) -> SessionConfig:
+    return SessionConfig(
+        model_path=args.model if args.model is not None else _default_model(),
+        context=ContextParams(
+            n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.batch_size, n_threads=args.threads
+        ),
+        chat=args.chatml,
+        think=not args.no_think,
+        n_predict=args.n_predict,
+        verbose=args.verbose,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        session = Session.open(_config(args))
+    except BmoeError as exc:
+        sys.stdout.buffer.write(encode_response(Error(id=None, fatal=True, msg=str(exc))))
+        sys.stdout.flush()
+        return 1
+    with session:
+        return SessionLoop(session, sys.stdin.buffer, sys.stdout.buffer, progress=args.progress).run()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.session:
+        return _serve(args)
     try:
-        config = SessionConfig(
-            model_path=args.model if args.model is not None else _default_model(),
-            context=ContextParams(
-                n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.batch_size, n_threads=args.threads
-            ),
-            chat=args.chatml,
-            think=not args.no_think,
-            n_predict=args.n_predict,
-            verbose=args.verbose,
-        )
+        config = _config(args)
         request = GenerateRequest(
             prompt=args.prompt,
             sampling=SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed),

@@ -23,7 +23,7 @@ from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.errors import ConfigError
-from bmoe.service.session_engine import EngineDefaults, OnProgress, SessionEngine
+from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
 
 @attrs.frozen
@@ -107,11 +107,16 @@ class Session:
 
     # -- work ------------------------------------------------------------------------------
 
-    def generate(self, request: GenerateRequest, on_progress: OnProgress | None = None) -> RunResult:
+    def generate(
+        self,
+        request: GenerateRequest,
+        on_progress: OnProgress | None = None,
+        on_begin: OnBegin | None = None,
+    ) -> RunResult:
         """Run one request against the loaded state (see ``SessionEngine.generate``)."""
         if self._closed:
             raise ConfigError("the session is closed")
-        return self.engine.generate(request, on_progress)
+        return self.engine.generate(request, on_progress, on_begin)
 
     def cancel(self) -> None:
         """Stop the generate in flight at the next decode boundary (any thread)."""

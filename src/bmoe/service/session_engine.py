@@ -21,6 +21,7 @@ from bmoe.errors import BmoeError, ContextOverflowError, DecodeAbortedError, Ses
 from bmoe.ports.generate_backend import IChatRenderer, IGenerateBackend
 
 OnProgress = Callable[[Progress], None]
+OnBegin = Callable[[], None]
 
 
 @attrs.frozen
@@ -67,16 +68,26 @@ class SessionEngine:
         self.history: list[ChatMessage] = []
         self.kv_tokens: list[int] = []  # the tokens whose state the backend holds, in order
         self.transcript: list[int] = []  # raw mode: prompt and generated tokens so far
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one generate at a time
+        self._state = threading.Lock()  # guards _running against cancel()
+        self._running = False
         self._cancel = threading.Event()
         self._fatal: BmoeError | None = None
 
     # -- control ---------------------------------------------------------------------------
 
     def cancel(self) -> None:
-        """Stop the generate in flight (no effect on later ones)."""
-        self._cancel.set()
-        self.backend.abort()
+        """Stop the generate in flight; ignored when none is (no effect on later ones)."""
+        with self._state:
+            if self._running:
+                self._cancel.set()
+                self.backend.abort()
+
+    def _set_running(self, running: bool) -> None:
+        with self._state:
+            self._running = running
+            self._cancel.clear()
+            self.backend.clear_abort()
 
     @property
     def failed(self) -> BmoeError | None:
@@ -95,45 +106,61 @@ class SessionEngine:
 
     # -- generate --------------------------------------------------------------------------
 
-    def generate(self, request: GenerateRequest, on_progress: OnProgress | None = None) -> RunResult:
+    def generate(
+        self,
+        request: GenerateRequest,
+        on_progress: OnProgress | None = None,
+        on_begin: OnBegin | None = None,
+    ) -> RunResult:
         """Answer one request. Raises ``ContextOverflowError`` (session unchanged) when the
-        prompt plus ``n_predict`` does not fit, ``SessionFailedError`` after a fatal error."""
+        prompt plus ``n_predict`` does not fit, ``SessionFailedError`` after a fatal error.
+
+        ``on_begin`` is called once the request is in flight (from then on ``cancel()``
+        acts on it) and before any check or compute; ``on_progress`` once per token.
+        """
         with self._lock:
             if self._fatal is not None:
                 raise SessionFailedError(f"the session ended after a fatal error: {self._fatal}")
-            self._cancel.clear()
-            self.backend.clear_abort()
-            n_predict = self.defaults.n_predict if request.n_predict is None else request.n_predict
-            prompt = self.render_prompt(request)
-            if not prompt:
-                raise ContextOverflowError("the prompt tokenizes to nothing")
-            need = len(prompt) + n_predict
-            if need > self.backend.n_ctx:
-                raise ContextOverflowError(
-                    f"prompt ({len(prompt)} tokens) + n_predict ({n_predict}) = {need} "
-                    f"exceeds the context of {self.backend.n_ctx} tokens"
-                )
-            turn = _Turn(prompt=prompt, n_predict=n_predict)
-            if request.clear_kv:
-                self.history = []
-                self.transcript = []
+            self._set_running(True)
             try:
-                self._prefill(turn, request.clear_kv)
-                self.backend.start_sampling(request.sampling)
-                self._decode(turn, on_progress)
-            except (_Cancelled, DecodeAbortedError):
-                self._roll_back(turn)
-                return self._result(turn, cancelled=True)
-            except BmoeError as exc:
-                self._fatal = exc
-                raise
-            self.transcript = [*turn.prompt, *turn.tokens]
-            if self.defaults.chat:
-                self.history += [
-                    ChatMessage("user", request.prompt),
-                    ChatMessage("assistant", "".join(turn.text), "".join(turn.reasoning)),
-                ]
-            return self._result(turn, cancelled=False)
+                if on_begin is not None:
+                    on_begin()
+                return self._generate(request, on_progress)
+            finally:
+                self._set_running(False)
+
+    def _generate(self, request: GenerateRequest, on_progress: OnProgress | None) -> RunResult:
+        n_predict = self.defaults.n_predict if request.n_predict is None else request.n_predict
+        prompt = self.render_prompt(request)
+        if not prompt:
+            raise ContextOverflowError("the prompt tokenizes to nothing")
+        need = len(prompt) + n_predict
+        if need > self.backend.n_ctx:
+            raise ContextOverflowError(
+                f"prompt ({len(prompt)} tokens) + n_predict ({n_predict}) = {need} "
+                f"exceeds the context of {self.backend.n_ctx} tokens"
+            )
+        turn = _Turn(prompt=prompt, n_predict=n_predict)
+        if request.clear_kv:
+            self.history = []
+            self.transcript = []
+        try:
+            self._prefill(turn, request.clear_kv)
+            self.backend.start_sampling(request.sampling)
+            self._decode(turn, on_progress)
+        except (_Cancelled, DecodeAbortedError):
+            self._roll_back(turn)
+            return self._result(turn, cancelled=True)
+        except BmoeError as exc:
+            self._fatal = exc
+            raise
+        self.transcript = [*turn.prompt, *turn.tokens]
+        if self.defaults.chat:
+            self.history += [
+                ChatMessage("user", request.prompt),
+                ChatMessage("assistant", "".join(turn.text), "".join(turn.reasoning)),
+            ]
+        return self._result(turn, cancelled=False)
 
     def _prefill(self, turn: _Turn, clear: bool) -> None:
         keep = 0

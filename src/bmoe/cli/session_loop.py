@@ -1,0 +1,162 @@
+"""The ``--session`` loop: JSON requests on stdin, ``BMOE_*`` lines on stdout.
+
+A thin loop around the sans-I/O protocol core (``bmoe.adapters.protocol``): a reader
+thread turns stdin into request events, acting on ``cancel`` at once (so it reaches a
+generate in flight) and queueing everything else in order; the main thread serves the
+queue one request at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import BinaryIO
+
+from bmoe.adapters.protocol import (
+    BadRequest,
+    Begin,
+    CancelCmd,
+    CloseCmd,
+    DecideCmd,
+    Done,
+    EndOfInput,
+    Error,
+    GenerateCmd,
+    Progress,
+    ReaderEvent,
+    Ready,
+    RequestReader,
+    Response,
+    encode_response,
+)
+from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.generation import Progress as TokenProgress
+from bmoe.errors import BmoeError, ConfigError, SessionFailedError
+from bmoe.runtime import Session
+
+_STOP = object()
+
+
+class SessionLoop:
+    """Serve one session over a pair of byte streams until ``close`` or end of input."""
+
+    def __init__(self, session: Session, stdin: BinaryIO, stdout: BinaryIO, *, progress: bool) -> None:
+        self.session = session
+        self.stdin = stdin
+        self.stdout = stdout
+        self.progress = progress
+        self._out = threading.Lock()
+        self._queue: queue.Queue[object] = queue.Queue()
+
+    def send(self, response: Response) -> None:
+        with self._out:
+            self.stdout.write(encode_response(response))
+            self.stdout.flush()
+
+    # -- input (reader thread) -------------------------------------------------------------
+
+    def _read(self) -> None:
+        reader = RequestReader()
+        fd = self.stdin.fileno()
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                events = reader.feed(chunk) if chunk else reader.feed_eof()
+                for event in events:
+                    if not self._dispatch(event):
+                        return
+                if not chunk:
+                    return
+        finally:
+            self._queue.put(_STOP)
+
+    def _dispatch(self, event: ReaderEvent) -> bool:
+        """Route one event; False once input should stop being read."""
+        if isinstance(event, CancelCmd):
+            self.session.cancel()  # ignored when nothing is in flight
+            return True
+        if isinstance(event, CloseCmd | EndOfInput):
+            return False
+        self._queue.put(event)
+        return True
+
+    # -- serving (main thread) -------------------------------------------------------------
+
+    def run(self) -> int:
+        """Announce ``BMOE_READY``, serve, return the process exit status."""
+        s = self.session
+        self.send(
+            Ready(
+                load_s=s.load_s,
+                arch=s.arch,
+                n_ctx=s.n_ctx,
+                n_expert_used=s.n_expert_used,
+                think_ctl=s.think_ctl,
+            )
+        )
+        threading.Thread(target=self._read, name="bmoe-stdin", daemon=True).start()
+        while True:
+            event = self._queue.get()
+            if event is _STOP:
+                return 0
+            if not self._serve(event):
+                return 1
+
+    def _serve(self, event: object) -> bool:
+        """Answer one request; False after a fatal error."""
+        if isinstance(event, BadRequest):
+            self.send(Error(id=event.id, fatal=False, msg=event.msg))
+        elif isinstance(event, GenerateCmd):
+            return self._generate(event)
+        elif isinstance(event, DecideCmd):
+            self.send(
+                Error(
+                    id=event.id,
+                    fatal=False,
+                    msg="decide is not enabled in this session (start it with --decide)",
+                )
+            )
+        return True
+
+    def _generate(self, cmd: GenerateCmd) -> bool:
+        def on_progress(p: TokenProgress) -> None:
+            if self.progress:
+                self.send(
+                    Progress(
+                        step=p.step,
+                        steps=p.steps,
+                        wall_ms=p.wall_ms,
+                        delta_text=p.delta_text,
+                        delta_reasoning=p.delta_reasoning,
+                    )
+                )
+
+        try:
+            request = GenerateRequest(
+                prompt=cmd.prompt, n_predict=cmd.n_predict, think=cmd.think, clear_kv=cmd.clear_kv
+            )
+            result = self.session.generate(request, on_progress, on_begin=lambda: self.send(Begin(id=cmd.id)))
+        except (ConfigError, SessionFailedError) as exc:
+            fatal = isinstance(exc, SessionFailedError)
+            self.send(Error(id=cmd.id, fatal=fatal, msg=str(exc)))
+            return not fatal
+        except BmoeError as exc:
+            self.send(Error(id=cmd.id, fatal=True, msg=str(exc)))
+            return False
+        self.send(
+            Done(
+                id=cmd.id,
+                cancelled=result.cancelled,
+                tokens=len(result.tokens),
+                tok_s=result.tok_s,
+                prefill_s=result.prefill_s,
+                prefill_tps=result.prefill_tps,
+                load_s=self.session.load_s,
+                n_prompt=result.n_prompt,
+                n_past=result.n_past,
+                text=result.text,
+                reasoning=result.reasoning,
+            )
+        )
+        return True
