@@ -182,3 +182,20 @@ def test_the_abort_flag_stops_llama_decode_and_the_context_recovers(tiny_model_p
             session.ctx.decode(session.model.tokenize(PROMPT), 0)
         session.engine.backend.clear_abort()
         assert session.generate(GenerateRequest(PROMPT)).tokens == expected.tokens
+
+
+def test_reasoning_is_parsed_out_of_a_thinking_models_answer(tiny_model_path: TinyModel) -> None:
+    from bmoe.testing.fixtures import THINK_ANSWER, THINK_REASONING
+
+    cfg = config(tiny_model_path("qwen3moe-think"), chat=True, think=True, n_predict=32)
+    with Session.open(cfg) as session:
+        progress: list[Progress] = []
+        first = session.generate(GenerateRequest("Should I?"), on_progress=progress.append)
+        assert (first.text, first.reasoning.strip()) == (THINK_ANSWER, THINK_REASONING)
+        assert first.stopped_at_eog and "<think>" not in first.text
+        assert "".join(p.delta_reasoning for p in progress).strip() == THINK_REASONING
+        assert "".join(p.delta_text for p in progress) == THINK_ANSWER
+        # the reasoning is dropped when the history is re-rendered: the next turn still works
+        second = session.generate(GenerateRequest("And now?", clear_kv=False, think=False))
+        assert (second.text, second.reasoning) == (THINK_ANSWER, "")
+        assert session.engine.history[1].reasoning.strip() == THINK_REASONING
