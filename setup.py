@@ -36,6 +36,16 @@ extensions = [
         extra_compile_args=["-O2"],
     )
     for name in ("route_recorder", "abort_flag")
+] + [
+    Extension(
+        "bmoe.cext.expert_stream",
+        ["src/bmoe/cext/expert_stream.pyx"],
+        include_dirs=[INCLUDE],
+        define_macros=[("_GNU_SOURCE", None)],
+        # read lanes are an OpenMP team (llama.cpp's CPU backend already loads libgomp)
+        extra_compile_args=["-O2", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
+    ),
 ]
 
 setup(

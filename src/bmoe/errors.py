@@ -54,3 +54,39 @@ class FixtureError(BmoeError, ValueError):
 
 class SessionFailedError(BmoeError, RuntimeError):
     """A fatal error ended the session earlier (sticky); open a new one."""
+
+
+class DecideRefusedError(ConfigError):
+    """A decision refused before anything was prefilled: the session and the kept prefix
+    state are exactly as they were, and the next request is served."""
+
+
+class DecideDisabledError(DecideRefusedError):
+    """A decision asked of a session opened without decisions (``--decide``)."""
+
+
+class ChoiceError(DecideRefusedError):
+    """The choice list cannot be scored: empty, an empty choice, or one that tokenizes to
+    nothing."""
+
+
+class ChoiceCollisionError(ChoiceError):
+    """Two choices start with the same token, so their first-token scores would tie.
+
+    ``first`` and ``second`` are the indices of the two choices, ``token`` the shared id.
+    """
+
+    def __init__(self, message: str, first: int, second: int, token: int) -> None:
+        super().__init__(message)
+        self.first = first
+        self.second = second
+        self.token = token
+
+
+class DecideOverflowError(DecideRefusedError, ContextOverflowError):
+    """A decision's rendered prompt is longer than the context."""
+
+
+class ExpertReadError(BmoeError, OSError):
+    """Streaming could not read an expert (I/O error, short read, a model file truncated or
+    replaced under the session). Fatal: the session cannot produce correct output any more."""

@@ -16,7 +16,8 @@ from bmoe.adapters.protocol import Error, encode_response
 from bmoe.cli.session_loop import SessionLoop
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.sampling import SamplingParams
-from bmoe.domain.summary import generation_line, timing_line
+from bmoe.domain.streaming import MIB, StreamConfig
+from bmoe.domain.summary import generation_line, stream_lines, stream_mode_line, timing_line
 from bmoe.errors import BmoeError
 from bmoe.runtime import Session, SessionConfig
 
@@ -48,6 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=40, help="top-k when --temp > 0 (default: 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p when --temp > 0 (default: 0.95)")
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
+    m = p.add_argument_group("expert streaming (docs/streaming.md)")
+    m.add_argument("--moe-stream", action="store_true", help="keep experts on flash, read them when routed")
+    m.add_argument(
+        "--cache-mb",
+        type=_cache_mb,
+        default=None,
+        metavar="N|auto",
+        help="expert cache budget in MiB; 0 = cache off; auto (default) = available memory minus 1 GiB",
+    )
+    m.add_argument(
+        "--cache-ceil-mb", type=int, default=None, metavar="N", help="upper bound for --cache-mb auto"
+    )
+    m.add_argument("--io-threads", type=int, default=4, metavar="N", help="read lanes (default: 4)")
+    m.add_argument("--no-odirect", action="store_true", help="buffered reads instead of O_DIRECT")
     s = p.add_argument_group("session mode (docs/protocol.md)")
     s.add_argument(
         "--session",
@@ -56,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--progress", action="store_true", help="with --session: a BMOE_PROGRESS line per token")
     return p
+
+
+def _cache_mb(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB or 'auto', not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("the cache budget cannot be negative")
+    return value
 
 
 def _default_model() -> Path:
@@ -79,6 +106,13 @@ def _config(args: argparse.Namespace) -> SessionConfig:
         think=not args.no_think,
         n_predict=args.n_predict,
         verbose=args.verbose,
+        stream=StreamConfig(
+            enabled=args.moe_stream,
+            cache_mb=args.cache_mb,
+            cache_ceil_mb=args.cache_ceil_mb,
+            io_threads=args.io_threads,
+            odirect=not args.no_odirect,
+        ),
     )
 
 
@@ -110,8 +144,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stdout.flush()
 
         with Session.open(config) as session:
+            for note in session.notes:
+                print(f"bmoe: {note}", file=sys.stderr)
             result = session.generate(request, on_progress=echo)
-            mode = "resident (expert streaming not enabled)"
+            if session.streaming is not None:
+                info = session.streaming.info
+                mode = stream_mode_line(info.budget.bytes / MIB, info.budget.auto, info.lanes, info.odirect)
+            else:
+                mode = "mode: resident" + ("" if args.moe_stream else " (expert streaming not enabled)")
             if session.n_expert:
                 mode += f"; {session.arch}, {session.n_expert} experts, top-{session.n_expert_used}"
             load_s = session.load_s
@@ -122,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result.reasoning:
         print(f"reasoning: {result.reasoning!r}", file=sys.stderr)
     print(generation_line(result), file=sys.stderr)
-    print(f"mode: {mode}", file=sys.stderr)
+    print(mode, file=sys.stderr)
+    for line in stream_lines(result):
+        print(line, file=sys.stderr)
     print(timing_line(result, load_s), file=sys.stderr)
     return 0

@@ -26,12 +26,14 @@ from bmoe.adapters.protocol import (
     Progress,
     ReaderEvent,
     Ready,
+    RequestId,
     RequestReader,
     Response,
     encode_response,
 )
-from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.generation import Progress as TokenProgress
+from bmoe.domain.streaming import MIB
 from bmoe.errors import BmoeError, ConfigError, SessionFailedError
 from bmoe.runtime import Session
 
@@ -122,15 +124,7 @@ class SessionLoop:
     def _generate(self, cmd: GenerateCmd) -> bool:
         def on_progress(p: TokenProgress) -> None:
             if self.progress:
-                self.send(
-                    Progress(
-                        step=p.step,
-                        steps=p.steps,
-                        wall_ms=p.wall_ms,
-                        delta_text=p.delta_text,
-                        delta_reasoning=p.delta_reasoning,
-                    )
-                )
+                self.send(progress_response(p))
 
         try:
             request = GenerateRequest(
@@ -144,19 +138,65 @@ class SessionLoop:
         except BmoeError as exc:
             self.send(Error(id=cmd.id, fatal=True, msg=str(exc)))
             return False
-        self.send(
-            Done(
-                id=cmd.id,
-                cancelled=result.cancelled,
-                tokens=len(result.tokens),
-                tok_s=result.tok_s,
-                prefill_s=result.prefill_s,
-                prefill_tps=result.prefill_tps,
-                load_s=self.session.load_s,
-                n_prompt=result.n_prompt,
-                n_past=result.n_past,
-                text=result.text,
-                reasoning=result.reasoning,
-            )
-        )
+        self.send(done_response(cmd.id, result, self.session.load_s))
         return True
+
+
+def progress_response(p: TokenProgress) -> Progress:
+    """``BMOE_PROGRESS`` for one token (streaming figures -1 when not streaming)."""
+    if p.stream is None:
+        return Progress(
+            step=p.step,
+            steps=p.steps,
+            wall_ms=p.wall_ms,
+            delta_text=p.delta_text,
+            delta_reasoning=p.delta_reasoning,
+        )
+    io_ms = p.stream.io_s * 1000.0
+    mgmt_ms = p.stream.mgmt_s * 1000.0
+    return Progress(
+        step=p.step,
+        steps=p.steps,
+        wall_ms=p.wall_ms,
+        io_ms=io_ms,
+        compute_ms=max(0.0, p.wall_ms - io_ms - mgmt_ms),
+        mgmt_ms=mgmt_ms,
+        stall_ms=io_ms,  # demand reads: compute waits for every read
+        read_mb=p.stream.bytes_read / 1e6,
+        cache_hit_pct=p.stream.hit_pct,
+        delta_text=p.delta_text,
+        delta_reasoning=p.delta_reasoning,
+    )
+
+
+def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
+    """``BMOE_DONE`` for one generate (streaming figures -1 when not streaming)."""
+    common = {
+        "id": rid,
+        "cancelled": result.cancelled,
+        "tokens": len(result.tokens),
+        "tok_s": result.tok_s,
+        "prefill_s": result.prefill_s,
+        "prefill_tps": result.prefill_tps,
+        "load_s": load_s,
+        "n_prompt": result.n_prompt,
+        "n_past": result.n_past,
+        "text": result.text,
+        "reasoning": result.reasoning,
+    }
+    report = result.stream
+    if report is None:
+        return Done(**common)
+    return Done(
+        **common,
+        cache_hit_pct=report.decode.hit_pct,
+        read_mib=report.decode.read_mib,
+        io_s_tok=report.io_s_tok,
+        compute_s_tok=report.compute_s_tok,
+        mgmt_s_tok=report.mgmt_s_tok,
+        stall_s_tok=report.io_s_tok,
+        cache_resident_mib=report.decode.resident_bytes / MIB,
+        cache_budget_mib=report.decode.budget_bytes / MIB,
+        prefill_read_mib=report.prefill.read_mib,
+        prefill_io_s=report.prefill.io_s,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.streaming import StreamCounters, StreamReport
 from bmoe.errors import ConfigError
 
 
@@ -44,6 +45,7 @@ class Progress:
     wall_ms: float
     delta_text: str
     delta_reasoning: str
+    stream: StreamCounters | None = None  # streaming activity since the previous token
 
 
 @attrs.frozen
@@ -64,6 +66,7 @@ class RunResult:
     decode_s: float
     cancelled: bool = False
     stopped_at_eog: bool = False
+    stream: StreamReport | None = None  # None when the session does not stream experts
 
     @property
     def prefill_tps(self) -> float:

@@ -19,3 +19,32 @@ def timing_line(result: RunResult, load_s: float) -> str:
         f"timing: load {load_s:.2f} s, prefill {result.n_prompt} tokens in {result.prefill_s:.3f} s "
         f"({result.prefill_tps:.1f} tok/s)"
     )
+
+
+def stream_mode_line(budget_mib: float, auto: bool, lanes: int, odirect: bool) -> str:
+    """``mode:`` of a streaming run."""
+    how = "auto" if auto else "set"
+    reads = "O_DIRECT" if odirect else "buffered reads"
+    cache = "cache off" if budget_mib == 0 else f"cache {budget_mib:.0f} MiB ({how})"
+    return f"mode: expert streaming, {cache}, {lanes} lanes, {reads}"
+
+
+def stream_lines(result: RunResult) -> list[str]:
+    """``moe-stream:`` and ``moe-cache:`` lines (none when the run did not stream)."""
+    report = result.stream
+    if report is None:
+        return []
+    total = report.prefill.read_mib + report.decode.read_mib
+    d = report.decode
+    hit = f"{d.hit_pct:.1f}% hit" if d.hit_pct >= 0 else "no decode requests"
+    per_tok = report.per_token(report.decode_wall_s)
+    resident, budget = d.resident_bytes / 1048576, d.budget_bytes / 1048576
+    evictions = report.prefill.evictions + d.evictions
+    rereads = report.prefill.rereads + d.rereads
+    return [
+        f"moe-stream: {total:.1f} MiB read ({report.read_mib_tok:.2f} MiB/token), "
+        f"decode {per_tok:.4f} s/token (compute {report.compute_s_tok:.4f} + cache mgmt "
+        f"{report.mgmt_s_tok:.4f} + flash I/O {report.io_s_tok:.4f})",
+        f"moe-cache: {hit}, {resident:.1f} MiB resident of {budget:.1f} MiB budget; "
+        f"{evictions} evictions, {rereads} re-reads",
+    ]

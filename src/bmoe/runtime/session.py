@@ -17,12 +17,15 @@ import numpy as np
 import numpy.typing as npt
 
 from bmoe.adapters.chat_template import JinjaChatTemplate
+from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
+from bmoe.adapters.system_memory import available_bytes
 from bmoe.cext.abort_flag import AbortFlag
-from bmoe.domain.generation import GenerateRequest, RunResult
-from bmoe.errors import ConfigError
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
+from bmoe.errors import ConfigError, ExpertReadError
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
 
@@ -34,7 +37,8 @@ class SessionConfig:
     - ``chat``: prompts are user messages rendered through the model's chat template, and
       ``clear_kv=False`` continues the engine-held conversation; otherwise prompts are raw
       text and ``clear_kv=False`` continues the text;
-    - ``think`` / ``n_predict``: defaults for requests that leave them unsaid.
+    - ``think`` / ``n_predict``: defaults for requests that leave them unsaid;
+    - ``stream``: expert streaming (off by default: the model is resident).
     """
 
     model_path: Path
@@ -43,6 +47,7 @@ class SessionConfig:
     think: bool = True
     n_predict: int = 128
     verbose: bool = False
+    stream: StreamConfig = attrs.field(factory=StreamConfig)
 
     def __attrs_post_init__(self) -> None:
         if self.n_predict < 0:
@@ -61,14 +66,18 @@ class Session:
         t0 = time.perf_counter()
         self.config = config
         self._flag = AbortFlag()
+        self.notes: list[str] = []  # lines for the user about how the session runs
+        self.streaming: ExpertStreaming | None = None
         self.model = LlamaModel(config.model_path)
         try:
-            self.ctx = LlamaContext(self.model, config.context, abort=self._flag)
+            self.ctx, self.streaming = self._open_context(config)
         except BaseException:
             self.model.close()
             raise
         self.template = JinjaChatTemplate(self.model.chat_template)
-        self._backend = LlamaGenerateBackend(self.model, self.ctx, self._flag)
+        self._backend = LlamaGenerateBackend(
+            self.model, self.ctx, self._flag, explain_abort=self.streaming.check if self.streaming else None
+        )
         self.engine = SessionEngine(
             self._backend,
             self.template,
@@ -76,6 +85,33 @@ class Session:
         )
         self.load_s = time.perf_counter() - t0
         self._closed = False
+
+    def _open_context(self, config: SessionConfig) -> tuple[LlamaContext, ExpertStreaming | None]:
+        if not config.stream.enabled:
+            return LlamaContext(self.model, config.context, abort=self._flag), None
+        try:
+            streamer, layout, _, found = ExpertStreaming.new_streamer(
+                self.model, self._flag.user_data_address
+            )
+        except StreamingUnavailable as why:
+            self.notes.append(f"moe-stream: {why}; running resident")
+            return LlamaContext(self.model, config.context, abort=self._flag), None
+        ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=streamer)
+        try:
+            streaming = ExpertStreaming.attach(
+                self.model, ctx, streamer, layout, found, config.stream, available_bytes=available_bytes
+            )
+        except StreamingUnavailable as why:
+            self.notes.append(f"moe-stream: {why}; running resident")
+            return ctx, None
+        except BaseException:
+            ctx.close()
+            raise
+        if streaming.info.budget.warning:
+            self.notes.append(f"moe-cache: warning: {streaming.info.budget.warning}")
+        if not streaming.info.odirect and config.stream.odirect:
+            self.notes.append("moe-stream: the filesystem refused O_DIRECT: buffered reads")
+        return ctx, streaming
 
     @classmethod
     def open(cls, config: SessionConfig) -> Session:
@@ -100,6 +136,12 @@ class Session:
     def n_expert_used(self) -> int:
         return self.model.n_expert_used
 
+    def n_layer_moe(self) -> int:
+        """Layers whose routed experts are streamed (0 when not streaming)."""
+        if self.streaming is None:
+            return 0
+        return self.streaming.n_moe_layers
+
     @property
     def think_ctl(self) -> bool:
         """Whether the chat template honours ``enable_thinking``."""
@@ -116,7 +158,57 @@ class Session:
         """Run one request against the loaded state (see ``SessionEngine.generate``)."""
         if self._closed:
             raise ConfigError("the session is closed")
-        return self.engine.generate(request, on_progress, on_begin)
+        if self.streaming is None:
+            return self.engine.generate(request, on_progress, on_begin)
+        return self._generate_streamed(self.streaming, request, on_progress, on_begin)
+
+    def _generate_streamed(
+        self,
+        streaming: ExpertStreaming,
+        request: GenerateRequest,
+        on_progress: OnProgress | None,
+        on_begin: OnBegin | None,
+    ) -> RunResult:
+        """``generate`` plus the streaming figures: prefill ends at the first token."""
+        if self.engine.failed is None:
+            try:
+                streaming.check()
+            except ExpertReadError as exc:
+                self.engine.fail(exc)
+                raise
+        marks = [streaming.counters()]  # before, after the prefill
+        last = [marks[0]]
+        times = [0.0]
+
+        def progress(p: Progress) -> None:
+            now = streaming.counters()
+            if p.step == 1:  # sampled from the prefill's logits: the prefill's reads are not its own
+                marks.append(now)
+                times.append(time.perf_counter())
+                last[0] = now
+            if on_progress is not None:
+                on_progress(attrs.evolve(p, stream=now - last[0]))
+            last[0] = now
+
+        result = self.engine.generate(request, progress, on_begin)
+        end = streaming.counters()
+        after_prefill = marks[1] if len(marks) > 1 else end
+        decode_wall = time.perf_counter() - times[1] if len(times) > 1 else 0.0
+        report = StreamReport(
+            prefill=after_prefill - marks[0],
+            decode=end - after_prefill,
+            decode_steps=max(0, len(result.tokens) - 1),
+            decode_wall_s=decode_wall,
+        )
+        return attrs.evolve(result, stream=report)
+
+    def set_cache_budget(self, budget_mb: int) -> None:
+        """Shrink or grow the expert cache between requests (evicts LRU-first)."""
+        if budget_mb < 0:
+            raise ConfigError(f"cache budget must be >= 0 MiB, not {budget_mb}")
+        if self.streaming is None:
+            raise ConfigError("this session does not stream experts")
+        self.streaming.set_budget(budget_mb * MIB)
 
     def cancel(self) -> None:
         """Stop the generate in flight at the next decode boundary (any thread)."""

@@ -89,6 +89,10 @@ class SessionEngine:
             self._cancel.clear()
             self.backend.clear_abort()
 
+    def fail(self, error: BmoeError) -> None:
+        """End the session with a fatal error (sticky)."""
+        self._fatal = error
+
     @property
     def failed(self) -> BmoeError | None:
         """The fatal error that ended the session, if any."""
@@ -182,12 +186,11 @@ class SessionEngine:
     def _decode(self, turn: _Turn, on_progress: OnProgress | None) -> None:
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         splitter = ReasoningSplitter()
-        t_start = time.perf_counter()
+        t_start = t_tok = time.perf_counter()
         try:
             while len(turn.tokens) < turn.n_predict:
                 if self._cancel.is_set():
                     raise _Cancelled
-                t_tok = time.perf_counter()
                 token = self.backend.sample()
                 if self.backend.is_eog(token):
                     turn.stopped_at_eog = True
@@ -196,11 +199,13 @@ class SessionEngine:
                 delta = splitter.feed(utf8.decode(self.backend.token_bytes(token)))
                 self._add(turn, delta)
                 if on_progress is not None:
+                    now = time.perf_counter()
+                    wall_ms, t_tok = (now - t_tok) * 1000.0, now  # since the previous token
                     on_progress(
                         Progress(
                             step=len(turn.tokens),
                             steps=turn.n_predict,
-                            wall_ms=(time.perf_counter() - t_tok) * 1000.0,
+                            wall_ms=wall_ms,
                             delta_text=delta.text,
                             delta_reasoning=delta.reasoning,
                         )

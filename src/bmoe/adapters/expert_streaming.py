@@ -1,0 +1,253 @@
+"""Put a loaded llama.cpp model on expert streaming (see docs/streaming.md).
+
+``ExpertStreaming.attach`` runs once per session, after the context exists:
+
+1. *capture*: one warm-up decode in capture mode records the address of every weight the
+   graph reads; with the GGUF layout this gives, per file, the base of llama.cpp's mapping
+   (every weight must agree on it: otherwise the weights are not where streaming needs
+   them, and the model stays resident);
+2. *overlay*: each file's data region of the mapping is replaced by anonymous memory; the
+   dense bytes (everything but routed experts) are copied in once, so nothing in use still
+   points into the file, and the experts' pages stay empty until a read fills them;
+3. *stream*: the files are opened for the read lanes (``O_DIRECT`` where allowed), the
+   budget set, and the C callback switched to the demand path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import attrs
+
+from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation, read_layout
+from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.model import LlamaModel
+from bmoe.cext import expert_stream
+from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
+from bmoe.domain.streaming import Budget, StreamConfig, StreamCounters, resolve_budget
+from bmoe.errors import ExpertReadError
+
+PAGE = 4096
+
+
+class StreamingUnavailable(Exception):
+    """Why a model runs resident instead (a message for the user, not an error)."""
+
+
+def _page_floor(x: int) -> int:
+    return x - x % PAGE
+
+
+def _page_ceil(x: int) -> int:
+    return _page_floor(x + PAGE - 1)
+
+
+def plan_projections(
+    model: LlamaModel, layout: ModelLayout
+) -> tuple[tuple[str, ...], list[tuple[int, int, TensorLocation]]]:
+    """The projection names and every routed-expert tensor as ``(layer, proj, location)``.
+
+    Raises ``StreamingUnavailable`` for a model bmoe cannot stream.
+    """
+    arch = model.arch
+    names = expert_projections(arch)
+    if names is None:
+        raise StreamingUnavailable(f"architecture {arch!r} is not in bmoe's expert registry")
+    n_expert = model.n_expert
+    if n_expert <= 1:
+        raise StreamingUnavailable(f"{arch} model has no routed experts")
+    found = []
+    for layer in range(model.n_layer):
+        for p, name in enumerate(names):
+            loc = layout.tensors.get(expert_tensor_name(layer, name))
+            if loc is None:
+                continue
+            if len(loc.shape) != 3 or loc.shape[2] != n_expert or loc.n_bytes % n_expert:
+                raise StreamingUnavailable(f"{loc.name} is not a [*, *, {n_expert}] expert tensor")
+            found.append((layer, p, loc))
+    if not found:
+        raise StreamingUnavailable(f"no routed-expert tensors found in this {arch} model")
+    return names, found
+
+
+def _mapping_bases(layout: ModelLayout, captured: dict[str, int]) -> dict[int, int]:
+    """Per file, the address where llama.cpp mapped its byte 0."""
+    bases: dict[int, set[int]] = {}
+    for name, address in captured.items():
+        loc = layout.tensors.get(name)
+        if loc is not None:
+            bases.setdefault(loc.file_index, set()).add(address - loc.offset)
+    out = {}
+    for index, found in bases.items():
+        if len(found) != 1:
+            raise StreamingUnavailable(
+                "weights do not lie in llama.cpp's file mapping (repacked or copied?): cannot stream"
+            )
+        out[index] = found.pop()
+    return out
+
+
+def _complement(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    out = []
+    pos = start
+    for a, b in sorted(ranges):
+        if a > pos:
+            out.append((pos, a))
+        pos = max(pos, b)
+    if pos < end:
+        out.append((pos, end))
+    return out
+
+
+@attrs.frozen
+class StreamingInfo:
+    """What ``attach`` set up, for the ``mode:`` line and ``BMOE_READY``."""
+
+    budget: Budget
+    odirect: bool
+    lanes: int
+    token_cycle_bytes: int
+    expert_bytes: int  # all routed experts, all layers
+    dense_copied_bytes: int
+    n_moe_layers: int
+
+
+class ExpertStreaming:
+    """The streaming state of one session: the C streamer plus what Python needs to know."""
+
+    def __init__(
+        self, streamer: expert_stream.ExpertStreamer, layout: ModelLayout, info: StreamingInfo
+    ) -> None:
+        self.streamer = streamer
+        self.layout = layout
+        self.info = info
+        self._identity = [os.stat(p) for p in layout.paths]
+        self.n_moe_layers = info.n_moe_layers
+
+    @staticmethod
+    def new_streamer(
+        model: LlamaModel, abort_flag_address: int
+    ) -> tuple[
+        expert_stream.ExpertStreamer, ModelLayout, tuple[str, ...], list[tuple[int, int, TensorLocation]]
+    ]:
+        """The C streamer to pass as the context's eval callback (before the context exists)."""
+        layout = read_layout(model.path)
+        names, found = plan_projections(model, layout)
+        streamer = expert_stream.ExpertStreamer(
+            n_layer=model.n_layer,
+            n_expert=model.n_expert,
+            n_proj=len(names),
+            abort_flag_address=abort_flag_address,
+        )
+        return streamer, layout, names, found
+
+    @classmethod
+    def attach(
+        cls,
+        model: LlamaModel,
+        ctx: LlamaContext,
+        streamer: expert_stream.ExpertStreamer,
+        layout: ModelLayout,
+        found: list[tuple[int, int, TensorLocation]],
+        config: StreamConfig,
+        *,
+        available_bytes: Callable[[], int],
+    ) -> ExpertStreaming:
+        # 1. capture: where did llama.cpp put each file?
+        streamer.mode = expert_stream.MODE_CAPTURE
+        try:
+            ctx.decode([0], 0)
+        finally:
+            streamer.mode = expert_stream.MODE_OFF
+            ctx.clear()
+        bases = _mapping_bases(layout, streamer.captured())
+        missing = {loc.file_index for _, _, loc in found} - set(bases)
+        if missing:
+            raise StreamingUnavailable(f"no weight of file(s) {sorted(missing)} was seen: cannot locate them")
+        for layer, p, loc in found:
+            streamer.set_projection(
+                layer,
+                p,
+                bases[loc.file_index] + loc.offset,
+                loc.n_bytes // model.n_expert,
+                loc.file_index,
+                loc.offset,
+            )
+        # 2. overlay every mapped file's data region; copy the dense bytes in
+        expert_ranges: dict[int, list[tuple[int, int]]] = {}
+        for _, _, loc in found:
+            expert_ranges.setdefault(loc.file_index, []).append((loc.offset, loc.offset + loc.n_bytes))
+        dense = 0
+        for index, base in bases.items():
+            tensors = layout.in_file(index)
+            start = _page_floor(min(t.offset for t in tensors))
+            end = _page_ceil(max(t.offset + t.n_bytes for t in tensors))
+            end = min(end, _page_ceil(layout.sizes[index]))
+            fills = _complement(expert_ranges.get(index, []), start, min(end, layout.sizes[index]))
+            fd = os.open(layout.paths[index], os.O_RDONLY)
+            try:
+                expert_stream.overlay_anonymous(base + start, end - start)
+                for a, b in fills:
+                    expert_stream.fill_from_file(fd, a, base + a, b - a)
+                    dense += b - a
+                expert_stream.drop_file_cache(fd)
+            finally:
+                os.close(fd)
+        # 3. reads and budget
+        odirect = streamer.open_files(
+            [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
+        )
+        n_used = max(1, model.n_expert_used)
+        per_expert = {}
+        for layer, _, loc in found:
+            per_expert[layer] = per_expert.get(layer, 0) + loc.n_bytes // model.n_expert
+        cycle = sum(v * n_used for v in per_expert.values())
+        budget = resolve_budget(config, available_bytes=available_bytes(), token_cycle_bytes=cycle)
+        streamer.set_budget(budget.bytes)
+        streamer.mode = expert_stream.MODE_STREAM
+        info = StreamingInfo(
+            budget=budget,
+            odirect=odirect,
+            lanes=config.io_threads,
+            token_cycle_bytes=cycle,
+            expert_bytes=sum(loc.n_bytes for _, _, loc in found),
+            dense_copied_bytes=dense,
+            n_moe_layers=len(per_expert),
+        )
+        return cls(streamer, layout, info)
+
+    # -- between requests ------------------------------------------------------------------
+
+    def counters(self) -> StreamCounters:
+        s = self.streamer.stats()
+        return StreamCounters(
+            hits=s["hits"],
+            misses=s["misses"],
+            evictions=s["evictions"],
+            rereads=s["rereads"],
+            bytes_read=s["bytes_read"],
+            io_s=s["io_s"],
+            mgmt_s=s["mgmt_s"],
+            resident_bytes=s["resident_bytes"],
+            budget_bytes=s["budget_bytes"],
+        )
+
+    def set_budget(self, budget_bytes: int) -> None:
+        self.streamer.set_budget(budget_bytes)
+
+    def check(self) -> None:
+        """Raise ``ExpertReadError`` when a read failed or a model file changed under us."""
+        fault = self.streamer.fault()
+        if fault is not None:
+            index, offset, err = fault
+            raise ExpertReadError(
+                f"expert read failed: {self.layout.paths[index]} at offset {offset}: {os.strerror(err)}"
+            )
+        for path, before in zip(self.layout.paths, self._identity, strict=True):
+            try:
+                now = os.stat(path)
+            except OSError as exc:
+                raise ExpertReadError(f"model file gone: {path} ({exc.strerror})") from exc
+            if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev) or now.st_size < before.st_size:
+                raise ExpertReadError(f"model file replaced or truncated under the session: {path}")

@@ -1,0 +1,71 @@
+"""The expert cache policy against a plain model, with its invariants checked."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bmoe.domain.expert_lru import ExpertLru
+
+
+def test_hits_touch_misses_load_and_the_oldest_unneeded_entry_goes_first() -> None:
+    lru = ExpertLru(budget_bytes=3 * 10, entry_bytes=10)
+    assert lru.request(0, [1, 2]).loads == ((0, 1), (0, 2))
+    assert lru.request(1, [1]).loads == ((1, 1),)
+    out = lru.request(0, [2, 3])  # (0,2) hit; (0,1) is the oldest not needed
+    assert (out.hits, out.loads, out.evictions) == (((0, 2),), ((0, 3),), ((0, 1),))
+    assert lru.resident() == [(1, 1), (0, 2), (0, 3)]
+    again = lru.request(0, [1])
+    assert again.evictions == ((1, 1),)
+    assert lru.counters.rereads == 1
+    lru.check_valid()
+
+
+def test_a_request_larger_than_the_budget_is_loaded_whole() -> None:
+    lru = ExpertLru(budget_bytes=0, entry_bytes=4)
+    out = lru.request(2, [5, 6, 5])
+    assert out.loads == ((2, 5), (2, 6))
+    out = lru.request(3, [1])
+    assert out.evictions == ((2, 5), (2, 6))
+    assert lru.resident_bytes == 4
+    lru.check_valid()
+
+
+def test_shrinking_the_budget_evicts_least_recent_first() -> None:
+    lru = ExpertLru(budget_bytes=100, entry_bytes=10)
+    for layer in range(4):
+        lru.request(layer, [0])
+    assert lru.set_budget(20) == ((0, 0), (1, 0))
+    assert lru.resident() == [(2, 0), (3, 0)]
+
+
+@given(
+    budget=st.integers(min_value=0, max_value=12),
+    steps=st.lists(
+        st.tuples(st.integers(0, 3), st.lists(st.integers(0, 7), min_size=1, max_size=4)), max_size=60
+    ),
+)
+def test_behaves_like_a_plain_lru_model(budget: int, steps: list[tuple[int, list[int]]]) -> None:
+    lru = ExpertLru(budget_bytes=budget, entry_bytes=1)
+    order: list[tuple[int, int]] = []  # the model: a list, oldest first
+    ever_evicted: set[tuple[int, int]] = set()
+    for layer, experts in steps:
+        wanted = list(dict.fromkeys((layer, e) for e in experts))
+        hits = [w for w in wanted if w in order]
+        misses = [w for w in wanted if w not in order]
+        for h in hits:
+            order.remove(h)
+            order.append(h)
+        evicted = []
+        for entry in list(order):
+            if len(order) + len(misses) <= budget:
+                break
+            if entry not in wanted:
+                order.remove(entry)
+                evicted.append(entry)
+        order.extend(misses)
+        out = lru.request(layer, experts)
+        assert (list(out.hits), list(out.loads), list(out.evictions)) == (hits, misses, evicted)
+        assert lru.resident() == order
+        lru.check_valid()
+        ever_evicted.update(evicted)
