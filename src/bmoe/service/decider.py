@@ -1,0 +1,144 @@
+"""``run_decide``: one decision start to finish (spec/decide.md), over the ports only.
+
+1. Plan, touching no memory: render and tokenize the prompt, tokenize the choices, refuse
+   (a ``DecideRefusedError``) what cannot be answered, find where the prefix ends.
+2. Restore the longest kept state the prefix equals or extends, else empty the memory.
+3. Prefill what the kept state lacks of the prefix, copy the state there, prefill the rest.
+4. Keep the copied state (only now: a cancelled or failed decision stores nothing), score.
+
+After any failure the memory is emptied; the kept states stay valid (they are copies).
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from bmoe.domain.decide.choice_scorer import first_tokens, score_choices
+from bmoe.domain.decide.prefix_cache import IPrefixCache, StateBlob
+from bmoe.domain.decide.prompt_split import split_prefix
+from bmoe.domain.decide.values import MIB, DecideConfig, DecidePlan, DecideRequest, DecideResult
+from bmoe.errors import DecideDisabledError, DecideOverflowError, DecideRefusedError, DecodeAbortedError
+from bmoe.ports.decide_backend import IDecideBackend
+
+
+def plan_decision(backend: IDecideBackend, request: DecideRequest, *, split: bool) -> DecidePlan:
+    """The prompt's tokens, the choices' scored tokens and (with ``split``) the prefix length.
+
+    Raises ``ChoiceError``/``ChoiceCollisionError``, ``DecideOverflowError``,
+    ``DecideRefusedError`` (a prompt of no tokens); the memory is not touched.
+    """
+    choice_tokens = first_tokens(
+        request.choices, [backend.tokenize(choice, special=False) for choice in request.choices]
+    )
+    tokens = backend.tokenize(backend.render(request.text), special=True)
+    if not tokens:
+        raise DecideRefusedError("the decision's prompt tokenizes to nothing")
+    if len(tokens) > backend.n_ctx:
+        raise DecideOverflowError(
+            f"the decision's prompt ({len(tokens)} tokens) exceeds the context of {backend.n_ctx} tokens"
+        )
+    n_prefix = 0
+    if split and request.prefix:
+        n_prefix = split_prefix(tokens, backend.tokenize(backend.render(request.prefix), special=True))
+    return DecidePlan(tuple(tokens), n_prefix, choice_tokens)
+
+
+@attrs.define
+class _Run:
+    """Mutable bookkeeping of one decision."""
+
+    plan: DecidePlan
+    n_reused: int = 0
+    n_prefilled: int = 0
+    restore_s: float = 0.0
+    store_s: float = 0.0
+    prefill_s: float = 0.0
+    pending: StateBlob | None = None
+
+
+def _restore(backend: IDecideBackend, cache: IPrefixCache, run: _Run) -> int:
+    """Put back the best kept state for the prefix; the position to prefill from."""
+    n_prefix = run.plan.n_prefix
+    kept = cache.lookup(run.plan.tokens[:n_prefix]) if n_prefix else None
+    if kept is None:
+        backend.reset()
+        return 0
+    t0 = time.perf_counter()
+    loaded = backend.load_state(kept.blob)
+    run.restore_s = time.perf_counter() - t0
+    if not loaded:  # the memory is empty now; a state that does not load is no use kept
+        cache.discard(kept.tokens)
+        return 0
+    run.n_reused = len(kept.tokens)
+    return run.n_reused
+
+
+def _prefill(backend: IDecideBackend, run: _Run, start: int, stop: int) -> None:
+    t0 = time.perf_counter()
+    try:
+        backend.prefill(run.plan.tokens[start:stop], start)
+    finally:
+        run.prefill_s += time.perf_counter() - t0
+    run.n_prefilled += stop - start
+
+
+def _save(backend: IDecideBackend, run: _Run) -> None:
+    t0 = time.perf_counter()
+    run.pending = backend.save_state()
+    run.store_s = time.perf_counter() - t0
+
+
+def _result(
+    run: _Run, cache: IPrefixCache, best: int, logp: tuple[float, ...], *, stored: int, cancelled: bool
+) -> DecideResult:
+    return DecideResult(
+        best=best,
+        choice_logp=logp,
+        n_reused=run.n_reused,
+        n_prefilled=run.n_prefilled,
+        n_stored=stored,
+        restore_s=run.restore_s,
+        store_s=run.store_s,
+        prefill_s=run.prefill_s,
+        prefix_state_mib=cache.nbytes / MIB,
+        cancelled=cancelled,
+    )
+
+
+def run_decide(
+    backend: IDecideBackend, cache: IPrefixCache, request: DecideRequest, config: DecideConfig
+) -> DecideResult:
+    """Answer one decision. Refusals (``DecideRefusedError`` and its kinds) come before
+    anything is prefilled, with memory and kept states untouched. A cancel returns a result
+    with ``cancelled`` set; another failure is raised. Either way the memory is emptied and
+    nothing is stored."""
+    if not config.enabled:
+        raise DecideDisabledError("decisions are off in this session (open it with --decide)")
+    keep = config.keeps_prefix and request.reuse_prefix
+    run = _Run(plan_decision(backend, request, split=keep))
+    n_prefix, n_tokens = run.plan.n_prefix, len(run.plan.tokens)
+    try:
+        if keep:
+            start = _restore(backend, cache, run)
+        else:
+            backend.reset()
+            start = 0
+        if keep and n_prefix > start:
+            _prefill(backend, run, start, n_prefix)
+            _save(backend, run)
+            start = n_prefix
+        _prefill(backend, run, start, n_tokens)
+    except DecodeAbortedError:
+        backend.reset()
+        return _result(run, cache, -1, (), stored=0, cancelled=True)
+    except BaseException:
+        backend.reset()
+        raise
+    stored = 0
+    if run.pending is not None:
+        cache.store(run.plan.tokens[:n_prefix], run.pending)
+        stored = n_prefix
+    scores = score_choices(backend.logits(), run.plan.choice_tokens)
+    return _result(run, cache, scores.best, scores.logp, stored=stored, cancelled=False)
