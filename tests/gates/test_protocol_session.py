@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bmoe.adapters.protocol import Begin, Done, Error, Progress
+from bmoe.adapters.protocol import Begin, DecideDone, Done, Error, Progress
 from bmoe.client import SessionClient
 
 TinyModel = Callable[[str], Path]
@@ -137,3 +137,19 @@ def test_a_model_that_cannot_load_is_one_fatal_error(tmp_path: Path) -> None:
         proc.stdout.decode()
         == f'BMOE_ERROR {{"id":null,"fatal":true,"msg":"model file not found: {missing}"}}\n'
     )
+
+
+def test_decisions_over_the_protocol(tiny_model_path: TinyModel) -> None:
+    args = ["-m", str(tiny_model_path("qwen3moe")), "--chatml", "--decide", "-c", "512"]
+    prefix = "You control a phone. Task: turn on Wi-Fi. "
+    with SessionClient(args) as client:
+        first = client.decide(prefix, "Options: A) Network B) Display.", ["A", "B"], id="d1")
+        second = client.decide(prefix, "Options: A) Wi-Fi B) Bluetooth.", ["A", "B"], id="d2")
+        refused = client.decide(prefix, "?", ["Yes", "Yes"], id="d3")
+        whole = client.decide(prefix, "Options: A) Wi-Fi B) Bluetooth.", ["A", "B"], id="d4", reuse_prefix=False)
+    assert isinstance(first, DecideDone) and isinstance(second, DecideDone) and isinstance(whole, DecideDone)
+    assert first.n_reused == 0 and second.n_reused > 0
+    assert second.n_tokens == second.n_reused + second.n_prefilled
+    assert whole.n_reused == 0 and whole.best == second.best
+    assert first.prefix_state_mib > 0 and len(first.choice_logp) == 2
+    assert isinstance(refused, Error) and not refused.fatal and "start with the same token" in refused.msg

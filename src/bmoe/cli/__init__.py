@@ -14,6 +14,7 @@ from pathlib import Path
 from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.protocol import Error, encode_response
 from bmoe.cli.session_loop import SessionLoop
+from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB, StreamConfig
@@ -70,6 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="load once, then serve JSON requests from stdin with BMOE_* lines on stdout",
     )
     s.add_argument("--progress", action="store_true", help="with --session: a BMOE_PROGRESS line per token")
+    s.add_argument(
+        "--decide", action="store_true", help="with --session: accept decide requests (docs/decide.md)"
+    )
+    s.add_argument(
+        "--decide-prefix-cache",
+        choices=PREFIX_CACHE_MODES,
+        default="auto",
+        help="keep the state after a decision's prefix: auto (default), on, off",
+    )
+    s.add_argument(
+        "--decide-prefix-slots",
+        type=int,
+        default=1,
+        metavar="K",
+        help="keep the prefix states of the K most recent prefixes (default: 1)",
+    )
     return p
 
 
@@ -106,6 +123,9 @@ def _config(args: argparse.Namespace) -> SessionConfig:
         think=not args.no_think,
         n_predict=args.n_predict,
         verbose=args.verbose,
+        decide=DecideConfig(
+            enabled=args.decide, prefix_cache=args.decide_prefix_cache, prefix_slots=args.decide_prefix_slots
+        ),
         stream=StreamConfig(
             enabled=args.moe_stream,
             cache_mb=args.cache_mb,
@@ -119,6 +139,8 @@ def _config(args: argparse.Namespace) -> SessionConfig:
 def _serve(args: argparse.Namespace) -> int:
     try:
         session = Session.open(_config(args))
+        for note in session.notes:
+            print(f"bmoe: {note}", file=sys.stderr)
     except BmoeError as exc:
         sys.stdout.buffer.write(encode_response(Error(id=None, fatal=True, msg=str(exc))))
         sys.stdout.flush()
@@ -128,7 +150,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.decide and not args.session:
+        parser.error("--decide needs --session")
     if args.session:
         return _serve(args)
     try:

@@ -19,6 +19,7 @@ from bmoe.adapters.protocol import (
     CancelCmd,
     CloseCmd,
     DecideCmd,
+    DecideDone,
     Done,
     EndOfInput,
     Error,
@@ -31,6 +32,7 @@ from bmoe.adapters.protocol import (
     Response,
     encode_response,
 )
+from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.generation import Progress as TokenProgress
 from bmoe.domain.streaming import MIB
@@ -112,13 +114,23 @@ class SessionLoop:
         elif isinstance(event, GenerateCmd):
             return self._generate(event)
         elif isinstance(event, DecideCmd):
-            self.send(
-                Error(
-                    id=event.id,
-                    fatal=False,
-                    msg="decide is not enabled in this session (start it with --decide)",
-                )
+            return self._decide(event)
+        return True
+
+    def _decide(self, cmd: DecideCmd) -> bool:
+        try:
+            request = DecideRequest(
+                prefix=cmd.prefix, suffix=cmd.suffix, choices=cmd.choices, reuse_prefix=cmd.reuse_prefix
             )
+            result = self.session.decide(request, on_begin=lambda: self.send(Begin(id=cmd.id)))
+        except (ConfigError, SessionFailedError) as exc:
+            fatal = isinstance(exc, SessionFailedError)
+            self.send(Error(id=cmd.id, fatal=fatal, msg=str(exc)))
+            return not fatal
+        except BmoeError as exc:
+            self.send(Error(id=cmd.id, fatal=True, msg=str(exc)))
+            return False
+        self.send(decide_response(cmd.id, result))
         return True
 
     def _generate(self, cmd: GenerateCmd) -> bool:
@@ -199,4 +211,26 @@ def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
         cache_budget_mib=report.decode.budget_bytes / MIB,
         prefill_read_mib=report.prefill.read_mib,
         prefill_io_s=report.prefill.io_s,
+    )
+
+
+def decide_response(rid: RequestId, result: DecideResult) -> DecideDone:
+    """``BMOE_DECIDE`` for one decision (streaming figures -1 when not streaming)."""
+    extra = {}
+    if result.stream is not None:
+        extra = {"prefill_read_mib": result.stream.read_mib, "prefill_io_s": result.stream.io_s}
+    return DecideDone(
+        id=rid,
+        cancelled=result.cancelled,
+        best=result.best,
+        choice_logp=result.choice_logp,
+        n_tokens=result.n_tokens,
+        n_reused=result.n_reused,
+        n_prefilled=result.n_prefilled,
+        restore_s=result.restore_s,
+        store_s=result.store_s,
+        prefill_s=result.prefill_s,
+        prefill_tps=result.prefill_tps,
+        prefix_state_mib=result.prefix_state_mib,
+        **extra,
     )

@@ -19,13 +19,16 @@ import numpy.typing as npt
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
+from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.system_memory import available_bytes
 from bmoe.cext.abort_flag import AbortFlag
+from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
-from bmoe.errors import ConfigError, ExpertReadError
+from bmoe.errors import ConfigError, DecideDisabledError, ExpertReadError
+from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
 
@@ -38,7 +41,9 @@ class SessionConfig:
       ``clear_kv=False`` continues the engine-held conversation; otherwise prompts are raw
       text and ``clear_kv=False`` continues the text;
     - ``think`` / ``n_predict``: defaults for requests that leave them unsaid;
-    - ``stream``: expert streaming (off by default: the model is resident).
+    - ``stream``: expert streaming (off by default: the model is resident);
+    - ``decide``: decisions (off by default: a session without them allocates nothing for
+      them and refuses them).
     """
 
     model_path: Path
@@ -48,6 +53,7 @@ class SessionConfig:
     n_predict: int = 128
     verbose: bool = False
     stream: StreamConfig = attrs.field(factory=StreamConfig)
+    decide: DecideConfig = attrs.field(factory=DecideConfig)
 
     def __attrs_post_init__(self) -> None:
         if self.n_predict < 0:
@@ -82,6 +88,10 @@ class Session:
             self._backend,
             self.template,
             EngineDefaults(chat=config.chat, think=config.think, n_predict=config.n_predict),
+        )
+        self._prefix_cache = new_prefix_cache(config.decide.prefix_slots) if config.decide.enabled else None
+        self._decide_backend = (
+            LlamaDecideBackend(self.model, self.ctx, self.template) if config.decide.enabled else None
         )
         self.load_s = time.perf_counter() - t0
         self._closed = False
@@ -158,6 +168,8 @@ class Session:
         """Run one request against the loaded state (see ``SessionEngine.generate``)."""
         if self._closed:
             raise ConfigError("the session is closed")
+        if self._prefix_cache is not None:
+            self._prefix_cache.clear()  # a chat turn drops the kept decision state
         if self.streaming is None:
             return self.engine.generate(request, on_progress, on_begin)
         return self._generate_streamed(self.streaming, request, on_progress, on_begin)
@@ -201,6 +213,27 @@ class Session:
             decode_wall_s=decode_wall,
         )
         return attrs.evolve(result, stream=report)
+
+    def decide(self, request: DecideRequest, on_begin: OnBegin | None = None) -> DecideResult:
+        """Score ``request.choices`` from one prefill (spec/decide.md). Refusals raise
+        ``DecideRefusedError`` kinds before anything is computed; the session stays usable."""
+        if self._closed:
+            raise ConfigError("the session is closed")
+        if self._decide_backend is None or self._prefix_cache is None:
+            raise DecideDisabledError(DECIDE_DISABLED)
+        backend, cache = self._decide_backend, self._prefix_cache
+        before = self.streaming.counters() if self.streaming is not None else None
+        result = self.engine.run_exclusive(
+            lambda: run_decide(backend, cache, request, self.config.decide), on_begin
+        )
+        if self.streaming is not None and before is not None:
+            try:
+                self.streaming.check()
+            except ExpertReadError as exc:
+                self.engine.fail(exc)
+                raise
+            result = attrs.evolve(result, stream=self.streaming.counters() - before)
+        return result
 
     def set_cache_budget(self, budget_mb: int) -> None:
         """Shrink or grow the expert cache between requests (evicts LRU-first)."""

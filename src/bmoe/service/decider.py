@@ -22,6 +22,8 @@ from bmoe.domain.decide.values import MIB, DecideConfig, DecidePlan, DecideReque
 from bmoe.errors import DecideDisabledError, DecideOverflowError, DecideRefusedError, DecodeAbortedError
 from bmoe.ports.decide_backend import IDecideBackend
 
+DECIDE_DISABLED = "decide is not enabled in this session (start it with --decide)"
+
 
 def plan_decision(backend: IDecideBackend, request: DecideRequest, *, split: bool) -> DecidePlan:
     """The prompt's tokens, the choices' scored tokens and (with ``split``) the prefix length.
@@ -115,7 +117,7 @@ def run_decide(
     with ``cancelled`` set; another failure is raised. Either way the memory is emptied and
     nothing is stored."""
     if not config.enabled:
-        raise DecideDisabledError("decisions are off in this session (open it with --decide)")
+        raise DecideDisabledError(DECIDE_DISABLED)
     keep = config.keeps_prefix and request.reuse_prefix
     run = _Run(plan_decision(backend, request, split=keep))
     n_prefix, n_tokens = run.plan.n_prefix, len(run.plan.tokens)

@@ -10,6 +10,7 @@ import codecs
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 
@@ -22,6 +23,7 @@ from bmoe.ports.generate_backend import IChatRenderer, IGenerateBackend
 
 OnProgress = Callable[[Progress], None]
 OnBegin = Callable[[], None]
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -133,6 +135,23 @@ class SessionEngine:
             finally:
                 self._set_running(False)
 
+    def run_exclusive(self, work: Callable[[], T], on_begin: OnBegin | None = None) -> T:
+        """Run other work on the backend (a decision) as a request in flight: serialised with
+        ``generate``, cancellable, refused after a fatal error. The work replaces what the
+        backend's memory held, so the conversation's KV is forgotten (the next turn
+        re-prefills the history it still holds: same tokens, only slower)."""
+        with self._lock:
+            if self._fatal is not None:
+                raise SessionFailedError(f"the session ended after a fatal error: {self._fatal}")
+            self._set_running(True)
+            try:
+                if on_begin is not None:
+                    on_begin()
+                self.kv_tokens = []
+                return work()
+            finally:
+                self._set_running(False)
+
     def _generate(self, request: GenerateRequest, on_progress: OnProgress | None) -> RunResult:
         n_predict = self.defaults.n_predict if request.n_predict is None else request.n_predict
         prompt = self.render_prompt(request)
@@ -167,15 +186,10 @@ class SessionEngine:
         return self._result(turn, cancelled=False)
 
     def _prefill(self, turn: _Turn, clear: bool) -> None:
-        keep = 0
-        if clear:
-            self.backend.reset()
-        else:
-            plan = plan_reuse(self.kv_tokens, turn.prompt)
-            keep = plan.keep
-            if plan.trim and not self.backend.keep_prefix(keep):
-                self.backend.reset()
-                keep = 0
+        keep = 0 if clear else plan_reuse(self.kv_tokens, turn.prompt).keep
+        if keep == 0 or (keep < len(self.kv_tokens) and not self.backend.keep_prefix(keep)):
+            self.backend.reset()  # nothing reusable (or the memory holds other work): start empty
+            keep = 0
         turn.keep = keep
         self.kv_tokens = turn.prompt[:keep]
         t0 = time.perf_counter()

@@ -9,6 +9,7 @@ import attrs
 from bmoe.domain.decide.choice_scorer import check_choices
 from bmoe.domain.decide.log_softmax import renormalise
 from bmoe.domain.decide.prefix_cache import PrefixCacheMode, resolve_prefix_cache
+from bmoe.domain.streaming import StreamCounters
 from bmoe.errors import ConfigError, DecideRefusedError
 
 MIB = 1024 * 1024
@@ -123,6 +124,7 @@ class DecideResult:
     prefill_s: float = 0.0
     prefix_state_mib: float = 0.0
     cancelled: bool = False
+    stream: StreamCounters | None = None  # expert reads during this decision, when streaming
 
     @property
     def n_tokens(self) -> int:
