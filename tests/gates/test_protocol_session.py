@@ -146,7 +146,9 @@ def test_decisions_over_the_protocol(tiny_model_path: TinyModel) -> None:
         first = client.decide(prefix, "Options: A) Network B) Display.", ["A", "B"], id="d1")
         second = client.decide(prefix, "Options: A) Wi-Fi B) Bluetooth.", ["A", "B"], id="d2")
         refused = client.decide(prefix, "?", ["Yes", "Yes"], id="d3")
-        whole = client.decide(prefix, "Options: A) Wi-Fi B) Bluetooth.", ["A", "B"], id="d4", reuse_prefix=False)
+        whole = client.decide(
+            prefix, "Options: A) Wi-Fi B) Bluetooth.", ["A", "B"], id="d4", reuse_prefix=False
+        )
     assert isinstance(first, DecideDone) and isinstance(second, DecideDone) and isinstance(whole, DecideDone)
     assert first.n_reused == 0 and second.n_reused > 0
     assert second.n_tokens == second.n_reused + second.n_prefilled
