@@ -182,7 +182,7 @@ def test_a_choice_that_tokenizes_to_nothing_is_refused() -> None:
             DecideConfig(),
             256,
             DecideDisabledError,
-            "open it with --decide",
+            r"decide is not enabled in this session \(start it with --decide\)",
         ),
         (
             DecideRequest(prefix=TASK, suffix=SCREEN, choices=("Apple", "Avocado")),
