@@ -136,6 +136,10 @@ def _config(args: argparse.Namespace) -> SessionConfig:
     )
 
 
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         session = Session.open(_config(args))
@@ -146,7 +150,10 @@ def _serve(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         return 1
     with session:
-        return SessionLoop(session, sys.stdin.buffer, sys.stdout.buffer, progress=args.progress).run()
+        loop = SessionLoop(
+            session, sys.stdin.buffer, sys.stdout.buffer, progress=args.progress, sampling=_sampling(args)
+        )
+        return loop.run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _config(args)
         request = GenerateRequest(
             prompt=args.prompt,
-            sampling=SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+            sampling=_sampling(args),
         )
 
         def echo(progress: Progress) -> None:

@@ -35,6 +35,7 @@ from bmoe.adapters.protocol import (
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.generation import Progress as TokenProgress
+from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB
 from bmoe.errors import BmoeError, ConfigError, SessionFailedError
 from bmoe.runtime import Session
@@ -45,11 +46,21 @@ _STOP = object()
 class SessionLoop:
     """Serve one session over a pair of byte streams until ``close`` or end of input."""
 
-    def __init__(self, session: Session, stdin: BinaryIO, stdout: BinaryIO, *, progress: bool) -> None:
+    def __init__(
+        self,
+        session: Session,
+        stdin: BinaryIO,
+        stdout: BinaryIO,
+        *,
+        progress: bool,
+        sampling: SamplingParams | None = None,
+    ) -> None:
+        """``sampling``: how every generate of this session samples (greedy by default)."""
         self.session = session
         self.stdin = stdin
         self.stdout = stdout
         self.progress = progress
+        self.sampling = sampling or SamplingParams()
         self._out = threading.Lock()
         self._queue: queue.Queue[object] = queue.Queue()
 
@@ -140,7 +151,11 @@ class SessionLoop:
 
         try:
             request = GenerateRequest(
-                prompt=cmd.prompt, n_predict=cmd.n_predict, think=cmd.think, clear_kv=cmd.clear_kv
+                prompt=cmd.prompt,
+                n_predict=cmd.n_predict,
+                think=cmd.think,
+                clear_kv=cmd.clear_kv,
+                sampling=self.sampling,
             )
             result = self.session.generate(request, on_progress, on_begin=lambda: self.send(Begin(id=cmd.id)))
         except (ConfigError, SessionFailedError) as exc:
