@@ -7,7 +7,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 import pytest
 
@@ -15,6 +14,7 @@ from bmoe.adapters.llama import ContextParams
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.errors import ContextOverflowError
 from bmoe.runtime import Session, SessionConfig, run
+from bmoe.testing.oracle import stock_greedy
 
 ALL = ["qwen3moe", "qwen35moe", "gpt-oss", "qwen3moe-odd", "qwen3moe-split"]
 PARAMS = ContextParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2)
@@ -54,26 +54,7 @@ def test_oracle_greedy_equals_stock_llama_cpp(name: str, tiny_model_path: TinyMo
     with Session.open(config(path, context=params, n_predict=10)) as session:
         ours = session.generate(GenerateRequest(PROMPT))
         our_logits = session.last_logits()
-    stock = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=256,
-        n_batch=64,
-        n_ubatch=64,
-        n_threads=2,
-        n_threads_batch=2,
-        flash_attn=False,
-        verbose=False,
-    )
-    try:
-        prompt = stock.tokenize(PROMPT.encode(), add_bos=False, special=True)
-        theirs = []
-        for token in stock.generate(prompt, temp=0.0):
-            theirs.append(token)
-            if len(theirs) == 10:
-                break
-        their_logits = np.ctypeslib.as_array(stock._ctx.get_logits_ith(-1), shape=(stock.n_vocab(),)).copy()
-    finally:
-        stock.close()
+    theirs, their_logits = stock_greedy(path, PROMPT, 10)
     assert list(ours.tokens) == theirs
     assert np.array_equal(our_logits, their_logits)
 

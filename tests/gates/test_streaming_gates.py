@@ -8,7 +8,6 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 import pytest
 
@@ -20,6 +19,7 @@ from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import DecodeAbortedError, ExpertReadError, SessionFailedError
 from bmoe.runtime import Session, SessionConfig, run
+from bmoe.testing.oracle import stock_greedy
 
 FIXTURES = ["qwen3moe", "qwen35moe", "gpt-oss", "qwen3moe-odd", "qwen3moe-split"]
 PARAMS = ContextParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2)
@@ -111,25 +111,7 @@ def test_oracle_stock_llama_cpp_equals_the_streamed_run(name: str, tiny_model_pa
     with Session.open(cfg) as s:
         ours = s.generate(GenerateRequest(PROMPT))
         our_logits = s.last_logits()
-    stock = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=256,
-        n_batch=64,
-        n_ubatch=64,
-        n_threads=2,
-        n_threads_batch=2,
-        flash_attn=False,
-        verbose=False,
-    )
-    try:
-        theirs = []
-        for token in stock.generate(stock.tokenize(PROMPT.encode(), add_bos=False, special=True), temp=0.0):
-            theirs.append(token)
-            if len(theirs) == 10:
-                break
-        their_logits = np.ctypeslib.as_array(stock._ctx.get_logits_ith(-1), shape=(stock.n_vocab(),)).copy()
-    finally:
-        stock.close()
+    theirs, their_logits = stock_greedy(path, PROMPT, 10)
     assert list(ours.tokens) == theirs
     assert np.array_equal(our_logits, their_logits)
 

@@ -42,6 +42,7 @@ from posix.unistd cimport close as c_close, pread
 
 from cython.parallel cimport prange, threadid
 
+from bmoe.cext.graph_names cimport TOPK_PREFIX_LEN, parse_layer
 from bmoe.cext.ggml cimport GGML_OP_NONE, GGML_TYPE_I32, bool, ggml_tensor
 
 cdef extern from "fcntl.h" nogil:
@@ -67,7 +68,6 @@ cdef enum:
     PAGE = 4096
     MAX_CAPTURE = 16384
     NAME_LEN = 64
-    TOPK_PREFIX_LEN = 13
 
 
 cdef struct proj_t:
@@ -144,17 +144,6 @@ cdef inline double now() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
-cdef inline int parse_layer(const char * name, int prefix_len) noexcept nogil:
-    cdef int i = prefix_len
-    cdef int value = 0
-    cdef int digits = 0
-    while name[i] >= 48 and name[i] <= 57 and digits < 9:
-        value = value * 10 + (name[i] - 48)
-        i += 1
-        digits += 1
-    if digits == 0 or name[i] != 0:
-        return -1
-    return value
 
 
 # -- the LRU list ------------------------------------------------------------------------

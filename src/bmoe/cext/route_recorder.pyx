@@ -22,6 +22,7 @@ from libc.string cimport memcpy, strncmp
 
 import numpy as np
 
+from bmoe.cext.graph_names cimport PROBS_PREFIX_LEN, TOPK_PREFIX_LEN, parse_layer
 from bmoe.cext.ggml cimport (
     GGML_TYPE_F32,
     GGML_TYPE_I32,
@@ -29,9 +30,6 @@ from bmoe.cext.ggml cimport (
     ggml_tensor,
 )
 
-cdef enum:
-    TOPK_PREFIX_LEN = 13   # len("ffn_moe_topk-")
-    PROBS_PREFIX_LEN = 14  # len("ffn_moe_probs-")
 
 
 cdef struct record_t:
@@ -63,17 +61,6 @@ cdef struct recorder_t:
     int64_t pending_probs_off
 
 
-cdef inline int parse_layer(const char * name, int prefix_len) noexcept nogil:
-    cdef int i = prefix_len
-    cdef int value = 0
-    cdef int digits = 0
-    while name[i] >= 48 and name[i] <= 57 and digits < 9:
-        value = value * 10 + (name[i] - 48)
-        i += 1
-        digits += 1
-    if digits == 0 or name[i] != 0:
-        return -1
-    return value
 
 
 cdef inline void capture_probs(recorder_t * rec, ggml_tensor * t, int layer) noexcept nogil:
