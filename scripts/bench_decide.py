@@ -1,0 +1,103 @@
+"""Benchmark (not a test): a four-step agent trace of decisions, prefix cache on and off.
+
+    python scripts/bench_decide.py [--model PATH | --fixture qwen35moe] [--moe-stream --cache-mb N]
+
+Prints one Markdown table per prefix-cache mode: reused/prefilled tokens, prefill, restore
+and store seconds, and the kept state's size, per decision. Times are wall-clock seconds of
+this machine at the moment of the run; run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from pathlib import Path
+
+from bmoe.adapters.llama import ContextParams
+from bmoe.domain.decide import DecideConfig, DecideRequest
+from bmoe.domain.streaming import StreamConfig
+from bmoe.runtime import Session, SessionConfig
+from bmoe.testing.fixtures import fixture_path
+
+TASK = "You control an Android phone. Task: turn on Wi-Fi. History: none. "
+TRACE = [
+    (
+        "home screen",
+        DecideRequest(
+            prefix=TASK,
+            suffix="Screen: Home. Options: A) Settings B) Camera C) Clock. Answer with the letter.",
+            choices=("A", "B", "C"),
+        ),
+    ),
+    (
+        "settings, same prefix",
+        DecideRequest(
+            prefix=TASK,
+            suffix="Screen: Settings. Options: A) Network B) Display C) Battery. Answer with the letter.",
+            choices=("A", "B", "C"),
+        ),
+    ),
+    (
+        "network, grown prefix",
+        DecideRequest(
+            prefix=TASK + "Opened Settings, then Network. ",
+            suffix="Screen: Network. Options: A) Mobile B) Internet C) SIMs. Answer with the letter.",
+            choices=("A", "B", "C"),
+        ),
+    ),
+    (
+        "same, reuse_prefix false",
+        DecideRequest(
+            prefix=TASK + "Opened Settings, then Network. ",
+            suffix="Screen: Network. Options: A) Mobile B) Internet C) SIMs. Answer with the letter.",
+            choices=("A", "B", "C"),
+            reuse_prefix=False,
+        ),
+    ),
+]
+
+
+def run(path: Path, mode: str, stream: StreamConfig, threads: int) -> list[str]:
+    cfg = SessionConfig(
+        model_path=path,
+        context=ContextParams(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=threads),
+        chat=True,
+        decide=DecideConfig(enabled=True, prefix_cache=mode),  # type: ignore[arg-type]
+        stream=stream,
+    )
+    rows = [
+        "| decision | best | reused / prefilled | prefill s | restore s | store s | kept state MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    with Session.open(cfg) as session:
+        for name, request in TRACE:
+            r = session.decide(request)
+            rows.append(
+                f"| {name} | {r.best} | {r.n_reused} / {r.n_prefilled} | {r.prefill_s:.3f} | "
+                f"{r.restore_s:.4f} | {r.store_s:.4f} | {r.prefix_state_mib:.2f} |"
+            )
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, help="GGUF model (default: the qwen35moe fixture)")
+    p.add_argument("--fixture", default="qwen35moe", help="a bmoe.testing fixture name when no --model")
+    p.add_argument("--moe-stream", action="store_true")
+    p.add_argument("--cache-mb", type=int, default=None)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    args = p.parse_args()
+    path = args.model or fixture_path(args.fixture)
+    stream = StreamConfig(enabled=args.moe_stream, cache_mb=args.cache_mb)
+    print(
+        f"model: {path} ({path.stat().st_size / 2**20:.0f} MiB), streaming: {args.moe_stream}, "
+        f"cache_mb: {args.cache_mb}, threads: {args.threads}, {os.cpu_count()} CPUs, {platform.machine()}"
+    )
+    for mode in ("on", "off"):
+        print(f"\nprefix cache {mode}:\n")
+        print("\n".join(run(path, mode, stream, args.threads)))
+
+
+if __name__ == "__main__":
+    main()
