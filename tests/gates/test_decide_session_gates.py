@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bmoe.adapters.llama import ContextParams
+from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.streaming import StreamConfig
@@ -112,3 +113,27 @@ def test_a_generate_drops_the_kept_prefix_state(tiny_model_path: TinyModel) -> N
         after_chat = session.decide(DECISIONS[0])
     assert after_chat.n_reused == 0
     assert after_chat.choice_logp == first.choice_logp
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "qwen35moe"])
+def test_g18c_a_whole_prefill_decision_equals_perplexitys_scores_of_the_choices(
+    name: str, tiny_model_path: TinyModel
+) -> None:
+    """Within 1e-4: perplexity() computes every output row, a decision only the last one,
+    and llama.cpp does not round those two graphs the same."""
+    request = DecideRequest(
+        prefix=TASK, suffix="Options: A) Network B) Display.", choices=("A", "B"), reuse_prefix=False
+    )
+    with Session.open(config(tiny_model_path(name))) as session:
+        decision = session.decide(request)
+        rendered = session.template.render(
+            [ChatMessage("user", request.prefix + request.suffix)], enable_thinking=False
+        )
+        scores = []
+        for choice in request.choices:
+            ppl = session.perplexity(rendered + choice)
+            first = session.model.tokenize(choice, add_special=False, parse_special=False)[0]
+            assert ppl.tokens[-1] == first
+            scores.append(ppl.logp[-1])
+        assert 1.0 < session.perplexity(rendered).value < float(session.model.n_vocab) * 10
+    assert np.allclose(decision.choice_logp, scores, atol=1e-4, rtol=0)

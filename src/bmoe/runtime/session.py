@@ -25,11 +25,25 @@ from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.system_memory import available_bytes
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
+from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
-from bmoe.errors import ConfigError, DecideDisabledError, ExpertReadError
+from bmoe.errors import ConfigError, ContextOverflowError, DecideDisabledError, ExpertReadError
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
+
+
+@attrs.frozen
+class Perplexity:
+    """``logp[i]``: log p(tokens[i + 1] | tokens[: i + 1]) over the whole vocabulary."""
+
+    tokens: tuple[int, ...]
+    logp: tuple[float, ...]
+
+    @property
+    def value(self) -> float:
+        """exp(mean negative log-likelihood)."""
+        return float(np.exp(-np.mean(self.logp)))
 
 
 @attrs.frozen
@@ -234,6 +248,29 @@ class Session:
                 raise
             result = attrs.evolve(result, stream=self.streaming.counters() - before)
         return result
+
+    def perplexity(self, text: str) -> Perplexity:
+        """Log-probability of each token of ``text`` (as is, specials parsed) given the ones
+        before it, from one prefill computing every row; uses the log-softmax decisions use.
+        Runs as a request in flight (the chat's KV is forgotten, as after a decision)."""
+        if self._closed:
+            raise ConfigError("the session is closed")
+        tokens = self.model.tokenize(text)
+        if len(tokens) < 2:
+            raise ConfigError("perplexity needs at least two tokens")
+        if len(tokens) > self.ctx.n_ctx:
+            raise ContextOverflowError(f"{len(tokens)} tokens exceed the context of {self.ctx.n_ctx}")
+
+        def work() -> Perplexity:
+            self.ctx.clear()
+            try:
+                rows = self.ctx.decode_all_rows(tokens, 0)
+            finally:
+                self.ctx.clear()
+            logp = log_softmax(rows[:-1])[np.arange(len(tokens) - 1), tokens[1:]]
+            return Perplexity(tokens=tuple(tokens), logp=tuple(float(x) for x in logp))
+
+        return self.engine.run_exclusive(work)
 
     def set_cache_budget(self, budget_mb: int) -> None:
         """Shrink or grow the expert cache between requests (evicts LRU-first)."""

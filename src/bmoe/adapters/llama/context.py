@@ -179,6 +179,18 @@ class LlamaContext:
             batch.n_tokens = len(chunk)
             check_decode(llama_cpp.llama_decode(self.ptr, batch))
 
+    def decode_all_rows(self, tokens: Sequence[int], start_pos: int) -> npt.NDArray[np.float32]:
+        """Feed ``tokens`` like ``decode`` and return the logits of every token, ``[n, n_vocab]``
+        (read chunk by chunk: llama.cpp keeps only the last decode's output rows)."""
+        rows = np.empty((len(tokens), self.model.n_vocab), dtype=np.float32)
+        step = self.params.n_batch
+        for begin in range(0, len(tokens), step):
+            chunk = tokens[begin : begin + step]
+            self.decode(chunk, start_pos + begin, logits="all")
+            for i in range(len(chunk)):
+                rows[begin + i] = self.logits(i)
+        return rows
+
     def logits(self, index: int = -1) -> npt.NDArray[np.float32]:
         """A copy of one output row of logits (``-1``: the last one computed)."""
         ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
