@@ -154,4 +154,5 @@ def test_decisions_over_the_protocol(tiny_model_path: TinyModel) -> None:
     assert second.n_tokens == second.n_reused + second.n_prefilled
     assert whole.n_reused == 0 and whole.best == second.best
     assert first.prefix_state_mib > 0 and len(first.choice_logp) == 2
+    assert abs(sum(p for p in first.choice_p_renorm if p is not None) - 1.0) < 1e-9
     assert isinstance(refused, Error) and not refused.fatal and "start with the same token" in refused.msg

@@ -156,6 +156,8 @@ class DecideDone:
       phase, as in ``BMOE_DONE``.
     - ``prefix_state_mib``: the size of the state kept after this decision (0 when none).
       A cancelled decision stores nothing.
+    - ``choice_p_renorm`` (beyond the C++ engine's keys): the choices' probabilities
+      renormalised over the choices alone (they sum to 1; all 0 when every choice is ruled out).
     """
 
     TAG: ClassVar[str] = "BMOE_DECIDE"
@@ -174,6 +176,7 @@ class DecideDone:
     prefill_read_mib: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     prefill_io_s: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     prefix_state_mib: float = attrs.field(converter=as_float)
+    choice_p_renorm: tuple[float | None, ...] = attrs.field(converter=as_float_or_none_tuple, default=())
 
 
 @attrs.frozen(kw_only=True)
