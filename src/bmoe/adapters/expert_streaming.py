@@ -188,7 +188,10 @@ class ExpertStreaming:
             fd = os.open(layout.paths[index], os.O_RDONLY)
             try:
                 expert_stream.overlay_anonymous(base + start, end - start)
+                for a, b in expert_ranges.get(index, []):
+                    expert_stream.advise_hugepages(base + a, b - a, False)
                 for a, b in fills:
+                    expert_stream.advise_hugepages(base + a, b - a, True)
                     expert_stream.fill_from_file(fd, a, base + a, b - a)
                     dense += b - a
                 expert_stream.drop_file_cache(fd)

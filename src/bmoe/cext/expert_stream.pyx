@@ -26,6 +26,8 @@ from libc.string cimport memcpy, memset, strncmp, strncpy
 from posix.fcntl cimport O_RDONLY, open as c_open
 from posix.mman cimport (
     MADV_DONTNEED,
+    MADV_HUGEPAGE,
+    MADV_NOHUGEPAGE,
     MAP_ANONYMOUS,
     MAP_FAILED,
     MAP_FIXED,
@@ -399,6 +401,20 @@ def overlay_anonymous(uintptr_t address, size_t length):
                          MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
     if r == MAP_FAILED or <uintptr_t> r != address:
         raise OSError(errno, f"mmap overlay failed: {strerror(errno).decode()}")
+
+
+def advise_hugepages(uintptr_t address, size_t length, bint on):
+    """``MADV_HUGEPAGE`` (on) or ``MADV_NOHUGEPAGE`` (off) over the whole pages of a range.
+
+    Dense weights want huge pages (fewer TLB misses: the page cache's large folios gave the
+    file mapping that advantage); expert slices must not get them, or the first read of one
+    slice would commit a whole 2 MiB page of its neighbours. Best effort: a kernel without
+    transparent huge pages just ignores it.
+    """
+    cdef uintptr_t p0 = (address + PAGE - 1) & ~(<uintptr_t> (PAGE - 1))
+    cdef uintptr_t p1 = (address + length) & ~(<uintptr_t> (PAGE - 1))
+    if p1 > p0:
+        madvise(<void *> p0, p1 - p0, MADV_HUGEPAGE if on else MADV_NOHUGEPAGE)
 
 
 def fill_from_file(int fd, int64_t offset, uintptr_t address, int64_t length):
