@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Callable
 from typing import BinaryIO
 
 from bmoe.adapters.protocol import (
@@ -123,50 +124,47 @@ class SessionLoop:
         if isinstance(event, BadRequest):
             self.send(Error(id=event.id, fatal=False, msg=event.msg))
         elif isinstance(event, GenerateCmd):
-            return self._generate(event)
+            return self._answer(event.id, lambda: self._generate(event))
         elif isinstance(event, DecideCmd):
-            return self._decide(event)
+            return self._answer(event.id, lambda: self._decide(event))
         return True
 
-    def _decide(self, cmd: DecideCmd) -> bool:
+    def _answer(self, rid: RequestId, work: Callable[[], Response]) -> bool:
+        """Send what ``work`` answers, or its error: non-fatal for a refused request
+        (``ConfigError``), fatal for anything else bmoe raised. False after a fatal one."""
         try:
-            request = DecideRequest(
-                prefix=cmd.prefix, suffix=cmd.suffix, choices=cmd.choices, reuse_prefix=cmd.reuse_prefix
-            )
-            result = self.session.decide(request, on_begin=lambda: self.send(Begin(id=cmd.id)))
+            response = work()
         except (ConfigError, SessionFailedError) as exc:
             fatal = isinstance(exc, SessionFailedError)
-            self.send(Error(id=cmd.id, fatal=fatal, msg=str(exc)))
+            self.send(Error(id=rid, fatal=fatal, msg=str(exc)))
             return not fatal
         except BmoeError as exc:
-            self.send(Error(id=cmd.id, fatal=True, msg=str(exc)))
+            self.send(Error(id=rid, fatal=True, msg=str(exc)))
             return False
-        self.send(decide_response(cmd.id, result))
+        self.send(response)
         return True
 
-    def _generate(self, cmd: GenerateCmd) -> bool:
+    def _decide(self, cmd: DecideCmd) -> Response:
+        request = DecideRequest(
+            prefix=cmd.prefix, suffix=cmd.suffix, choices=cmd.choices, reuse_prefix=cmd.reuse_prefix
+        )
+        result = self.session.decide(request, on_begin=lambda: self.send(Begin(id=cmd.id)))
+        return decide_response(cmd.id, result)
+
+    def _generate(self, cmd: GenerateCmd) -> Response:
         def on_progress(p: TokenProgress) -> None:
             if self.progress:
                 self.send(progress_response(p))
 
-        try:
-            request = GenerateRequest(
-                prompt=cmd.prompt,
-                n_predict=cmd.n_predict,
-                think=cmd.think,
-                clear_kv=cmd.clear_kv,
-                sampling=self.sampling,
-            )
-            result = self.session.generate(request, on_progress, on_begin=lambda: self.send(Begin(id=cmd.id)))
-        except (ConfigError, SessionFailedError) as exc:
-            fatal = isinstance(exc, SessionFailedError)
-            self.send(Error(id=cmd.id, fatal=fatal, msg=str(exc)))
-            return not fatal
-        except BmoeError as exc:
-            self.send(Error(id=cmd.id, fatal=True, msg=str(exc)))
-            return False
-        self.send(done_response(cmd.id, result, self.session.load_s))
-        return True
+        request = GenerateRequest(
+            prompt=cmd.prompt,
+            n_predict=cmd.n_predict,
+            think=cmd.think,
+            clear_kv=cmd.clear_kv,
+            sampling=self.sampling,
+        )
+        result = self.session.generate(request, on_progress, on_begin=lambda: self.send(Begin(id=cmd.id)))
+        return done_response(cmd.id, result, self.session.load_s)
 
 
 def progress_response(p: TokenProgress) -> Progress:
