@@ -40,8 +40,7 @@ def streamed(path: Path, *, cache_mb: int | None, budget_entries: int | None = N
     session = Session.open(cfg)
     assert session.streaming is not None, session.notes
     if budget_entries is not None:
-        entry = session.streaming.info.token_cycle_bytes // (session.n_layer_moe() * session.n_expert_used)
-        session.streaming.set_budget(budget_entries * entry)
+        session.streaming.set_budget(budget_entries * session.streaming.info.entry_bytes)
     return session
 
 
@@ -144,7 +143,7 @@ def test_the_c_cache_follows_the_python_policy_step_for_step(
         s.generate(REQUEST)
         c_stats = s.streaming.streamer.stats()
         c_resident = s.streaming.streamer.resident_entries()
-        entry = s.streaming.info.token_cycle_bytes // (s.n_layer_moe() * s.n_expert_used)
+        entry = s.streaming.info.entry_bytes
     lru = ExpertLru(budget_bytes=budget_entries * entry, entry_bytes=entry)
     for layer, ids in trace:
         lru.request(layer, ids.reshape(-1).tolist())

@@ -110,7 +110,7 @@ class StreamingInfo:
     token_cycle_bytes: int
     expert_bytes: int  # all routed experts, all layers
     dense_copied_bytes: int
-    n_moe_layers: int
+    entry_bytes: int  # one (layer, expert) cache entry: all its projections (the largest layer's)
 
 
 class ExpertStreaming:
@@ -123,14 +123,11 @@ class ExpertStreaming:
         self.layout = layout
         self.info = info
         self._identity = [os.stat(p) for p in layout.paths]
-        self.n_moe_layers = info.n_moe_layers
 
     @staticmethod
     def new_streamer(
         model: LlamaModel, abort_flag_address: int
-    ) -> tuple[
-        expert_stream.ExpertStreamer, ModelLayout, tuple[str, ...], list[tuple[int, int, TensorLocation]]
-    ]:
+    ) -> tuple[expert_stream.ExpertStreamer, ModelLayout, list[tuple[int, int, TensorLocation]]]:
         """The C streamer to pass as the context's eval callback (before the context exists)."""
         layout = read_layout(model.path)
         names, found = plan_projections(model, layout)
@@ -140,7 +137,7 @@ class ExpertStreaming:
             n_proj=len(names),
             abort_flag_address=abort_flag_address,
         )
-        return streamer, layout, names, found
+        return streamer, layout, found
 
     @classmethod
     def attach(
@@ -216,7 +213,7 @@ class ExpertStreaming:
             token_cycle_bytes=cycle,
             expert_bytes=sum(loc.n_bytes for _, _, loc in found),
             dense_copied_bytes=dense,
-            n_moe_layers=len(per_expert),
+            entry_bytes=max(per_expert.values()),
         )
         return cls(streamer, layout, info)
 

@@ -213,7 +213,7 @@ cdef void evict_until(stream_t * s, int64_t incoming, int keep_layer) noexcept n
 
 # -- reads -------------------------------------------------------------------------------
 
-cdef int read_exact(int fd, char * buf, int64_t length, int64_t offset) noexcept nogil:
+cdef int64_t read_exact(int fd, char * buf, int64_t length, int64_t offset) noexcept nogil:
     """Read up to ``length`` bytes; returns bytes read (short at EOF) or -errno."""
     cdef int64_t done = 0
     cdef long r
@@ -226,7 +226,7 @@ cdef int read_exact(int fd, char * buf, int64_t length, int64_t offset) noexcept
         if r == 0:
             break
         done += r
-    return <int> done if done < 2147483647 else 2147483647
+    return done
 
 
 cdef int run_job(stream_t * s, job_t * job, int lane) noexcept nogil:

@@ -114,9 +114,7 @@ class Session:
         if not config.stream.enabled:
             return LlamaContext(self.model, config.context, abort=self._flag), None
         try:
-            streamer, layout, _, found = ExpertStreaming.new_streamer(
-                self.model, self._flag.user_data_address
-            )
+            streamer, layout, found = ExpertStreaming.new_streamer(self.model, self._flag.user_data_address)
         except StreamingUnavailable as why:
             self.notes.append(f"moe-stream: {why}; running resident")
             return LlamaContext(self.model, config.context, abort=self._flag), None
@@ -159,12 +157,6 @@ class Session:
     @property
     def n_expert_used(self) -> int:
         return self.model.n_expert_used
-
-    def n_layer_moe(self) -> int:
-        """Layers whose routed experts are streamed (0 when not streaming)."""
-        if self.streaming is None:
-            return 0
-        return self.streaming.n_moe_layers
 
     @property
     def think_ctl(self) -> bool:
@@ -236,13 +228,14 @@ class Session:
         if self._decide_backend is None or self._prefix_cache is None:
             raise DecideDisabledError(DECIDE_DISABLED)
         backend, cache = self._decide_backend, self._prefix_cache
-        before = self.streaming.counters() if self.streaming is not None else None
+        streaming = self.streaming
+        before = streaming.counters() if streaming is not None else None
         result = self.engine.run_exclusive(
             lambda: run_decide(backend, cache, request, self.config.decide), on_begin
         )
-        if self.streaming is not None and before is not None:
+        if streaming is not None and before is not None:
             try:
-                self.streaming.check()
+                streaming.check()
             except ExpertReadError as exc:
                 self.engine.fail(exc)
                 raise
