@@ -32,7 +32,7 @@ from bmoe.testing.fixtures import (
     render_chat,
 )
 from bmoe.testing.fixtures.__main__ import main as fixtures_cli
-from bmoe.testing.fixtures.tokenizer import SPECIAL_TOKENS
+from bmoe.tinymodel.tokenizer import SPECIAL_TOKENS
 
 N_GEN = 8
 PAGE = 4096

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gguf import TokenType
 
 from bmoe.testing.fixtures import CHAT_TEMPLATE, build_vocab, decode, encode, render_chat
-from bmoe.testing.fixtures.tokenizer import (
+from bmoe.tinymodel.tokenizer import (
     END_THINK,
     ENDOFTEXT,
     IM_END,

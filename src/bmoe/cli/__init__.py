@@ -103,9 +103,9 @@ def _cache_mb(text: str) -> int | None:
 
 
 def _default_model() -> Path:
-    from bmoe.testing.fixtures import fixture_path
+    from bmoe.tinymodel import default_model_path
 
-    path = fixture_path(DEFAULT_MODEL_FIXTURE)
+    path = default_model_path()
     print(
         f"bmoe: no -m given, using the built-in tiny model ({DEFAULT_MODEL_FIXTURE}, random weights): {path}",
         file=sys.stderr,

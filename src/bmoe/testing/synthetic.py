@@ -2,7 +2,7 @@
 
 The defaults are the Qwen3-30B-like shape of ``references.md`` (16 layers, 2048 hidden,
 768 expert width, 128 experts, top-8, Q4_0: about 5.6 GB). The tokenizer, chat template and
-hyper-parameter keys are the tiny fixtures' own (:mod:`bmoe.testing.fixtures`), so the
+hyper-parameter keys are the tiny fixtures' own (:mod:`bmoe.tinymodel`), so the
 model tokenizes and chats like them; only the shapes and the weight format differ.
 
 The file is written tensor by tensor: the header and tensor infos first (sizes are known
@@ -40,10 +40,11 @@ import numpy as np
 import numpy.typing as npt
 from gguf import MODEL_TENSOR, GGMLQuantizationType, GGUFWriter, LlamaFileType
 
-from bmoe.testing.fixtures import FixtureSpec, MoeDims, build_vocab
-from bmoe.testing.fixtures.archs.common import add_common_hparams, embedding_and_head, tensor_name
-from bmoe.testing.fixtures.weights import WeightInit
-from bmoe.testing.fixtures.writer import add_tokenizer
+from bmoe.tinymodel.archs.common import add_common_hparams, embedding_and_head, tensor_name
+from bmoe.tinymodel.spec import FixtureSpec, MoeDims
+from bmoe.tinymodel.tokenizer import build_vocab
+from bmoe.tinymodel.weights import WeightInit
+from bmoe.tinymodel.writer import add_tokenizer
 
 ARCH = "qwen3moe"
 QK = 32  # values per Q4_0 / Q8_0 block
