@@ -87,6 +87,16 @@ class DecideOverflowError(DecideRefusedError, ContextOverflowError):
     """A decision's rendered prompt is longer than the context."""
 
 
-class ExpertReadError(BmoeError, OSError):
+class StreamingFaultError(BmoeError):
+    """Expert streaming stopped for good: any output computed from now on would use experts
+    that were never read. Fatal for the session (``SessionFailedError`` afterwards)."""
+
+
+class ExpertReadError(StreamingFaultError, OSError):
     """Streaming could not read an expert (I/O error, short read, a model file truncated or
-    replaced under the session). Fatal: the session cannot produce correct output any more."""
+    replaced under the session)."""
+
+
+class ExpertGraphError(StreamingFaultError, RuntimeError):
+    """The compute graph routed to something streaming cannot serve (a layer without known
+    experts, an expert id out of range)."""

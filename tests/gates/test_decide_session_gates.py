@@ -59,7 +59,7 @@ def test_g18d_streamed_decisions_equal_resident_ones(
     with Session.open(config(path, stream=StreamConfig(enabled=True, cache_mb=cache_mb))) as streamed:
         assert streamed.streaming is not None
         got = decisions(streamed)
-        reads = streamed.streaming.streamer.stats()["misses"]
+        reads = streamed.streaming.counters().misses
     assert [(r.best, r.choice_logp, r.n_reused) for r in got] == [
         (r.best, r.choice_logp, r.n_reused) for r in expected
     ]

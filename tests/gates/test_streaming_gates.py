@@ -4,20 +4,18 @@ and named. Every MoE fixture, the split one included."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.cext import expert_stream
 from bmoe.cext.route_recorder import RouteRecorder
-from bmoe.domain.expert_lru import ExpertLru
 from bmoe.domain.generation import GenerateRequest
-from bmoe.domain.streaming import StreamConfig
-from bmoe.errors import DecodeAbortedError, ExpertReadError, SessionFailedError
+from bmoe.domain.streaming import ExpertCachePolicy, StreamConfig, StreamCounters
 from bmoe.runtime import Session, SessionConfig, run
 from bmoe.testing.oracle import stock_greedy
 
@@ -35,13 +33,21 @@ def resident(path: Path) -> tuple[tuple[int, ...], np.ndarray]:
         return result.tokens, s.last_logits()
 
 
-def streamed(path: Path, *, cache_mb: int | None, budget_entries: int | None = None) -> Session:
-    cfg = SessionConfig(model_path=path, context=PARAMS, stream=StreamConfig(enabled=True, cache_mb=cache_mb))
-    session = Session.open(cfg)
+def streamed(
+    path: Path, *, cache_mb: int | None, budget_entries: int | None = None, policy: str = "fast"
+) -> Session:
+    stream = StreamConfig(enabled=True, cache_mb=cache_mb, policy=policy)
+    session = Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream))
     assert session.streaming is not None, session.notes
     if budget_entries is not None:
+        session.set_cache_budget(0)
         session.streaming.set_budget(budget_entries * session.streaming.info.entry_bytes)
     return session
+
+
+def same_counters(a: StreamCounters, b: StreamCounters) -> bool:
+    """Every counter but the timers."""
+    return attrs.evolve(a, io_s=0.0, mgmt_s=0.0) == attrs.evolve(b, io_s=0.0, mgmt_s=0.0)
 
 
 @pytest.fixture(params=FIXTURES)
@@ -49,31 +55,62 @@ def model_path(request: pytest.FixtureRequest, tiny_model_path: TinyModel) -> Pa
     return tiny_model_path(request.param)
 
 
+@pytest.mark.parametrize("policy", ["fast", "reference"])
 @pytest.mark.parametrize(
     ("gate", "cache_mb", "budget_entries"),
     [("G1 cache off", 0, None), ("G2 evicting cache", None, 1), ("G3 cache holds all", 1024, None)],
 )
 def test_streamed_equals_resident(
-    model_path: Path, gate: str, cache_mb: int | None, budget_entries: int | None
+    model_path: Path, gate: str, cache_mb: int | None, budget_entries: int | None, policy: str
 ) -> None:
     tokens, logits = resident(model_path)
-    with streamed(model_path, cache_mb=cache_mb, budget_entries=budget_entries) as s:
+    with streamed(model_path, cache_mb=cache_mb, budget_entries=budget_entries, policy=policy) as s:
         result = s.generate(REQUEST)
         assert result.tokens == tokens, gate
         assert np.array_equal(s.last_logits(), logits), gate
-        stats = s.streaming.streamer.stats()
+        counters = s.streaming.counters()
         report = result.stream
-    assert report is not None and stats["misses"] > 0
+    assert report is not None and counters.misses > 0
     if gate.startswith("G3"):
-        assert stats["evictions"] == 0
+        assert counters.evictions == 0
     else:
-        assert stats["evictions"] > 0 and report.decode.evictions > 0  # evicts while decoding
+        assert counters.evictions > 0 and report.decode.evictions > 0  # evicts while decoding
+
+
+@pytest.mark.parametrize("budget_entries", [0, 3, 1000])
+def test_the_reference_policy_and_the_fast_path_agree_on_everything(
+    model_path: Path, budget_entries: int
+) -> None:
+    """Tokens, logits, every counter and the LRU order, over two requests (a warm cache)
+    and a perplexity (one all-rows prefill)."""
+    runs = {}
+    for policy in ("fast", "reference"):
+        with streamed(model_path, cache_mb=None, budget_entries=budget_entries, policy=policy) as s:
+            first = s.generate(GenerateRequest("Warm the cache up with something else", n_predict=6))
+            second = s.generate(REQUEST)
+            ppl = s.perplexity(PROMPT)
+            runs[policy] = (
+                first.tokens,
+                second.tokens,
+                s.last_logits(),
+                ppl.logp,
+                s.streaming.counters(),
+                s.streaming.resident_entries(),
+                second.stream,
+            )
+    fast, ref = runs["fast"], runs["reference"]
+    assert fast[:2] == ref[:2]
+    assert np.array_equal(fast[2], ref[2]) and fast[3] == ref[3]
+    assert same_counters(fast[4], ref[4])
+    assert fast[5] == ref[5]
+    assert fast[6] is not None and ref[6] is not None
+    assert same_counters(fast[6].prefill, ref[6].prefill) and same_counters(fast[6].decode, ref[6].decode)
 
 
 def test_negative_control_without_reads_the_output_changes(model_path: Path) -> None:
     tokens, logits = resident(model_path)
     with streamed(model_path, cache_mb=0) as s:
-        s.streaming.streamer.mode = expert_stream.MODE_OFF  # experts never read: zeros
+        s.streaming.streaming.streamer.mode = expert_stream.MODE_OFF  # experts never read: zeros
         result = s.generate(REQUEST)
         assert not np.array_equal(s.last_logits(), logits)
     assert result.tokens != tokens
@@ -84,7 +121,7 @@ def test_s2_warm_second_generate_with_an_evicting_cache_equals_the_cold_run(mode
     with streamed(model_path, cache_mb=None, budget_entries=3) as s:
         s.generate(GenerateRequest("Warm the cache up with something else", n_predict=8))
         warm = s.generate(REQUEST)
-        assert s.streaming.streamer.stats()["rereads"] > 0
+        assert s.streaming.counters().rereads > 0
     assert warm.tokens == cold.tokens
 
 
@@ -92,9 +129,9 @@ def test_s3_the_budget_shrinks_between_requests_and_output_stays_exact(model_pat
     tokens, logits = resident(model_path)
     with streamed(model_path, cache_mb=1024) as s:
         s.generate(REQUEST)
-        before = s.streaming.streamer.stats()["resident_bytes"]
+        before = s.streaming.counters().resident_bytes
         s.set_cache_budget(0)
-        assert s.streaming.streamer.stats()["resident_bytes"] < before
+        assert s.streaming.counters().resident_bytes < before
         again = s.generate(REQUEST)
         assert again.tokens == tokens
         assert np.array_equal(s.last_logits(), logits)
@@ -134,59 +171,27 @@ def routing_trace(path: Path) -> list[tuple[int, np.ndarray]]:
 
 
 @pytest.mark.parametrize("budget_entries", [0, 1, 5, 1000])
-def test_the_c_cache_follows_the_python_policy_step_for_step(
-    tiny_model_path: TinyModel, budget_entries: int
-) -> None:
-    path = tiny_model_path("qwen3moe")
-    trace = routing_trace(path)
-    with streamed(path, cache_mb=None, budget_entries=budget_entries) as s:
+def test_the_c_cache_follows_the_python_policy_step_for_step(model_path: Path, budget_entries: int) -> None:
+    """Replay: the resident run's recorded routing through the domain policy ends where the
+    fast path's C core ends, counter for counter, entry for entry."""
+    trace = routing_trace(model_path)
+    with streamed(model_path, cache_mb=None, budget_entries=budget_entries) as s:
         s.generate(REQUEST)
-        c_stats = s.streaming.streamer.stats()
-        c_resident = s.streaming.streamer.resident_entries()
+        c_counters = s.streaming.counters()
+        c_resident = s.streaming.resident_entries()
+        sizes = [s.streaming.streaming.streamer.entry_bytes(layer) for layer in range(s.model.n_layer)]
         entry = s.streaming.info.entry_bytes
-    lru = ExpertLru(budget_bytes=budget_entries * entry, entry_bytes=entry)
+        n_expert = s.n_expert
+    policy = ExpertCachePolicy(budget_entries * entry, sizes, n_expert)
     for layer, ids in trace:
-        lru.request(layer, ids.reshape(-1).tolist())
-        lru.check_valid()
-    c = lru.counters
-    assert (
-        c_stats["hits"],
-        c_stats["misses"],
-        c_stats["evictions"],
-        c_stats["rereads"],
-        c_stats["bytes_read"],
-    ) == (c.hits, c.misses, c.evictions, c.rereads, c.bytes_read)
-    assert c_resident == lru.resident()
-
-
-def test_a_truncated_model_file_is_one_fatal_error_naming_it(
-    tiny_model_path: TinyModel, tmp_path: Path
-) -> None:
-    path = tmp_path / "model.gguf"
-    shutil.copy(tiny_model_path("qwen3moe"), path)
-    with streamed(path, cache_mb=0) as s:
-        s.generate(GenerateRequest(PROMPT, n_predict=2))
-        size = path.stat().st_size
-        with open(path, "r+b") as f:
-            f.truncate(size // 2)
-        # the C read path: a short read aborts the decode instead of computing with zeros
-        s.ctx.clear()
-        with pytest.raises(DecodeAbortedError):
-            s.ctx.decode(s.model.tokenize(PROMPT), 0)
-        file_index, offset, _ = s.streaming.streamer.fault()
-        assert file_index == 0 and offset >= size // 2 - 4096
-        with pytest.raises(ExpertReadError, match=rf"expert read failed: {path} at offset {offset}"):
-            s.generate(GenerateRequest(PROMPT, n_predict=2))
-        with pytest.raises(SessionFailedError):
-            s.generate(GenerateRequest(PROMPT, n_predict=2))
-
-
-def test_a_replaced_model_file_ends_the_session(tiny_model_path: TinyModel, tmp_path: Path) -> None:
-    path = tmp_path / "model.gguf"
-    shutil.copy(tiny_model_path("qwen3moe"), path)
-    with streamed(path, cache_mb=0) as s:
-        s.generate(GenerateRequest(PROMPT, n_predict=2))
-        path.unlink()
-        shutil.copy(tiny_model_path("qwen3moe"), path)
-        with pytest.raises(ExpertReadError, match="model file replaced or truncated under the session"):
-            s.generate(GenerateRequest(PROMPT, n_predict=2))
+        policy.request(layer, ids.reshape(-1).tolist())
+        policy.check_valid()
+    c = policy.counters
+    assert (c_counters.requests, c_counters.hits, c_counters.misses, c_counters.evictions) == (
+        c.requests,
+        c.hits,
+        c.misses,
+        c.evictions,
+    )
+    assert (c_counters.rereads, c_counters.bytes_read) == (c.rereads, c.bytes_read)
+    assert c_resident == policy.resident()

@@ -14,6 +14,7 @@ import jinja2.sandbox
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.errors import ConfigError
+from bmoe.ports.generate_backend import IChatRenderer
 
 # Used when a model carries no template: plain ChatML with Qwen3's handling of thinking.
 CHATML_TEMPLATE = (
@@ -30,7 +31,7 @@ def _raise(message: str) -> NoReturn:
     raise ConfigError(f"chat template error: {message}")
 
 
-class JinjaChatTemplate:
+class JinjaChatTemplate(IChatRenderer):
     """A compiled chat template."""
 
     def __init__(self, source: str | None) -> None:

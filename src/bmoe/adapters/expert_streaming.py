@@ -9,24 +9,26 @@
 2. *overlay*: each file's data region of the mapping is replaced by anonymous memory; the
    dense bytes (everything but routed experts) are copied in once, so nothing in use still
    points into the file, and the experts' pages stay empty until a read fills them;
-3. *stream*: the files are opened for the read lanes (``O_DIRECT`` where allowed), the
-   budget set, and the C callback switched to the demand path.
+3. *open*: the files are opened for the read lanes (``O_DIRECT`` where allowed) and the
+   budget set. The caller then switches the C callback to the fast path or to the
+   reference policy (``bmoe.runtime.streaming``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 
 import attrs
 
+from bmoe.adapters.expert_source import streamer_fault
 from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation, read_layout
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.cext import expert_stream
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
-from bmoe.domain.streaming import Budget, StreamConfig, StreamCounters, resolve_budget
-from bmoe.errors import ExpertReadError
+from bmoe.domain.streaming import Budget, ReadFault, StreamConfig, StreamCounters, StreamFault, resolve_budget
 
 PAGE = 4096
 
@@ -126,7 +128,7 @@ class ExpertStreaming:
 
     @staticmethod
     def new_streamer(
-        model: LlamaModel, abort_flag_address: int
+        model: LlamaModel, fault_flag_address: int
     ) -> tuple[expert_stream.ExpertStreamer, ModelLayout, list[tuple[int, int, TensorLocation]]]:
         """The C streamer to pass as the context's eval callback (before the context exists)."""
         layout = read_layout(model.path)
@@ -135,7 +137,7 @@ class ExpertStreaming:
             n_layer=model.n_layer,
             n_expert=model.n_expert,
             n_proj=len(names),
-            abort_flag_address=abort_flag_address,
+            fault_flag_address=fault_flag_address,
         )
         return streamer, layout, found
 
@@ -158,6 +160,8 @@ class ExpertStreaming:
         finally:
             streamer.mode = expert_stream.MODE_OFF
             ctx.clear()
+        if streamer.capture_overflow:
+            raise StreamingUnavailable("the graph reads more weight tensors than bmoe can locate")
         bases = _mapping_bases(layout, streamer.captured())
         missing = {loc.file_index for _, _, loc in found} - set(bases)
         if missing:
@@ -199,13 +203,12 @@ class ExpertStreaming:
             [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
         )
         n_used = max(1, model.n_expert_used)
-        per_expert = {}
+        per_expert: dict[int, int] = {}
         for layer, _, loc in found:
             per_expert[layer] = per_expert.get(layer, 0) + loc.n_bytes // model.n_expert
         cycle = sum(v * n_used for v in per_expert.values())
         budget = resolve_budget(config, available_bytes=available_bytes(), token_cycle_bytes=cycle)
         streamer.set_budget(budget.bytes)
-        streamer.mode = expert_stream.MODE_STREAM
         info = StreamingInfo(
             budget=budget,
             odirect=odirect,
@@ -220,8 +223,10 @@ class ExpertStreaming:
     # -- between requests ------------------------------------------------------------------
 
     def counters(self) -> StreamCounters:
+        """The fast path's counters (the C cache core and its timers)."""
         s = self.streamer.stats()
         return StreamCounters(
+            requests=s["requests"],
             hits=s["hits"],
             misses=s["misses"],
             evictions=s["evictions"],
@@ -233,21 +238,21 @@ class ExpertStreaming:
             budget_bytes=s["budget_bytes"],
         )
 
-    def set_budget(self, budget_bytes: int) -> None:
-        self.streamer.set_budget(budget_bytes)
-
-    def check(self) -> None:
-        """Raise ``ExpertReadError`` when a read failed or a model file changed under us."""
-        fault = self.streamer.fault()
+    def fault(self) -> StreamFault | None:
+        """The streamer's sticky fault, else a model file replaced or truncated under us."""
+        fault = streamer_fault(self.streamer, [str(p) for p in self.layout.paths])
         if fault is not None:
-            index, offset, err = fault
-            raise ExpertReadError(
-                f"expert read failed: {self.layout.paths[index]} at offset {offset}: {os.strerror(err)}"
-            )
+            return fault
         for path, before in zip(self.layout.paths, self._identity, strict=True):
             try:
                 now = os.stat(path)
             except OSError as exc:
-                raise ExpertReadError(f"model file gone: {path} ({exc.strerror})") from exc
+                return ReadFault(str(path), 0, exc.errno or errno.ENOENT, "the model file is gone")
             if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev) or now.st_size < before.st_size:
-                raise ExpertReadError(f"model file replaced or truncated under the session: {path}")
+                return ReadFault(
+                    str(path),
+                    now.st_size,
+                    errno.ESTALE,
+                    "the model file was replaced or truncated under the session",
+                )
+        return None

@@ -1,28 +1,38 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Expert streaming: the C mechanism (memory, reads, the LRU, the eval callback).
+"""Expert streaming: the C mechanism (memory, reads, the eval callback) around the cache core.
 
 ``ExpertStreamer`` owns a C eval callback for a llama context. Modes:
 
 - ``MODE_CAPTURE``: during a warm-up decode, the ``ask`` pass records the address of every
   weight (leaf) tensor the graph reads, by name; nothing is computed differently.
-- ``MODE_STREAM``: at every ``ffn_moe_topk-L`` node (its data ready, no expert of layer L
-  used yet), the callback gathers the selected ids, touches the resident ones, evicts
-  least-recently-used entries down to the byte budget, and reads every missing expert
-  slice of layer L from its file before returning (``pread`` on N lanes, ``O_DIRECT``
-  through page-aligned bounce buffers). The policy is exactly ``bmoe.domain.expert_lru``.
+- ``MODE_STREAM`` (the fast path): at every ``ffn_moe_topk-L`` node (its data ready, no
+  expert of layer L used yet), the callback gathers the selected ids, lets the cache core
+  (``cache_core.pxd``, which follows ``bmoe.domain.streaming.ExpertCachePolicy`` decision
+  for decision) plan the request, gives back the evicted entries' pages and reads every
+  missing expert slice of layer L before returning (``pread`` on N lanes, ``O_DIRECT``
+  through page-aligned bounce buffers).
+- ``MODE_REFERENCE``: at the same node, the ids go to a Python hook (the domain policy,
+  executed through ``bmoe.adapters.expert_source.LaneExpertSource``, which reads with
+  ``read_entry`` / ``release_entry`` below). Slow; for proving the fast path equal to it.
 
-Expert memory is llama.cpp's own mapping of the GGUF, overlaid by ``overlay()`` with
-anonymous private memory (``MAP_FIXED | MAP_NORESERVE``): pages cost nothing until a read
-fills them, eviction gives them back with ``madvise(MADV_DONTNEED)`` (pages wholly inside
-the slice only, so bytes of a neighbour are never dropped), and a slice that is not
-resident reads as zeros. A failed or short read records a fault and raises the context's
-abort flag, so ``llama_decode`` returns 2 instead of computing with a missing expert.
+Expert memory is llama.cpp's own mapping of the GGUF, overlaid by ``overlay_anonymous``
+with anonymous private memory (``MAP_FIXED | MAP_NORESERVE``): pages cost nothing until a
+read fills them, eviction gives them back with ``madvise(MADV_DONTNEED)`` (pages wholly
+inside the slice only, so bytes of a neighbour are never dropped), and a slice that is not
+resident reads as zeros.
+
+Faults are sticky and fatal: a failed or short read, a routing node the streamer cannot
+serve (a layer without known experts, an id out of range, ids not I32) or a failing
+reference hook records the first fault and sets the context's *fault* flag (an int the
+abort callback polls beside the cancel flag, never cleared), so ``llama_decode`` returns 2
+instead of computing with a missing expert, now and on every later decode.
 """
 
+from cpython.ref cimport PyObject
 from libc.errno cimport EINTR, EIO, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy, memset, strncmp, strncpy
+from libc.string cimport memcpy, strncmp, strncpy
 from posix.fcntl cimport O_RDONLY, open as c_open
 from posix.mman cimport (
     MADV_DONTNEED,
@@ -44,6 +54,16 @@ from posix.unistd cimport close as c_close, pread
 
 from cython.parallel cimport prange, threadid
 
+from bmoe.cext.cache_core cimport (
+    core_begin,
+    core_evict_all,
+    core_free,
+    core_new,
+    core_plan,
+    core_set_budget,
+    core_t,
+    core_want,
+)
 from bmoe.cext.graph_names cimport TOPK_PREFIX_LEN, parse_layer
 from bmoe.cext.ggml cimport GGML_OP_NONE, GGML_TYPE_I32, bool, ggml_tensor
 
@@ -57,19 +77,48 @@ cdef extern from "fcntl.h" nogil:
 cdef extern from "string.h" nogil:
     char * strerror(int errnum)
 
+cdef extern from * nogil:
+    """
+    static inline int bmoe_claim(int * p) { return __sync_bool_compare_and_swap(p, 0, 1); }
+    static inline void bmoe_store(int * p, int v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+    """
+    int bmoe_claim(int * p)
+    void bmoe_store(int * p, int v)
+
 cdef enum:
     C_MODE_OFF = 0
     C_MODE_CAPTURE = 1
     C_MODE_STREAM = 2
+    C_MODE_REFERENCE = 3
 
 MODE_OFF = C_MODE_OFF
 MODE_CAPTURE = C_MODE_CAPTURE
 MODE_STREAM = C_MODE_STREAM
+MODE_REFERENCE = C_MODE_REFERENCE
 
 cdef enum:
     PAGE = 4096
     MAX_CAPTURE = 16384
     NAME_LEN = 64
+
+# fault kinds
+cdef enum:
+    FAULT_NONE = 0
+    FAULT_READ = 1
+    FAULT_GRAPH = 2
+    FAULT_HOOK = 3
+
+# graph fault reasons
+cdef enum:
+    GRAPH_NO_EXPERTS = 1
+    GRAPH_ID_RANGE = 2
+    GRAPH_IDS_TYPE = 3
+
+_GRAPH_REASONS = {
+    GRAPH_NO_EXPERTS: "the graph routes experts at a layer where none were found in the file",
+    GRAPH_ID_RANGE: "the router selected an expert id out of range",
+    GRAPH_IDS_TYPE: "the routing ids are not 32-bit integers",
+}
 
 
 cdef struct proj_t:
@@ -95,29 +144,9 @@ cdef struct capture_t:
 
 cdef struct stream_t:
     int mode
-    int n_layer
-    int n_expert
+    core_t * core
     int n_proj
     proj_t * projs                 # [n_layer * n_proj]
-    int64_t * entry_bytes          # [n_layer]: sum over projections of slice_bytes
-    # LRU over entries layer * n_expert + e: a doubly linked list, oldest at head
-    int32_t * prev
-    int32_t * next
-    uint8_t * resident
-    uint8_t * evicted_once
-    uint8_t * wanted               # scratch [n_expert]
-    int32_t * order                # scratch [n_expert]: wanted ids, first-seen order
-    int32_t head
-    int32_t tail
-    int64_t budget_bytes
-    int64_t resident_bytes
-    # counters
-    int64_t hits
-    int64_t misses
-    int64_t evictions
-    int64_t rereads
-    int64_t bytes_read
-    int64_t n_requests
     double io_s
     double mgmt_s
     # reads
@@ -128,12 +157,17 @@ cdef struct stream_t:
     char ** bounce                 # [n_lanes], each bounce_size bytes, page aligned
     int64_t bounce_size
     job_t * jobs                   # scratch [n_expert * n_proj]
-    # faults
+    # faults (the first one wins; never cleared)
     int fault
+    int fault_kind
     int fault_errno
     int fault_file
     int64_t fault_offset
-    int * abort_flag
+    int fault_layer
+    int fault_reason
+    int * fault_flag               # polled by the abort callback
+    # reference mode
+    PyObject * hook                # callable(layer, ids) -> bool; owned by ExpertStreamer
     # capture
     capture_t * captured
     int n_captured
@@ -146,32 +180,38 @@ cdef inline double now() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
+# -- faults ------------------------------------------------------------------------------
+
+cdef void raise_fault_flag(stream_t * s) noexcept nogil:
+    if s.fault_flag != NULL:
+        bmoe_store(s.fault_flag, 1)
 
 
-# -- the LRU list ------------------------------------------------------------------------
-
-cdef inline void lru_unlink(stream_t * s, int32_t i) noexcept nogil:
-    if s.prev[i] >= 0:
-        s.next[s.prev[i]] = s.next[i]
-    else:
-        s.head = s.next[i]
-    if s.next[i] >= 0:
-        s.prev[s.next[i]] = s.prev[i]
-    else:
-        s.tail = s.prev[i]
-    s.prev[i] = -1
-    s.next[i] = -1
+cdef void read_fault(stream_t * s, int err, int file_index, int64_t offset) noexcept nogil:
+    if bmoe_claim(&s.fault):
+        s.fault_kind = FAULT_READ
+        s.fault_errno = err
+        s.fault_file = file_index
+        s.fault_offset = offset
+    raise_fault_flag(s)
 
 
-cdef inline void lru_append(stream_t * s, int32_t i) noexcept nogil:
-    s.prev[i] = s.tail
-    s.next[i] = -1
-    if s.tail >= 0:
-        s.next[s.tail] = i
-    else:
-        s.head = i
-    s.tail = i
+cdef void graph_fault(stream_t * s, int layer, int reason) noexcept nogil:
+    if bmoe_claim(&s.fault):
+        s.fault_kind = FAULT_GRAPH
+        s.fault_layer = layer
+        s.fault_reason = reason
+    raise_fault_flag(s)
 
+
+cdef void hook_fault(stream_t * s, int layer) noexcept nogil:
+    if bmoe_claim(&s.fault):
+        s.fault_kind = FAULT_HOOK
+        s.fault_layer = layer
+    raise_fault_flag(s)
+
+
+# -- memory ------------------------------------------------------------------------------
 
 cdef void drop_pages(stream_t * s, int layer, int expert) noexcept nogil:
     """Give back the pages wholly inside each projection slice of one expert."""
@@ -190,25 +230,13 @@ cdef void drop_pages(stream_t * s, int layer, int expert) noexcept nogil:
             madvise(<void *> p0, p1 - p0, MADV_DONTNEED)
 
 
-cdef void evict(stream_t * s, int32_t i) noexcept nogil:
-    cdef int layer = i // s.n_expert
-    lru_unlink(s, i)
-    s.resident[i] = 0
-    s.evicted_once[i] = 1
-    s.resident_bytes -= s.entry_bytes[layer]
-    s.evictions += 1
-    drop_pages(s, layer, i % s.n_expert)
-
-
-cdef void evict_until(stream_t * s, int64_t incoming, int keep_layer) noexcept nogil:
-    """Evict oldest first, skipping the wanted entries of ``keep_layer``, until it fits."""
-    cdef int32_t i = s.head
-    cdef int32_t nxt
-    while i >= 0 and s.resident_bytes + incoming > s.budget_bytes:
-        nxt = s.next[i]
-        if not (i // s.n_expert == keep_layer and s.wanted[i % s.n_expert]):
-            evict(s, i)
-        i = nxt
+cdef void drop_planned_evictions(stream_t * s) noexcept nogil:
+    cdef int m
+    cdef int32_t i
+    cdef int n_expert = s.core.n_expert
+    for m in range(s.core.n_evictions):
+        i = s.core.plan_evictions[m]
+        drop_pages(s, i // n_expert, i % n_expert)
 
 
 # -- reads -------------------------------------------------------------------------------
@@ -262,89 +290,90 @@ cdef void run_jobs(stream_t * s, int n_jobs) noexcept nogil:
         s.jobs[j].result = run_job(s, &s.jobs[j], threadid())
 
 
-# -- the demand path ---------------------------------------------------------------------
+cdef void fill_job(stream_t * s, job_t * job, int layer, int expert, int p) noexcept nogil:
+    cdef proj_t * pr = &s.projs[layer * s.n_proj + p]
+    job.dest = pr.base + expert * pr.slice_bytes
+    job.fd = s.fds[pr.file_index]
+    job.file_index = pr.file_index
+    job.offset = pr.file_offset + expert * pr.slice_bytes
+    job.size = pr.slice_bytes
+    job.result = 0
+
+
+# -- the fast path -----------------------------------------------------------------------
+
+cdef int gather_ids(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    """Start a core request with the node's ids; -1 (after a graph fault) when it cannot."""
+    cdef int64_t i, j
+    cdef char * base = <char *> t.data
+    if t.type != GGML_TYPE_I32:
+        graph_fault(s, layer, GRAPH_IDS_TYPE)
+        return -1
+    core_begin(s.core)
+    for j in range(t.ne[1]):
+        for i in range(t.ne[0]):
+            if core_want(s.core, (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]) < 0:
+                graph_fault(s, layer, GRAPH_ID_RANGE)
+                return -1
+    return 0
+
 
 cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
-    cdef int64_t k = t.ne[0]
-    cdef int64_t n_tokens = t.ne[1]
-    cdef int64_t i, j
-    cdef int32_t e, idx
-    cdef int n_wanted = 0
-    cdef int n_miss = 0
     cdef int n_jobs = 0
-    cdef int p, m, w
-    cdef char * base = <char *> t.data
-    cdef proj_t * pr
-    cdef double t0, t_io
-    if layer >= s.n_layer or s.entry_bytes[layer] == 0 or t.type != GGML_TYPE_I32:
+    cdef int n_loads, w, p, m
+    cdef int32_t idx
+    cdef int n_expert = s.core.n_expert
+    cdef double t0 = now()
+    cdef double t_io = 0.0
+    if gather_ids(s, t, layer) < 0:
         return
-    t0 = now()
-    s.n_requests += 1
-    memset(s.wanted, 0, s.n_expert)
-    for j in range(n_tokens):
-        for i in range(k):
-            e = (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
-            if e >= 0 and e < s.n_expert and not s.wanted[e]:
-                s.wanted[e] = 1
-                s.order[n_wanted] = e
-                n_wanted += 1
-    # hits first (touched in wanted order), as the reference policy does
-    for w in range(n_wanted):
-        idx = layer * s.n_expert + s.order[w]
-        if s.resident[idx]:
-            s.hits += 1
-            lru_unlink(s, idx)
-            lru_append(s, idx)
-        else:
-            n_miss += 1
-    if n_miss == 0:
-        s.mgmt_s += now() - t0
+    n_loads = core_plan(s.core, layer)
+    if n_loads < 0:
+        graph_fault(s, layer, GRAPH_NO_EXPERTS)
         return
-    evict_until(s, n_miss * s.entry_bytes[layer], layer)
-    for w in range(n_wanted):
-        e = s.order[w]
-        idx = layer * s.n_expert + e
-        if s.resident[idx]:
-            continue
-        for p in range(s.n_proj):
-            pr = &s.projs[layer * s.n_proj + p]
-            if pr.base == NULL:
-                continue
-            s.jobs[n_jobs].dest = pr.base + e * pr.slice_bytes
-            s.jobs[n_jobs].fd = s.fds[pr.file_index]
-            s.jobs[n_jobs].file_index = pr.file_index
-            s.jobs[n_jobs].offset = pr.file_offset + e * pr.slice_bytes
-            s.jobs[n_jobs].size = pr.slice_bytes
-            s.jobs[n_jobs].result = 0
-            n_jobs += 1
-    t_io = now()
-    run_jobs(s, n_jobs)
-    t_io = now() - t_io
-    s.io_s += t_io
-    for m in range(n_jobs):
-        if s.jobs[m].result != 0 and not s.fault:
-            s.fault = 1
-            s.fault_errno = -s.jobs[m].result
-            s.fault_file = s.jobs[m].file_index
-            s.fault_offset = s.jobs[m].offset
-    if s.fault:
-        if s.abort_flag != NULL:
-            (<volatile int *> s.abort_flag)[0] = 1
-        s.mgmt_s += now() - t0 - t_io
-        return
-    for w in range(n_wanted):
-        idx = layer * s.n_expert + s.order[w]
-        if s.resident[idx]:
-            continue
-        if s.evicted_once[idx]:
-            s.rereads += 1
-        s.resident[idx] = 1
-        lru_append(s, idx)
-        s.resident_bytes += s.entry_bytes[layer]
-        s.misses += 1
-        s.bytes_read += s.entry_bytes[layer]
+    drop_planned_evictions(s)
+    if n_loads > 0:
+        for w in range(n_loads):
+            idx = s.core.plan_loads[w]
+            for p in range(s.n_proj):
+                if s.projs[layer * s.n_proj + p].base != NULL:
+                    fill_job(s, &s.jobs[n_jobs], layer, idx % n_expert, p)
+                    n_jobs += 1
+        t_io = now()
+        run_jobs(s, n_jobs)
+        t_io = now() - t_io
+        s.io_s += t_io
+        for m in range(n_jobs):
+            if s.jobs[m].result != 0:
+                read_fault(s, -s.jobs[m].result, s.jobs[m].file_index, s.jobs[m].offset)
+                break
     s.mgmt_s += now() - t0 - t_io
 
+
+# -- the reference path ------------------------------------------------------------------
+
+cdef void reference(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    cdef int64_t i, j
+    cdef char * base = <char *> t.data
+    cdef bint ok = False
+    if t.type != GGML_TYPE_I32:
+        graph_fault(s, layer, GRAPH_IDS_TYPE)
+        return
+    with gil:
+        try:
+            ids = [
+                (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
+                for j in range(t.ne[1])
+                for i in range(t.ne[0])
+            ]
+            ok = True if (<object> s.hook)(layer, ids) else False
+        except BaseException:
+            ok = False
+    if not ok:
+        hook_fault(s, layer)
+
+
+# -- capture -----------------------------------------------------------------------------
 
 cdef void capture(stream_t * s, ggml_tensor * t) noexcept nogil:
     cdef int j, c
@@ -378,8 +407,8 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
             capture(s, t)
             return 0
         return 1
-    if s.mode != C_MODE_STREAM or s.fault:
-        return ask == 0
+    if (s.mode != C_MODE_STREAM and s.mode != C_MODE_REFERENCE) or s.fault:
+        return ask == 0  # after a fault the abort callback stops the decode at the next node
     if strncmp(t.name, b"ffn_moe_topk-", TOPK_PREFIX_LEN) != 0:
         return ask == 0
     layer = parse_layer(t.name, TOPK_PREFIX_LEN)
@@ -387,7 +416,10 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
         return ask == 0
     if ask:
         return 1
-    demand(s, t, layer)
+    if s.mode == C_MODE_STREAM:
+        demand(s, t, layer)
+    else:
+        reference(s, t, layer)
     return 1
 
 
@@ -443,71 +475,72 @@ def o_direct_flag() -> int:
 
 
 cdef class ExpertStreamer:
-    """Owns the streaming state; keep it alive as long as the context that calls it."""
+    """Owns the streaming state; keep it alive as long as the context that calls it.
+
+    ``fault_flag_address``: the int the context's abort callback polls for faults
+    (``AbortFlag.fault_address``); 0 for none (tests of the mechanism alone).
+    """
 
     cdef stream_t * s
+    cdef object _hook
 
-    def __cinit__(self, *, int n_layer, int n_expert, int n_proj, uintptr_t abort_flag_address=0):
+    def __cinit__(self, *, int n_layer, int n_expert, int n_proj, uintptr_t fault_flag_address=0):
         cdef stream_t * s
-        cdef int64_t i
         if n_layer <= 0 or n_expert <= 0 or n_proj <= 0:
             raise ValueError("n_layer, n_expert and n_proj must be positive")
         self.s = <stream_t *> calloc(1, sizeof(stream_t))
         if self.s == NULL:
             raise MemoryError()
         s = self.s
-        s.n_layer = n_layer
-        s.n_expert = n_expert
         s.n_proj = n_proj
-        n_entries = n_layer * n_expert
+        s.core = core_new(n_layer, n_expert)
         s.projs = <proj_t *> calloc(n_layer * n_proj, sizeof(proj_t))
-        s.entry_bytes = <int64_t *> calloc(n_layer, sizeof(int64_t))
-        s.prev = <int32_t *> calloc(n_entries, sizeof(int32_t))
-        s.next = <int32_t *> calloc(n_entries, sizeof(int32_t))
-        s.resident = <uint8_t *> calloc(n_entries, 1)
-        s.evicted_once = <uint8_t *> calloc(n_entries, 1)
-        s.wanted = <uint8_t *> calloc(n_expert, 1)
-        s.order = <int32_t *> calloc(n_expert, sizeof(int32_t))
         s.jobs = <job_t *> calloc(n_expert * n_proj, sizeof(job_t))
         s.captured = <capture_t *> calloc(MAX_CAPTURE, sizeof(capture_t))
-        if (s.projs == NULL or s.entry_bytes == NULL or s.prev == NULL or s.next == NULL
-                or s.resident == NULL or s.evicted_once == NULL or s.wanted == NULL
-                or s.order == NULL or s.jobs == NULL or s.captured == NULL):
+        if s.core == NULL or s.projs == NULL or s.jobs == NULL or s.captured == NULL:
             raise MemoryError()
-        for i in range(n_entries):
-            s.prev[i] = -1
-            s.next[i] = -1
-        s.head = -1
-        s.tail = -1
-        s.abort_flag = <int *> abort_flag_address
+        s.fault_flag = <int *> fault_flag_address
+        self._hook = None
 
     def __dealloc__(self):
-        cdef int i
-        cdef stream_t * s
         if self.s == NULL:
             return
-        s = self.s
+        self._release_files()
+        core_free(self.s.core)
+        free(self.s.projs)
+        free(self.s.jobs)
+        free(self.s.captured)
+        free(self.s)
+        self.s = NULL
+
+    cdef void _release_files(self):
+        cdef int i
+        cdef stream_t * s = self.s
         if s.fds != NULL:
             for i in range(s.n_files):
                 if s.fds[i] >= 0:
                     c_close(s.fds[i])
             free(s.fds)
+            s.fds = NULL
+            s.n_files = 0
         if s.bounce != NULL:
             for i in range(s.n_lanes):
                 free(s.bounce[i])
             free(s.bounce)
-        free(s.projs)
-        free(s.entry_bytes)
-        free(s.prev)
-        free(s.next)
-        free(s.resident)
-        free(s.evicted_once)
-        free(s.wanted)
-        free(s.order)
-        free(s.jobs)
-        free(s.captured)
-        free(s)
-        self.s = NULL
+            s.bounce = NULL
+
+    def close(self):
+        """Stop serving (the callback does nothing from now on) and close the files and
+        buffers now, not when the garbage collector runs. The cache's bookkeeping stays
+        readable. Only between decodes. Idempotent."""
+        self.s.mode = C_MODE_OFF
+        self._release_files()
+        self.s.hook = NULL
+        self._hook = None
+
+    @property
+    def closed(self) -> bool:
+        return self.s.fds == NULL
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -525,9 +558,19 @@ cdef class ExpertStreamer:
 
     @mode.setter
     def mode(self, int value):
-        if value not in (MODE_OFF, MODE_CAPTURE, MODE_STREAM):
+        if value not in (MODE_OFF, MODE_CAPTURE, MODE_STREAM, MODE_REFERENCE):
             raise ValueError(f"unknown mode {value}")
+        if value in (MODE_STREAM, MODE_REFERENCE) and self.s.fds == NULL:
+            raise ValueError("open the model files first")
+        if value == MODE_REFERENCE and self._hook is None:
+            raise ValueError("set the reference hook first")
         self.s.mode = value
+
+    def set_reference_hook(self, hook):
+        """``hook(layer, ids) -> bool`` serves a layer in ``MODE_REFERENCE``: True once
+        every routed expert is in memory; False (or an exception) faults the streamer."""
+        self._hook = hook
+        self.s.hook = <PyObject *> hook
 
     def captured(self):
         """``{tensor name: address}`` of every weight seen in capture mode."""
@@ -536,13 +579,18 @@ cdef class ExpertStreamer:
             out[self.s.captured[c].name.decode("utf-8", "replace")] = self.s.captured[c].address
         return out
 
+    @property
+    def capture_overflow(self) -> bool:
+        """True when the graph had more weights than capture can record (``MAX_CAPTURE``)."""
+        return self.s.capture_overflow != 0
+
     def set_projection(self, int layer, int proj, uintptr_t base, int64_t slice_bytes,
                        int file_index, int64_t file_offset):
         """Declare where projection ``proj`` of ``layer`` lives in memory and in its file."""
-        if not (0 <= layer < self.s.n_layer and 0 <= proj < self.s.n_proj):
+        if not (0 <= layer < self.s.core.n_layer and 0 <= proj < self.s.n_proj):
             raise ValueError("layer or projection out of range")
-        if slice_bytes <= 0:
-            raise ValueError("slice_bytes must be positive")
+        if slice_bytes <= 0 or base == 0:
+            raise ValueError("slice_bytes must be positive and base non-null")
         cdef proj_t * pr = &self.s.projs[layer * self.s.n_proj + proj]
         if pr.base != NULL:
             raise ValueError(f"projection {proj} of layer {layer} is already set")
@@ -550,7 +598,21 @@ cdef class ExpertStreamer:
         pr.slice_bytes = slice_bytes
         pr.file_index = file_index
         pr.file_offset = file_offset
-        self.s.entry_bytes[layer] += slice_bytes
+        self.s.core.entry_bytes[layer] += slice_bytes
+
+    def entry_bytes(self, int layer) -> int:
+        """Bytes of one entry of ``layer`` (all its projections); 0 without experts."""
+        if not 0 <= layer < self.s.core.n_layer:
+            return 0
+        return self.s.core.entry_bytes[layer]
+
+    @property
+    def n_layer(self) -> int:
+        return self.s.core.n_layer
+
+    @property
+    def n_expert(self) -> int:
+        return self.s.core.n_expert
 
     def open_files(self, paths, *, bint odirect=True, int n_lanes=4):
         """Open the model files for reading (``O_DIRECT`` when asked and possible).
@@ -572,90 +634,128 @@ cdef class ExpertStreamer:
             self.s.fds[i] = -1
         self.s.n_files = n
         direct = odirect
-        for i, path in enumerate(paths):
-            encoded = str(path).encode()
-            fd = -1
-            if direct:
-                fd = c_open(encoded, O_RDONLY | O_DIRECT)
-                if fd < 0:
-                    direct = False
-            if fd < 0:
-                fd = c_open(encoded, O_RDONLY)
-            if fd < 0:
-                raise OSError(errno, f"cannot open {path}: {strerror(errno).decode()}")
-            self.s.fds[i] = fd
-        if not direct:  # one mode for all files: reopen the ones opened direct
+        try:
             for i, path in enumerate(paths):
-                c_close(self.s.fds[i])
-                self.s.fds[i] = c_open(str(path).encode(), O_RDONLY)
-                if self.s.fds[i] < 0:
+                encoded = str(path).encode()
+                fd = -1
+                if direct:
+                    fd = c_open(encoded, O_RDONLY | O_DIRECT)
+                    if fd < 0:
+                        direct = False
+                if fd < 0:
+                    fd = c_open(encoded, O_RDONLY)
+                if fd < 0:
                     raise OSError(errno, f"cannot open {path}: {strerror(errno).decode()}")
-        self.s.odirect = 1 if direct else 0
-        for i in range(self.s.n_layer * self.s.n_proj):
-            if self.s.projs[i].slice_bytes > biggest:
-                biggest = self.s.projs[i].slice_bytes
-        self.s.n_lanes = n_lanes
-        self.s.bounce_size = ((biggest + PAGE - 1) // PAGE + 1) * PAGE
-        self.s.bounce = <char **> calloc(n_lanes, sizeof(char *))
-        if self.s.bounce == NULL:
-            raise MemoryError()
-        cdef void * mem
-        for i in range(n_lanes):
-            if posix_memalign(&mem, PAGE, self.s.bounce_size) != 0:
+                self.s.fds[i] = fd
+            if not direct:  # one mode for all files: reopen the ones opened direct
+                for i, path in enumerate(paths):
+                    c_close(self.s.fds[i])
+                    self.s.fds[i] = c_open(str(path).encode(), O_RDONLY)
+                    if self.s.fds[i] < 0:
+                        raise OSError(errno, f"cannot open {path}: {strerror(errno).decode()}")
+            self.s.odirect = 1 if direct else 0
+            for i in range(self.s.core.n_layer * self.s.n_proj):
+                if self.s.projs[i].slice_bytes > biggest:
+                    biggest = self.s.projs[i].slice_bytes
+            self.s.n_lanes = n_lanes
+            self.s.bounce_size = ((biggest + PAGE - 1) // PAGE + 1) * PAGE
+            self.s.bounce = <char **> calloc(n_lanes, sizeof(char *))
+            if self.s.bounce == NULL:
                 raise MemoryError()
-            self.s.bounce[i] = <char *> mem
+            for i in range(n_lanes):
+                if posix_memalign(<void **> &self.s.bounce[i], PAGE, self.s.bounce_size) != 0:
+                    raise MemoryError()
+        except BaseException:
+            self._release_files()
+            raise
         return True if direct else False
 
-    def file_descriptor(self, int index) -> int:
-        return self.s.fds[index]
+    # -- reads for the expert-source adapter -----------------------------------------------
 
-    # -- the cache -------------------------------------------------------------------------
+    def read_entry(self, int layer, int expert, int lane):
+        """Read every projection of one entry into its memory, on ``lane``'s bounce buffer
+        (one caller per lane at a time), without the GIL. Returns True, or False after
+        recording a read fault (sticky; the fault flag is raised)."""
+        cdef int p
+        cdef int result = 0
+        cdef job_t job
+        if self.s.fds == NULL:
+            raise ValueError("the streamer is closed")
+        if not (0 <= layer < self.s.core.n_layer and 0 <= expert < self.s.core.n_expert):
+            raise ValueError("entry out of range")
+        if not 0 <= lane < self.s.n_lanes:
+            raise ValueError("lane out of range")
+        with nogil:
+            for p in range(self.s.n_proj):
+                if self.s.projs[layer * self.s.n_proj + p].base == NULL:
+                    continue
+                fill_job(self.s, &job, layer, expert, p)
+                result = run_job(self.s, &job, lane)
+                if result != 0:
+                    read_fault(self.s, -result, job.file_index, job.offset)
+                    break
+        return result == 0
+
+    def release_entry(self, int layer, int expert):
+        """Give back the pages of one entry (it reads as zeros until read again)."""
+        if not (0 <= layer < self.s.core.n_layer and 0 <= expert < self.s.core.n_expert):
+            raise ValueError("entry out of range")
+        drop_pages(self.s, layer, expert)
+
+    # -- the cache (fast path) -------------------------------------------------------------
 
     @property
     def budget_bytes(self) -> int:
-        return self.s.budget_bytes
+        return self.s.core.budget_bytes
 
     def set_budget(self, int64_t budget_bytes):
         """Change the byte budget between decodes; evicts LRU-first down to it."""
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
-        self.s.budget_bytes = budget_bytes
-        memset(self.s.wanted, 0, self.s.n_expert)
-        evict_until(self.s, 0, -1)
+        core_set_budget(self.s.core, budget_bytes)
+        drop_planned_evictions(self.s)
 
     def evict_all(self):
         """Drop every resident expert (the next use reads it again)."""
-        while self.s.head >= 0:
-            evict(self.s, self.s.head)
+        core_evict_all(self.s.core)
+        drop_planned_evictions(self.s)
 
     def resident_entries(self):
         """Resident ``(layer, expert)`` entries, least recently used first."""
         out = []
-        cdef int32_t i = self.s.head
+        cdef int32_t i = self.s.core.head
+        cdef int n_expert = self.s.core.n_expert
         while i >= 0:
-            out.append((i // self.s.n_expert, i % self.s.n_expert))
-            i = self.s.next[i]
+            out.append((i // n_expert, i % n_expert))
+            i = self.s.core.next[i]
         return out
 
     def stats(self):
         cdef stream_t * s = self.s
+        cdef core_t * c = s.core
         return {
-            "hits": s.hits,
-            "misses": s.misses,
-            "evictions": s.evictions,
-            "rereads": s.rereads,
-            "bytes_read": s.bytes_read,
-            "requests": s.n_requests,
+            "requests": c.requests,
+            "hits": c.hits,
+            "misses": c.misses,
+            "evictions": c.evictions,
+            "rereads": c.rereads,
+            "bytes_read": c.bytes_read,
             "io_s": s.io_s,
             "mgmt_s": s.mgmt_s,
-            "resident_bytes": s.resident_bytes,
-            "budget_bytes": s.budget_bytes,
+            "resident_bytes": c.resident_bytes,
+            "budget_bytes": c.budget_bytes,
             "odirect": s.odirect != 0,
             "lanes": s.n_lanes,
         }
 
     def fault(self):
-        """None, or ``(file_index, offset, errno)`` of the read that failed (sticky)."""
-        if not self.s.fault:
+        """The first fault (sticky): None, ``("read", file_index, offset, errno)``,
+        ``("graph", layer, reason)`` or ``("hook", layer)``."""
+        cdef stream_t * s = self.s
+        if not s.fault:
             return None
-        return (self.s.fault_file, self.s.fault_offset, self.s.fault_errno)
+        if s.fault_kind == FAULT_READ:
+            return ("read", s.fault_file, s.fault_offset, s.fault_errno)
+        if s.fault_kind == FAULT_GRAPH:
+            return ("graph", s.fault_layer, _GRAPH_REASONS.get(s.fault_reason, "unknown"))
+        return ("hook", s.fault_layer)

@@ -28,7 +28,8 @@ from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_pr
 from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
-from bmoe.errors import ConfigError, ContextOverflowError, DecideDisabledError, ExpertReadError
+from bmoe.errors import ConfigError, ContextOverflowError, DecideDisabledError, StreamingFaultError
+from bmoe.runtime.streaming import StreamingControl
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
@@ -77,7 +78,8 @@ class SessionConfig:
 class Session:
     """A loaded model and its context; ``generate`` runs against that state.
 
-    Use as a context manager, or call ``close()``. ``cancel()`` is thread-safe.
+    Use as a context manager, or call ``close()``. ``cancel()``, ``set_cache_budget()`` and
+    ``close()`` may be called from any thread.
     """
 
     def __init__(self, config: SessionConfig) -> None:
@@ -87,7 +89,7 @@ class Session:
         self.config = config
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
-        self.streaming: ExpertStreaming | None = None
+        self.streaming: StreamingControl | None = None
         self.model = LlamaModel(config.model_path)
         try:
             self.ctx, self.streaming = self._open_context(config)
@@ -95,9 +97,7 @@ class Session:
             self.model.close()
             raise
         self.template = JinjaChatTemplate(self.model.chat_template)
-        self._backend = LlamaGenerateBackend(
-            self.model, self.ctx, self._flag, explain_abort=self.streaming.check if self.streaming else None
-        )
+        self._backend = LlamaGenerateBackend(self.model, self.ctx, self._flag)
         self.engine = SessionEngine(
             self._backend,
             self.template,
@@ -110,11 +110,11 @@ class Session:
         self.load_s = time.perf_counter() - t0
         self._closed = False
 
-    def _open_context(self, config: SessionConfig) -> tuple[LlamaContext, ExpertStreaming | None]:
+    def _open_context(self, config: SessionConfig) -> tuple[LlamaContext, StreamingControl | None]:
         if not config.stream.enabled:
             return LlamaContext(self.model, config.context, abort=self._flag), None
         try:
-            streamer, layout, found = ExpertStreaming.new_streamer(self.model, self._flag.user_data_address)
+            streamer, layout, found = ExpertStreaming.new_streamer(self.model, self._flag.fault_address)
         except StreamingUnavailable as why:
             self.notes.append(f"moe-stream: {why}; running resident")
             return LlamaContext(self.model, config.context, abort=self._flag), None
@@ -129,11 +129,16 @@ class Session:
         except BaseException:
             ctx.close()
             raise
+        control = StreamingControl(streaming, config.stream.policy)
+        ctx.decode_lock = control.lock
+        ctx.explain_abort = control.check
+        if config.stream.policy == "reference":
+            self.notes.append("moe-stream: reference policy (Python, slow): for checking the fast path")
         if streaming.info.budget.warning:
             self.notes.append(f"moe-cache: warning: {streaming.info.budget.warning}")
         if not streaming.info.odirect and config.stream.odirect:
             self.notes.append("moe-stream: the filesystem refused O_DIRECT: buffered reads")
-        return ctx, streaming
+        return ctx, control
 
     @classmethod
     def open(cls, config: SessionConfig) -> Session:
@@ -172,8 +177,7 @@ class Session:
         on_begin: OnBegin | None = None,
     ) -> RunResult:
         """Run one request against the loaded state (see ``SessionEngine.generate``)."""
-        if self._closed:
-            raise ConfigError("the session is closed")
+        self._refuse_if_faulted()
         if self._prefix_cache is not None:
             self._prefix_cache.clear()  # a chat turn drops the kept decision state
         if self.streaming is None:
@@ -182,18 +186,12 @@ class Session:
 
     def _generate_streamed(
         self,
-        streaming: ExpertStreaming,
+        streaming: StreamingControl,
         request: GenerateRequest,
         on_progress: OnProgress | None,
         on_begin: OnBegin | None,
     ) -> RunResult:
         """``generate`` plus the streaming figures: prefill ends at the first token."""
-        if self.engine.failed is None:
-            try:
-                streaming.check()
-            except ExpertReadError as exc:
-                self.engine.fail(exc)
-                raise
         marks = [streaming.counters()]  # before, after the prefill
         last = [marks[0]]
         times = [0.0]
@@ -223,8 +221,7 @@ class Session:
     def decide(self, request: DecideRequest, on_begin: OnBegin | None = None) -> DecideResult:
         """Score ``request.choices`` from one prefill (spec/decide.md). Refusals raise
         ``DecideRefusedError`` kinds before anything is computed; the session stays usable."""
-        if self._closed:
-            raise ConfigError("the session is closed")
+        self._refuse_if_faulted()
         if self._decide_backend is None or self._prefix_cache is None:
             raise DecideDisabledError(DECIDE_DISABLED)
         backend, cache = self._decide_backend, self._prefix_cache
@@ -234,20 +231,14 @@ class Session:
             lambda: run_decide(backend, cache, request, self.config.decide), on_begin
         )
         if streaming is not None and before is not None:
-            try:
-                streaming.check()
-            except ExpertReadError as exc:
-                self.engine.fail(exc)
-                raise
-            result = attrs.evolve(result, stream=self.streaming.counters() - before)
+            result = attrs.evolve(result, stream=streaming.counters() - before)
         return result
 
     def perplexity(self, text: str) -> Perplexity:
         """Log-probability of each token of ``text`` (as is, specials parsed) given the ones
         before it, from one prefill computing every row; uses the log-softmax decisions use.
         Runs as a request in flight (the chat's KV is forgotten, as after a decision)."""
-        if self._closed:
-            raise ConfigError("the session is closed")
+        self._refuse_if_faulted()
         tokens = self.model.tokenize(text)
         if len(tokens) < 2:
             raise ConfigError("perplexity needs at least two tokens")
@@ -266,7 +257,8 @@ class Session:
         return self.engine.run_exclusive(work)
 
     def set_cache_budget(self, budget_mb: int) -> None:
-        """Shrink or grow the expert cache between requests (evicts LRU-first)."""
+        """Shrink or grow the expert cache (evicts LRU-first). From any thread: during a
+        decode it takes effect at the next decode boundary."""
         if budget_mb < 0:
             raise ConfigError(f"cache budget must be >= 0 MiB, not {budget_mb}")
         if self.streaming is None:
@@ -283,12 +275,31 @@ class Session:
 
     # -- ownership -------------------------------------------------------------------------
 
+    def _refuse_if_faulted(self) -> None:
+        """Before any work: refuse a closed session; make a streaming fault that happened
+        since the last request (or a model file replaced meanwhile) fatal, and raise it."""
+        if self._closed:
+            raise ConfigError("the session is closed")
+        if self.streaming is not None and self.engine.failed is None:
+            try:
+                self.streaming.check()
+            except StreamingFaultError as exc:
+                self.engine.fail(exc)
+                raise
+
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._backend.close_sampler()
-            self.ctx.close()
-            self.model.close()
+        """Cancel a request in flight, wait for it to end, then free everything now (the
+        streamer's descriptors and buffers, the sampler, the context, the model).
+        Idempotent; any thread."""
+        self._closed = True
+        self.engine.close(self._release)
+
+    def _release(self) -> None:
+        self._backend.close_sampler()
+        if self.streaming is not None:
+            self.streaming.close()
+        self.ctx.close()
+        self.model.close()
 
     def __enter__(self) -> Session:
         return self

@@ -18,7 +18,14 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.kv_reuse import plan_reuse
 from bmoe.domain.reasoning import Delta, ReasoningSplitter
-from bmoe.errors import BmoeError, ContextOverflowError, DecodeAbortedError, SessionFailedError
+from bmoe.errors import (
+    BmoeError,
+    ConfigError,
+    ContextOverflowError,
+    DecodeAbortedError,
+    SessionFailedError,
+    StreamingFaultError,
+)
 from bmoe.ports.generate_backend import IChatRenderer, IGenerateBackend
 
 OnProgress = Callable[[Progress], None]
@@ -75,6 +82,7 @@ class SessionEngine:
         self._running = False
         self._cancel = threading.Event()
         self._fatal: BmoeError | None = None
+        self._closed = False
 
     # -- control ---------------------------------------------------------------------------
 
@@ -94,6 +102,28 @@ class SessionEngine:
     def fail(self, error: BmoeError) -> None:
         """End the session with a fatal error (sticky)."""
         self._fatal = error
+
+    def close(self, release: Callable[[], None]) -> None:
+        """Cancel the request in flight, wait for it to end, then run ``release`` (free the
+        backend's resources) with no request running; later requests raise ``ConfigError``.
+        Idempotent: ``release`` runs once."""
+        self.cancel()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            release()
+
+    def _refuse_if_done(self) -> None:
+        """Raise for a closed session or after a fatal error. A streaming fault is raised
+        again as itself (the same type and message: which file, which offset), every other
+        fatal error as ``SessionFailedError``."""
+        if self._closed:
+            raise ConfigError("the session is closed")
+        if isinstance(self._fatal, StreamingFaultError):
+            raise type(self._fatal)(str(self._fatal))
+        if self._fatal is not None:
+            raise SessionFailedError(f"the session ended after a fatal error: {self._fatal}")
 
     @property
     def failed(self) -> BmoeError | None:
@@ -125,8 +155,7 @@ class SessionEngine:
         acts on it) and before any check or compute; ``on_progress`` once per token.
         """
         with self._lock:
-            if self._fatal is not None:
-                raise SessionFailedError(f"the session ended after a fatal error: {self._fatal}")
+            self._refuse_if_done()
             self._set_running(True)
             try:
                 if on_begin is not None:
@@ -137,18 +166,21 @@ class SessionEngine:
 
     def run_exclusive(self, work: Callable[[], T], on_begin: OnBegin | None = None) -> T:
         """Run other work on the backend (a decision) as a request in flight: serialised with
-        ``generate``, cancellable, refused after a fatal error. The work replaces what the
+        ``generate``, cancellable, refused after a fatal error (a streaming fault during
+        the work is one). The work replaces what the
         backend's memory held, so the conversation's KV is forgotten (the next turn
         re-prefills the history it still holds: same tokens, only slower)."""
         with self._lock:
-            if self._fatal is not None:
-                raise SessionFailedError(f"the session ended after a fatal error: {self._fatal}")
+            self._refuse_if_done()
             self._set_running(True)
             try:
                 if on_begin is not None:
                     on_begin()
                 self.kv_tokens = []
                 return work()
+            except StreamingFaultError as exc:
+                self._fatal = exc
+                raise
             finally:
                 self._set_running(False)
 

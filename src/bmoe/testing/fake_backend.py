@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from bmoe.domain.sampling import SamplingParams
 from bmoe.errors import DecodeAbortedError, DecodeError
+from bmoe.ports.generate_backend import IGenerateBackend
 
 EOG = 0
 
@@ -22,7 +23,7 @@ def _default_next(context: Sequence[int]) -> int:
     return (sum(context) * 31 + len(context)) % 200 + 32
 
 
-class ScriptedGenerateBackend:
+class ScriptedGenerateBackend(IGenerateBackend):
     """Text is bytes: token ``t`` (1..255) is the byte ``t``; token 0 ends a generation.
 
     - ``next_token(context)`` decides what follows the context;

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.errors import ConfigError, ContextOverflowError, DecodeAbortedError, DecodeError
+from bmoe.ports.decide_backend import IDecideBackend
 
 Logits = npt.NDArray[np.float32]
 LogitsFn = Callable[[Sequence[int]], Logits]
@@ -32,7 +33,7 @@ def chat_turn(user_message: str) -> str:
     return f"<u>{user_message}</u><a>"
 
 
-class ScriptedDecideBackend:
+class ScriptedDecideBackend(IDecideBackend):
     """A scripted model, tokenizer and template, with faults to inject.
 
     - ``logits_fn(tokens)``: the logits after ``tokens``; by default seeded noise from the

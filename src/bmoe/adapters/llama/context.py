@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Literal, Protocol
 
@@ -14,7 +15,7 @@ import numpy.typing as npt
 
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.status import check_decode
-from bmoe.errors import ConfigError, ContextInitError, ContextOverflowError
+from bmoe.errors import ConfigError, ContextInitError, ContextOverflowError, DecodeAbortedError
 
 FlashAttn = Literal["auto", "on", "off"]
 _FLASH_ATTN = {
@@ -66,6 +67,11 @@ class LlamaContext:
     One sequence (id 0). ``eval_callback`` (``cb_eval``, e.g. a ``RouteRecorder``) and
     ``abort`` (the abort callback, e.g. an ``AbortFlag``) are optional; the context keeps a
     reference to each so they live as long as it does.
+
+    Two hooks a session may set: ``decode_lock`` is held around every ``llama_decode``
+    call (so another thread can act at a decode boundary), and ``explain_abort`` runs when
+    a decode was aborted, to raise the real cause (a streaming fault) instead of
+    ``DecodeAbortedError``, on every path that decodes.
     """
 
     def __init__(
@@ -110,6 +116,8 @@ class LlamaContext:
         self.n_ctx: int = int(llama_cpp.llama_n_ctx(ptr))
         self._batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
         self._batch_live = True
+        self.decode_lock: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        self.explain_abort: Callable[[], None] | None = None
 
     # -- ownership -------------------------------------------------------------------------
 
@@ -177,7 +185,14 @@ class LlamaContext:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = logits == "all" or (last_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
-            check_decode(llama_cpp.llama_decode(self.ptr, batch))
+            with self.decode_lock:
+                code = llama_cpp.llama_decode(self.ptr, batch)
+            try:
+                check_decode(code)
+            except DecodeAbortedError:
+                if self.explain_abort is not None:
+                    self.explain_abort()
+                raise
 
     def decode_all_rows(self, tokens: Sequence[int], start_pos: int) -> npt.NDArray[np.float32]:
         """Feed ``tokens`` like ``decode`` and return the logits of every token, ``[n, n_vocab]``

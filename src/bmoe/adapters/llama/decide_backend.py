@@ -19,6 +19,7 @@ from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide.prefix_cache import StateBlob
+from bmoe.ports.decide_backend import IDecideBackend
 
 SEQ_ID = 0  # LlamaContext holds one sequence
 
@@ -59,7 +60,7 @@ def load_seq_state(ctx: LlamaContext, blob: StateBlob) -> bool:
     return True
 
 
-class LlamaDecideBackend:
+class LlamaDecideBackend(IDecideBackend):
     """Borrows a model, a context and the model's chat template; owns nothing.
 
     Decisions use the context's only sequence: whatever a chat left there is replaced (the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
@@ -10,26 +10,18 @@ from bmoe.adapters.llama.sampler import Sampler
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.kv_reuse import swa_prefix_usable
 from bmoe.domain.sampling import SamplingParams
-from bmoe.errors import DecodeAbortedError
+from bmoe.ports.generate_backend import IGenerateBackend
 
 
-class LlamaGenerateBackend:
+class LlamaGenerateBackend(IGenerateBackend):
     """Borrows a model and a context created with ``abort=flag`` (the same ``AbortFlag``);
-    owns the sampler of the current generation."""
+    owns the sampler of the current generation. A streaming fault surfaces from ``feed``
+    through the context's ``explain_abort``."""
 
-    def __init__(
-        self,
-        model: LlamaModel,
-        ctx: LlamaContext,
-        flag: AbortFlag,
-        explain_abort: Callable[[], None] | None = None,
-    ) -> None:
-        """``explain_abort`` runs when a decode was aborted: it raises the real cause (a
-        failed expert read) when the abort was not a cancel."""
+    def __init__(self, model: LlamaModel, ctx: LlamaContext, flag: AbortFlag) -> None:
         self.model = model
         self.ctx = ctx
         self.flag = flag
-        self.explain_abort = explain_abort
         self._sampler: Sampler | None = None
 
     @property
@@ -54,12 +46,7 @@ class LlamaGenerateBackend:
         return swa_prefix_usable(n_keep, self.ctx.pos_min(), self.model.n_swa)
 
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
-        try:
-            self.ctx.decode(tokens, start_pos)
-        except DecodeAbortedError:
-            if self.explain_abort is not None:
-                self.explain_abort()
-            raise
+        self.ctx.decode(tokens, start_pos)
 
     def start_sampling(self, params: SamplingParams) -> None:
         self.close_sampler()

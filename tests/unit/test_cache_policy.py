@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bmoe.domain.expert_lru import ExpertLru
+from bmoe.domain.streaming import ExpertCachePolicy
 
 
 def test_hits_touch_misses_load_and_the_oldest_unneeded_entry_goes_first() -> None:
-    lru = ExpertLru(budget_bytes=3 * 10, entry_bytes=10)
+    lru = ExpertCachePolicy(budget_bytes=3 * 10, entry_bytes=[10, 10], n_expert=8)
     assert lru.request(0, [1, 2]).loads == ((0, 1), (0, 2))
     assert lru.request(1, [1]).loads == ((1, 1),)
     out = lru.request(0, [2, 3])  # (0,2) hit; (0,1) is the oldest not needed
@@ -22,7 +23,7 @@ def test_hits_touch_misses_load_and_the_oldest_unneeded_entry_goes_first() -> No
 
 
 def test_a_request_larger_than_the_budget_is_loaded_whole() -> None:
-    lru = ExpertLru(budget_bytes=0, entry_bytes=4)
+    lru = ExpertCachePolicy(budget_bytes=0, entry_bytes=[4, 4, 4, 4], n_expert=8)
     out = lru.request(2, [5, 6, 5])
     assert out.loads == ((2, 5), (2, 6))
     out = lru.request(3, [1])
@@ -32,23 +33,52 @@ def test_a_request_larger_than_the_budget_is_loaded_whole() -> None:
 
 
 def test_shrinking_the_budget_evicts_least_recent_first() -> None:
-    lru = ExpertLru(budget_bytes=100, entry_bytes=10)
+    lru = ExpertCachePolicy(budget_bytes=100, entry_bytes=[10] * 4, n_expert=2)
     for layer in range(4):
         lru.request(layer, [0])
     assert lru.set_budget(20) == ((0, 0), (1, 0))
     assert lru.resident() == [(2, 0), (3, 0)]
 
 
+def test_entries_of_a_bigger_layer_count_their_own_size() -> None:
+    # a Q4_K_M-like file: layer 1's experts are stored at a higher precision
+    lru = ExpertCachePolicy(budget_bytes=30, entry_bytes=[10, 25], n_expert=4)
+    lru.request(0, [0, 1])
+    out = lru.request(1, [0])  # 20 + 25 > 30: both small entries must go
+    assert out.evictions == ((0, 0), (0, 1))
+    assert (lru.resident_bytes, lru.counters.bytes_read) == (25, 45)
+    out = lru.request(0, [2])  # 25 + 10 > 30: the big one goes
+    assert out.evictions == ((1, 0),)
+    lru.check_valid()
+
+
+def test_a_routing_it_cannot_serve_is_refused_and_changes_nothing() -> None:
+    lru = ExpertCachePolicy(budget_bytes=100, entry_bytes=[10, 0], n_expert=4)
+    lru.request(0, [1])
+    with pytest.raises(ValueError, match="layer 1 has no routed experts"):
+        lru.request(1, [0])
+    with pytest.raises(ValueError, match="expert id 4 out of range"):
+        lru.request(0, [2, 4])
+    assert lru.resident() == [(0, 1)] and lru.counters.requests == 1
+    lru.check_valid()
+
+
 @given(
     budget=st.integers(min_value=0, max_value=12),
+    sizes=st.lists(st.integers(1, 3), min_size=4, max_size=4),
     steps=st.lists(
         st.tuples(st.integers(0, 3), st.lists(st.integers(0, 7), min_size=1, max_size=4)), max_size=60
     ),
 )
-def test_behaves_like_a_plain_lru_model(budget: int, steps: list[tuple[int, list[int]]]) -> None:
-    lru = ExpertLru(budget_bytes=budget, entry_bytes=1)
+def test_behaves_like_a_plain_lru_model(
+    budget: int, sizes: list[int], steps: list[tuple[int, list[int]]]
+) -> None:
+    lru = ExpertCachePolicy(budget_bytes=budget, entry_bytes=sizes, n_expert=8)
     order: list[tuple[int, int]] = []  # the model: a list, oldest first
-    ever_evicted: set[tuple[int, int]] = set()
+
+    def used() -> int:
+        return sum(sizes[layer] for layer, _ in order)
+
     for layer, experts in steps:
         wanted = list(dict.fromkeys((layer, e) for e in experts))
         hits = [w for w in wanted if w in order]
@@ -57,15 +87,16 @@ def test_behaves_like_a_plain_lru_model(budget: int, steps: list[tuple[int, list
             order.remove(h)
             order.append(h)
         evicted = []
-        for entry in list(order):
-            if len(order) + len(misses) <= budget:
-                break
-            if entry not in wanted:
-                order.remove(entry)
-                evicted.append(entry)
+        if misses:
+            for entry in list(order):
+                if used() + len(misses) * sizes[layer] <= budget:
+                    break
+                if entry not in wanted:
+                    order.remove(entry)
+                    evicted.append(entry)
         order.extend(misses)
         out = lru.request(layer, experts)
         assert (list(out.hits), list(out.loads), list(out.evictions)) == (hits, misses, evicted)
         assert lru.resident() == order
+        assert lru.resident_bytes == used()
         lru.check_valid()
-        ever_evicted.update(evicted)

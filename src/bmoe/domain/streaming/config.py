@@ -1,4 +1,4 @@
-"""Expert streaming settings, the cache budget rule, and the figures a run reports."""
+"""Expert streaming settings and the cache budget rule."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from bmoe.errors import ConfigError
 
 MIB = 1024 * 1024
 AUTO_FLOOR_MIB = 1024  # memory left to the OS, the dense weights' growth, the KV...
+STREAM_POLICIES = ("fast", "reference")
 
 
 @attrs.frozen
@@ -18,6 +19,10 @@ class StreamConfig:
       floor, capped by ``cache_ceil_mb``, at least one token cycle); 0 = cache off.
     - ``io_threads``: read lanes. ``odirect``: read with ``O_DIRECT`` (falls back to buffered
       reads, and says so, where the filesystem refuses it).
+    - ``policy``: ``"fast"`` (the C engine decides and reads inside llama.cpp's eval callback)
+      or ``"reference"`` (each MoE layer's routing goes to the Python policy,
+      ``ExpertCachePolicy``, and its plan is executed through the expert-source port: slow,
+      for checking that the C engine follows the policy; the output is identical).
     """
 
     enabled: bool = False
@@ -25,12 +30,15 @@ class StreamConfig:
     cache_ceil_mb: int | None = None
     io_threads: int = 4
     odirect: bool = True
+    policy: str = "fast"
 
     def __attrs_post_init__(self) -> None:
         if self.cache_mb is not None and self.cache_mb < 0:
             raise ConfigError(f"cache_mb must be >= 0 (0 = cache off), not {self.cache_mb}")
         if self.cache_ceil_mb is not None and self.cache_ceil_mb < 0:
             raise ConfigError(f"cache_ceil_mb must be >= 0, not {self.cache_ceil_mb}")
+        if self.policy not in STREAM_POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(STREAM_POLICIES)}, not {self.policy!r}")
         if self.io_threads < 1:
             raise ConfigError(f"io_threads must be >= 1, not {self.io_threads}")
 
@@ -62,71 +70,3 @@ def resolve_budget(config: StreamConfig, *, available_bytes: int, token_cycle_by
     if config.cache_ceil_mb is not None:
         budget = min(budget, config.cache_ceil_mb * MIB)
     return Budget(max(budget, token_cycle_bytes), auto=True)
-
-
-@attrs.frozen
-class StreamCounters:
-    """Cumulative counters of the streaming mechanism (a snapshot)."""
-
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    rereads: int = 0
-    bytes_read: int = 0
-    io_s: float = 0.0
-    mgmt_s: float = 0.0
-    resident_bytes: int = 0
-    budget_bytes: int = 0
-
-    def __sub__(self, before: StreamCounters) -> StreamCounters:
-        """The activity between two snapshots (sizes are those of the later one)."""
-        return StreamCounters(
-            hits=self.hits - before.hits,
-            misses=self.misses - before.misses,
-            evictions=self.evictions - before.evictions,
-            rereads=self.rereads - before.rereads,
-            bytes_read=self.bytes_read - before.bytes_read,
-            io_s=self.io_s - before.io_s,
-            mgmt_s=self.mgmt_s - before.mgmt_s,
-            resident_bytes=self.resident_bytes,
-            budget_bytes=self.budget_bytes,
-        )
-
-    @property
-    def hit_pct(self) -> float:
-        """Hit rate in percent; -1 when there was no request."""
-        total = self.hits + self.misses
-        return 100.0 * self.hits / total if total else -1.0
-
-    @property
-    def read_mib(self) -> float:
-        return self.bytes_read / MIB
-
-
-@attrs.frozen
-class StreamReport:
-    """What streaming did during one generate (the ``BMOE_DONE`` streaming keys)."""
-
-    prefill: StreamCounters
-    decode: StreamCounters
-    decode_steps: int  # decode steps the decode counters cover
-    decode_wall_s: float
-
-    def per_token(self, seconds: float) -> float:
-        return seconds / self.decode_steps if self.decode_steps > 0 else 0.0
-
-    @property
-    def io_s_tok(self) -> float:
-        return self.per_token(self.decode.io_s)
-
-    @property
-    def mgmt_s_tok(self) -> float:
-        return self.per_token(self.decode.mgmt_s)
-
-    @property
-    def compute_s_tok(self) -> float:
-        return max(0.0, self.per_token(self.decode_wall_s) - self.io_s_tok - self.mgmt_s_tok)
-
-    @property
-    def read_mib_tok(self) -> float:
-        return self.decode.read_mib / self.decode_steps if self.decode_steps > 0 else 0.0

@@ -1,0 +1,213 @@
+# The expert cache's decision core in C: the LRU over (layer, expert) entries with a byte
+# budget and per-layer entry sizes. It follows ``bmoe.domain.streaming.cache_policy``
+# decision for decision (tests drive both with the same requests and compare every plan
+# and counter). Pure bookkeeping: the caller executes the plan (drops the evicted entries'
+# pages, reads the loads). Shared by ``expert_stream`` (the engine) and ``cache_core``
+# (the same code, callable from Python for the equivalence tests and benchmarks).
+#
+# A request: ``core_begin``, ``core_want`` for each routed id (duplicates ignored, first-seen
+# order kept), then ``core_plan``: hits are touched in wanted order, then (when there are
+# misses) least-recently-used entries this layer does not want are evicted oldest first until
+# the misses fit, then the misses become resident in wanted order. The plan is left in
+# ``plan_hits`` / ``plan_evictions`` / ``plan_loads`` (entry indices ``layer * n_expert + e``).
+
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memset
+
+
+cdef struct core_t:
+    int n_layer
+    int n_expert
+    int64_t * entry_bytes          # [n_layer]; 0: the layer has no routed experts
+    # LRU over entries layer * n_expert + e: a doubly linked list, oldest at head
+    int32_t * prev
+    int32_t * next
+    uint8_t * resident
+    uint8_t * evicted_once
+    uint8_t * wanted               # scratch [n_expert]
+    int32_t * order                # [n_expert]: wanted ids of the request, first-seen order
+    int n_wanted
+    int32_t head
+    int32_t tail
+    int64_t budget_bytes
+    int64_t resident_bytes
+    # the last plan (entry indices)
+    int32_t * plan_hits            # [n_expert]
+    int32_t * plan_loads           # [n_expert]
+    int32_t * plan_evictions       # [n_layer * n_expert]
+    int n_hits
+    int n_loads
+    int n_evictions
+    # counters
+    int64_t requests
+    int64_t hits
+    int64_t misses
+    int64_t evictions
+    int64_t rereads
+    int64_t bytes_read
+
+
+cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
+    """A core with every entry size 0 and budget 0, or NULL when out of memory."""
+    cdef core_t * c = <core_t *> calloc(1, sizeof(core_t))
+    cdef int64_t n = <int64_t> n_layer * n_expert
+    cdef int64_t i
+    if c == NULL:
+        return NULL
+    c.n_layer = n_layer
+    c.n_expert = n_expert
+    c.entry_bytes = <int64_t *> calloc(n_layer, sizeof(int64_t))
+    c.prev = <int32_t *> calloc(n, sizeof(int32_t))
+    c.next = <int32_t *> calloc(n, sizeof(int32_t))
+    c.resident = <uint8_t *> calloc(n, 1)
+    c.evicted_once = <uint8_t *> calloc(n, 1)
+    c.wanted = <uint8_t *> calloc(n_expert, 1)
+    c.order = <int32_t *> calloc(n_expert, sizeof(int32_t))
+    c.plan_hits = <int32_t *> calloc(n_expert, sizeof(int32_t))
+    c.plan_loads = <int32_t *> calloc(n_expert, sizeof(int32_t))
+    c.plan_evictions = <int32_t *> calloc(n, sizeof(int32_t))
+    if (c.entry_bytes == NULL or c.prev == NULL or c.next == NULL or c.resident == NULL
+            or c.evicted_once == NULL or c.wanted == NULL or c.order == NULL
+            or c.plan_hits == NULL or c.plan_loads == NULL or c.plan_evictions == NULL):
+        core_free(c)
+        return NULL
+    for i in range(n):
+        c.prev[i] = -1
+        c.next[i] = -1
+    c.head = -1
+    c.tail = -1
+    return c
+
+
+cdef inline void core_free(core_t * c) noexcept nogil:
+    if c == NULL:
+        return
+    free(c.entry_bytes)
+    free(c.prev)
+    free(c.next)
+    free(c.resident)
+    free(c.evicted_once)
+    free(c.wanted)
+    free(c.order)
+    free(c.plan_hits)
+    free(c.plan_loads)
+    free(c.plan_evictions)
+    free(c)
+
+
+cdef inline void lru_unlink(core_t * c, int32_t i) noexcept nogil:
+    if c.prev[i] >= 0:
+        c.next[c.prev[i]] = c.next[i]
+    else:
+        c.head = c.next[i]
+    if c.next[i] >= 0:
+        c.prev[c.next[i]] = c.prev[i]
+    else:
+        c.tail = c.prev[i]
+    c.prev[i] = -1
+    c.next[i] = -1
+
+
+cdef inline void lru_append(core_t * c, int32_t i) noexcept nogil:
+    c.prev[i] = c.tail
+    c.next[i] = -1
+    if c.tail >= 0:
+        c.next[c.tail] = i
+    else:
+        c.head = i
+    c.tail = i
+
+
+cdef inline void core_evict(core_t * c, int32_t i) noexcept nogil:
+    """Evict entry ``i`` and append it to the plan's evictions."""
+    lru_unlink(c, i)
+    c.resident[i] = 0
+    c.evicted_once[i] = 1
+    c.resident_bytes -= c.entry_bytes[i // c.n_expert]
+    c.evictions += 1
+    c.plan_evictions[c.n_evictions] = i
+    c.n_evictions += 1
+
+
+cdef inline void core_evict_until(core_t * c, int64_t incoming, int keep_layer) noexcept nogil:
+    """Evict oldest first, skipping the wanted entries of ``keep_layer``, until it fits."""
+    cdef int32_t i = c.head
+    cdef int32_t nxt
+    while i >= 0 and c.resident_bytes + incoming > c.budget_bytes:
+        nxt = c.next[i]
+        if not (i // c.n_expert == keep_layer and c.wanted[i % c.n_expert]):
+            core_evict(c, i)
+        i = nxt
+
+
+cdef inline void core_begin(core_t * c) noexcept nogil:
+    """Start a request (and an empty plan)."""
+    cdef int w
+    for w in range(c.n_wanted):
+        c.wanted[c.order[w]] = 0
+    c.n_wanted = 0
+    c.n_hits = 0
+    c.n_loads = 0
+    c.n_evictions = 0
+
+
+cdef inline int core_want(core_t * c, int32_t e) noexcept nogil:
+    """Add routed expert ``e`` to the request; -1 when it is out of range (nothing added)."""
+    if e < 0 or e >= c.n_expert:
+        return -1
+    if not c.wanted[e]:
+        c.wanted[e] = 1
+        c.order[c.n_wanted] = e
+        c.n_wanted += 1
+    return 0
+
+
+cdef inline int core_plan(core_t * c, int layer) noexcept nogil:
+    """Decide the request for ``layer``; returns the number of loads, or -1 when the layer
+    has no routed experts (nothing changed)."""
+    cdef int w
+    cdef int32_t idx
+    cdef int64_t size
+    if layer < 0 or layer >= c.n_layer or c.entry_bytes[layer] == 0:
+        return -1
+    size = c.entry_bytes[layer]
+    c.requests += 1
+    for w in range(c.n_wanted):
+        idx = layer * c.n_expert + c.order[w]
+        if c.resident[idx]:
+            lru_unlink(c, idx)
+            lru_append(c, idx)
+            c.plan_hits[c.n_hits] = idx
+            c.n_hits += 1
+        else:
+            c.plan_loads[c.n_loads] = idx
+            c.n_loads += 1
+    c.hits += c.n_hits
+    if c.n_loads == 0:
+        return 0
+    core_evict_until(c, c.n_loads * size, layer)
+    for w in range(c.n_loads):
+        idx = c.plan_loads[w]
+        if c.evicted_once[idx]:
+            c.rereads += 1
+        c.resident[idx] = 1
+        lru_append(c, idx)
+    c.resident_bytes += c.n_loads * size
+    c.misses += c.n_loads
+    c.bytes_read += c.n_loads * size
+    return c.n_loads
+
+
+cdef inline void core_set_budget(core_t * c, int64_t budget_bytes) noexcept nogil:
+    """Change the budget; evicts LRU-first down to it (the plan holds the evictions)."""
+    core_begin(c)
+    c.budget_bytes = budget_bytes
+    core_evict_until(c, 0, -1)
+
+
+cdef inline void core_evict_all(core_t * c) noexcept nogil:
+    """Evict every resident entry, oldest first (the plan holds the evictions)."""
+    core_begin(c)
+    while c.head >= 0:
+        core_evict(c, c.head)

@@ -1,0 +1,118 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The C cache core (``cache_core.pxd``, the code the streaming engine runs) callable from
+Python, so tests drive it beside ``bmoe.domain.streaming.ExpertCachePolicy`` with the same
+requests and compare every decision, and benchmarks time it without llama.cpp."""
+
+from libc.stdint cimport int32_t, int64_t
+
+from bmoe.cext.cache_core cimport (
+    core_begin,
+    core_evict_all,
+    core_free,
+    core_new,
+    core_plan,
+    core_set_budget,
+    core_t,
+    core_want,
+)
+
+
+cdef class ExpertCacheCore:
+    """``entry_bytes[layer]``: one entry's size per layer (0: no routed experts)."""
+
+    cdef core_t * c
+
+    def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert):
+        cdef int layer
+        if budget_bytes < 0 or n_expert <= 0 or len(entry_bytes) == 0:
+            raise ValueError("need budget >= 0, n_expert > 0 and at least one layer")
+        if any(b < 0 for b in entry_bytes):
+            raise ValueError("entry sizes must be >= 0")
+        self.c = core_new(len(entry_bytes), n_expert)
+        if self.c == NULL:
+            raise MemoryError()
+        for layer, size in enumerate(entry_bytes):
+            self.c.entry_bytes[layer] = size
+        self.c.budget_bytes = budget_bytes
+
+    def __dealloc__(self):
+        core_free(self.c)
+        self.c = NULL
+
+    cdef tuple _entries(self, int32_t * idx, int n):
+        return tuple((idx[i] // self.c.n_expert, idx[i] % self.c.n_expert) for i in range(n))
+
+    def _plan(self):
+        return (
+            self._entries(self.c.plan_hits, self.c.n_hits),
+            self._entries(self.c.plan_evictions, self.c.n_evictions),
+            self._entries(self.c.plan_loads, self.c.n_loads),
+        )
+
+    def request(self, int layer, ids):
+        """Plan one MoE layer call: ``(hits, evictions, loads)`` as ``(layer, expert)``
+        tuples. Raises ``ValueError`` (state unchanged) like the domain policy does."""
+        cdef int32_t e
+        core_begin(self.c)
+        for e in ids:
+            if core_want(self.c, e) < 0:
+                core_begin(self.c)
+                raise ValueError(f"expert id {e} out of range [0, {self.c.n_expert}) at layer {layer}")
+        if core_plan(self.c, layer) < 0:
+            raise ValueError(f"layer {layer} has no routed experts")
+        return self._plan()
+
+    def request_many(self, const int32_t[:, ::1] trace):
+        """Plan a whole recorded trace, rows ``[layer, id0, id1, ...]``, without building
+        plans for Python (for benchmarks). Returns the number of loads."""
+        cdef Py_ssize_t r, j
+        cdef int64_t loads = 0
+        cdef int n
+        with nogil:
+            for r in range(trace.shape[0]):
+                core_begin(self.c)
+                for j in range(1, trace.shape[1]):
+                    core_want(self.c, trace[r, j])
+                n = core_plan(self.c, trace[r, 0])
+                if n > 0:
+                    loads += n
+        return loads
+
+    def set_budget(self, int64_t budget_bytes):
+        """Change the budget; returns what it evicted, oldest first."""
+        if budget_bytes < 0:
+            raise ValueError("budget must be >= 0")
+        core_set_budget(self.c, budget_bytes)
+        return self._entries(self.c.plan_evictions, self.c.n_evictions)
+
+    def evict_all(self):
+        core_evict_all(self.c)
+        return self._entries(self.c.plan_evictions, self.c.n_evictions)
+
+    def resident(self):
+        """Resident entries, least recently used first."""
+        out = []
+        cdef int32_t i = self.c.head
+        while i >= 0:
+            out.append((i // self.c.n_expert, i % self.c.n_expert))
+            i = self.c.next[i]
+        return out
+
+    @property
+    def resident_bytes(self):
+        return self.c.resident_bytes
+
+    @property
+    def budget_bytes(self):
+        return self.c.budget_bytes
+
+    def counters(self):
+        c = self.c
+        return {
+            "requests": c.requests,
+            "hits": c.hits,
+            "misses": c.misses,
+            "evictions": c.evictions,
+            "rereads": c.rereads,
+            "bytes_read": c.bytes_read,
+        }

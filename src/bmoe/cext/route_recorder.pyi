@@ -1,0 +1,26 @@
+"""Type stub of the compiled ``route_recorder`` module (see route_recorder.pyx)."""
+
+import numpy as np
+import numpy.typing as npt
+
+class RouteRecorder:
+    def __init__(
+        self,
+        *,
+        max_records: int = 65536,
+        max_ids: int = ...,
+        capture_probs: bool = False,
+        max_probs: int = ...,
+    ) -> None: ...
+    @property
+    def callback_address(self) -> int: ...
+    @property
+    def user_data_address(self) -> int: ...
+    force_expert: int
+    @property
+    def overflowed(self) -> bool: ...
+    @property
+    def n_topk_seen(self) -> int: ...
+    def __len__(self) -> int: ...
+    def clear(self) -> None: ...
+    def records(self) -> list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.float32] | None]]: ...

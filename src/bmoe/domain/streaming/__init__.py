@@ -1,0 +1,33 @@
+"""Expert streaming policy and values: settings and the budget rule (``config``), the
+cache policy (``cache_policy``), faults (``fault``) and the figures a run reports
+(``counters``). Pure: no I/O, no llama.cpp."""
+
+from bmoe.domain.streaming.cache_policy import CacheCounters, Entry, ExpertCachePolicy, LayerPlan
+from bmoe.domain.streaming.config import (
+    AUTO_FLOOR_MIB,
+    MIB,
+    STREAM_POLICIES,
+    Budget,
+    StreamConfig,
+    resolve_budget,
+)
+from bmoe.domain.streaming.counters import StreamCounters, StreamReport
+from bmoe.domain.streaming.fault import GraphFault, ReadFault, StreamFault
+
+__all__ = [
+    "AUTO_FLOOR_MIB",
+    "MIB",
+    "STREAM_POLICIES",
+    "Budget",
+    "CacheCounters",
+    "Entry",
+    "ExpertCachePolicy",
+    "GraphFault",
+    "LayerPlan",
+    "ReadFault",
+    "StreamConfig",
+    "StreamCounters",
+    "StreamFault",
+    "StreamReport",
+    "resolve_budget",
+]

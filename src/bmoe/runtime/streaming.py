@@ -1,0 +1,115 @@
+"""``StreamingControl``: one session's expert streaming, fast path or reference policy.
+
+Wires what ``ExpertStreaming.attach`` set up to one of the two ways of serving a layer:
+
+- ``fast``: the C callback plans with its cache core and reads on its lanes;
+- ``reference``: the C callback hands each layer's ids to ``PolicyStreaming`` (the domain
+  policy), whose plan is executed through ``LaneExpertSource`` (the expert-source port).
+
+Both give bit-identical output and equal counters (the gates run both). ``lock`` is held
+around every ``llama_decode`` (the context takes it), so ``set_budget`` and ``close`` from
+another thread wait for the decode in flight and act at its boundary, never while the C
+callback walks the cache.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from bmoe.adapters.expert_source import LaneExpertSource
+from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingInfo
+from bmoe.cext import expert_stream
+from bmoe.domain.streaming import Entry, StreamCounters, StreamFault
+from bmoe.errors import StreamingFaultError
+from bmoe.service.expert_streaming import PolicyStreaming
+
+
+class StreamingControl:
+    def __init__(self, streaming: ExpertStreaming, policy: str) -> None:
+        self.streaming = streaming
+        self.info: StreamingInfo = streaming.info
+        self.policy = policy
+        self.lock = threading.Lock()
+        self._closed = False
+        self._reference: PolicyStreaming | None = None
+        streamer = streaming.streamer
+        if policy == "reference":
+            self._source = LaneExpertSource(
+                streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
+            )
+            self._reference = PolicyStreaming(self._source, self.info.budget.bytes)
+            streamer.set_reference_hook(self._serve)
+            streamer.mode = expert_stream.MODE_REFERENCE
+        else:
+            streamer.mode = expert_stream.MODE_STREAM
+
+    def _serve(self, layer: int, ids: list[int]) -> bool:
+        """The C callback's reference hook: True once every routed expert is in memory."""
+        assert self._reference is not None
+        try:
+            self._reference.route(layer, ids)
+        except StreamingFaultError:
+            return False
+        return True
+
+    # -- figures ---------------------------------------------------------------------------
+
+    def counters(self) -> StreamCounters:
+        if self._reference is not None:
+            return self._reference.counters()
+        return self.streaming.counters()
+
+    def resident_entries(self) -> list[Entry]:
+        """Resident entries, least recently used first."""
+        if self._reference is not None:
+            return self._reference.resident()
+        return list(self.streaming.streamer.resident_entries())
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def fault(self) -> StreamFault | None:
+        """The first fault (sticky): a failed read, a routing it cannot serve, or a model
+        file replaced or truncated under the session."""
+        if self._reference is not None:
+            fault = self._reference.fault()
+            if fault is not None:
+                return fault
+        return self.streaming.fault()
+
+    def check(self) -> None:
+        """Raise the fault as a ``StreamingFaultError`` (``ExpertReadError``,
+        ``ExpertGraphError``), if there is one."""
+        fault = self.fault()
+        if fault is not None:
+            raise fault.error()
+
+    # -- control (any thread) --------------------------------------------------------------
+
+    def set_budget(self, budget_bytes: int) -> None:
+        """Change the cache budget at the next decode boundary (waits for a decode in
+        flight); evicts LRU-first down to it."""
+        with self.lock:
+            if self._closed:
+                return
+            if self._reference is not None:
+                self._reference.set_budget(budget_bytes)
+            else:
+                self.streaming.streamer.set_budget(budget_bytes)
+
+    def evict_all(self) -> None:
+        with self.lock:
+            if self._reference is not None:
+                self._reference.evict_all()
+            else:
+                self.streaming.streamer.evict_all()
+
+    def close(self) -> None:
+        """Release the lanes, descriptors and buffers now (waits for a decode in flight)."""
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._reference is not None:
+                self._source.close()
+            else:
+                self.streaming.streamer.close()

@@ -1,0 +1,102 @@
+"""``PolicyStreaming``: the streaming policy executed through an expert source.
+
+Per MoE layer call, the routing goes to the domain policy (``ExpertCachePolicy``) and its
+plan is carried out on an ``IExpertSource``: evicted entries are released, then the
+misses are loaded and waited for. This is the reference mode (``--stream-policy
+reference``) of the real engine (the C eval callback hands each layer's ids here), and
+the seam every read-ahead policy is tested on with the fake source.
+
+Faults are sticky: after the first one (a failed read, or a routing the policy cannot
+serve), ``fault()`` names it and every later ``route`` raises it without touching memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from bmoe.domain.streaming import (
+    Entry,
+    ExpertCachePolicy,
+    GraphFault,
+    LayerPlan,
+    StreamCounters,
+    StreamFault,
+)
+from bmoe.errors import StreamingFaultError
+from bmoe.ports.expert_source import IExpertSource
+
+
+class PolicyStreaming:
+    """Owns the policy; borrows the source (the caller closes it)."""
+
+    def __init__(self, source: IExpertSource, budget_bytes: int) -> None:
+        self.source = source
+        self.policy = ExpertCachePolicy(
+            budget_bytes, [source.entry_bytes(layer) for layer in range(source.n_layer)], source.n_expert
+        )
+        self._graph_fault: GraphFault | None = None
+        self.io_s = 0.0
+        self.mgmt_s = 0.0
+
+    def fault(self) -> StreamFault | None:
+        """The first fault, the source's or the routing's (sticky)."""
+        return self._graph_fault or self.source.fault()
+
+    def route(self, layer: int, experts: Iterable[int]) -> LayerPlan:
+        """Serve one MoE layer call: on return, every expert it routes to is in memory.
+        Raises ``StreamingFaultError`` (sticky) instead of returning with one absent."""
+        t0 = time.perf_counter()
+        fault = self.fault()
+        if fault is not None:
+            raise fault.error()
+        try:
+            plan = self.policy.request(layer, experts)
+        except ValueError as exc:
+            self._graph_fault = GraphFault(layer, str(exc))
+            raise self._graph_fault.error() from exc
+        wait = 0.0
+        try:
+            self.source.release(plan.evictions)
+            wait = self.source.load(plan.loads)
+        finally:
+            self.io_s += wait
+            self.mgmt_s += time.perf_counter() - t0 - wait
+        return plan
+
+    def set_budget(self, budget_bytes: int) -> tuple[Entry, ...]:
+        """Change the budget between decodes; evicts LRU-first down to it."""
+        evicted = self.policy.set_budget(budget_bytes)
+        self.source.release(evicted)
+        return evicted
+
+    def evict_all(self) -> tuple[Entry, ...]:
+        evicted = self.policy.evict_all()
+        self.source.release(evicted)
+        return evicted
+
+    def resident(self) -> list[Entry]:
+        return self.policy.resident()
+
+    def counters(self) -> StreamCounters:
+        c = self.policy.counters
+        return StreamCounters(
+            requests=c.requests,
+            hits=c.hits,
+            misses=c.misses,
+            evictions=c.evictions,
+            rereads=c.rereads,
+            bytes_read=c.bytes_read,
+            io_s=self.io_s,
+            mgmt_s=self.mgmt_s,
+            resident_bytes=self.policy.resident_bytes,
+            budget_bytes=self.policy.budget_bytes,
+        )
+
+
+def raise_if_faulted(streaming: PolicyStreaming) -> None:
+    """Raise the sticky fault, if any (``StreamingFaultError``)."""
+    fault = streaming.fault()
+    if fault is not None:
+        error: StreamingFaultError = fault.error()
+        raise error
