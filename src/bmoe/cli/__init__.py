@@ -17,7 +17,7 @@ from bmoe.cli.session_loop import SessionLoop
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.sampling import SamplingParams
-from bmoe.domain.streaming import MIB, StreamConfig
+from bmoe.domain.streaming import MIB, STREAM_POLICIES, StreamConfig
 from bmoe.domain.summary import generation_line, stream_lines, stream_mode_line, timing_line
 from bmoe.errors import BmoeError
 from bmoe.runtime import Session, SessionConfig
@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--io-threads", type=int, default=4, metavar="N", help="read lanes (default: 4)")
     m.add_argument("--no-odirect", action="store_true", help="buffered reads instead of O_DIRECT")
+    m.add_argument(
+        "--stream-policy",
+        choices=STREAM_POLICIES,
+        default="fast",
+        help="fast (default: the C engine) or reference (the Python policy through the expert-source "
+        "port; slow, identical output, for checking the fast path)",
+    )
     s = p.add_argument_group("session mode (docs/protocol.md)")
     s.add_argument(
         "--session",
@@ -132,6 +139,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
             cache_ceil_mb=args.cache_ceil_mb,
             io_threads=args.io_threads,
             odirect=not args.no_odirect,
+            policy=args.stream_policy,
         ),
     )
 

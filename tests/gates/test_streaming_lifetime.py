@@ -1,0 +1,120 @@
+"""A streamed session's lifetime: ``close()`` and ``set_cache_budget()`` from another thread
+during a long generation act at a decode boundary (never while the C callback walks the
+cache), ``close()`` frees the streamer's descriptors and buffers at once, and open/close
+cycles leave descriptors and threads where they were."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bmoe.adapters.llama import ContextParams
+from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.domain.streaming import MIB, StreamConfig
+from bmoe.errors import ConfigError
+from bmoe.runtime import Session, SessionConfig
+
+TinyModel = Callable[[str], Path]
+PARAMS = ContextParams(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
+PROMPT = "The quick brown fox jumps over the lazy dog"
+
+
+def config(path: Path, policy: str = "fast", cache_mb: int | None = 1024) -> SessionConfig:
+    return SessionConfig(
+        model_path=path, context=PARAMS, stream=StreamConfig(enabled=True, cache_mb=cache_mb, policy=policy)
+    )
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("policy", ["fast", "reference"])
+def test_close_from_another_thread_cancels_waits_and_frees_the_streamer(
+    tiny_model_path: TinyModel, policy: str
+) -> None:
+    s = Session.open(config(tiny_model_path("qwen3moe"), policy))
+    fds_open = open_fds()
+    started = threading.Event()
+    closer_done = threading.Event()
+
+    def on_progress(p: Progress) -> None:
+        if p.step == 5:
+            started.set()
+            closer_done.wait(0.2)  # the closer is now waiting for this request
+
+    def closer() -> None:
+        started.wait(30)
+        s.close()
+        closer_done.set()
+
+    t = threading.Thread(target=closer)
+    t.start()
+    result = s.generate(GenerateRequest(PROMPT, n_predict=400), on_progress=on_progress)
+    t.join(30)
+    assert closer_done.is_set()
+    assert result.cancelled and 5 <= len(result.tokens) < 400
+    assert s.streaming is not None and s.streaming.streaming.streamer.closed
+    assert len(open_fds()) < len(fds_open)  # the model file's descriptor went with it
+    with pytest.raises(ConfigError, match="closed"):
+        s.generate(GenerateRequest(PROMPT, n_predict=2))
+    s.close()  # idempotent
+
+
+@pytest.mark.parametrize("policy", ["fast", "reference"])
+def test_budget_changes_from_another_thread_during_a_decode_keep_the_output_exact(
+    tiny_model_path: TinyModel, policy: str
+) -> None:
+    path = tiny_model_path("qwen3moe")
+    request = GenerateRequest(PROMPT, n_predict=120)
+    with Session.open(SessionConfig(model_path=path, context=PARAMS)) as resident:
+        expected = resident.generate(request).tokens
+        logits = resident.last_logits()
+    with Session.open(config(path, policy)) as s:
+        assert s.streaming is not None
+        entry = s.streaming.info.entry_bytes
+        stop = threading.Event()
+        changes = [0]
+
+        def churn() -> None:
+            budgets = [0, 3 * entry, 1024 * MIB, entry]
+            while not stop.is_set():
+                s.streaming.set_budget(budgets[changes[0] % len(budgets)])  # type: ignore[union-attr]
+                changes[0] += 1
+
+        t = threading.Thread(target=churn)
+        t.start()
+        try:
+            result = s.generate(request)
+        finally:
+            stop.set()
+            t.join(30)
+        assert changes[0] > 10
+        assert result.tokens == expected
+        assert np.array_equal(s.last_logits(), logits)
+        assert s.streaming.counters().evictions > 0
+
+
+def test_a_hundred_open_close_cycles_leave_descriptors_and_threads_at_their_baseline(
+    tiny_model_path: TinyModel,
+) -> None:
+    path = tiny_model_path("qwen3moe")
+    for policy in ("fast", "reference"):  # warm-up: llama.cpp's and OpenMP's threads start once
+        with Session.open(config(path, policy)) as s:
+            s.generate(GenerateRequest(PROMPT, n_predict=2))
+    fds, threads, py_threads = open_fds(), os_threads(), threading.active_count()
+    for i in range(100):
+        with Session.open(config(path, "reference" if i % 2 else "fast", cache_mb=0)) as s:
+            s.generate(GenerateRequest(PROMPT, n_predict=1))
+    assert open_fds() == fds
+    assert os_threads() == threads
+    assert threading.active_count() == py_threads
