@@ -365,6 +365,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         enabled=spec["stream"],
         cache_mb=spec.get("cache_mb"),
         io_threads=spec["io_threads"],
+        policy=spec.get("policy", "fast"),
     )
     config = SessionConfig(
         model_path=Path(spec["model"]),
@@ -682,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=300.0, help="cap on warm-up and on measure, each")
     p.add_argument("--timeout", type=float, default=1800.0, help="kill a configuration after this long")
     p.add_argument("--repeat", type=int, default=1, help="rounds over all configurations (median shown)")
+    p.add_argument(
+        "--reference", action="store_true", help="also run each budget with --stream-policy reference"
+    )
     p.add_argument("--skip", default="", help="configurations to skip: resident, nocache (comma separated)")
     p.add_argument("--cgroup-mib", type=int, default=0, help="run each configuration in a cgroup v1 limit")
     p.add_argument(
@@ -737,6 +741,17 @@ def main(argv: list[str] | None = None) -> int:
     if "nocache" not in skip:
         specs.append({**base, "name": "stream, cache off", "stream": True, "cache_mb": 0})
     specs += [{**base, "name": f"stream, cache {b} MiB", "stream": True, "cache_mb": b} for b in budgets]
+    if args.reference:
+        specs += [
+            {
+                **base,
+                "name": f"stream, cache {b} MiB, reference policy",
+                "stream": True,
+                "cache_mb": b,
+                "policy": "reference",
+            }
+            for b in budgets
+        ]
 
     runs: dict[str, list[dict[str, Any]]] = {spec["name"]: [] for spec in specs}
     for round_no in range(args.repeat):  # rounds interleave the configurations

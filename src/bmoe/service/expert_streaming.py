@@ -23,7 +23,6 @@ from bmoe.domain.streaming import (
     StreamCounters,
     StreamFault,
 )
-from bmoe.errors import StreamingFaultError
 from bmoe.ports.expert_source import IExpertSource
 
 
@@ -93,10 +92,3 @@ class PolicyStreaming:
             budget_bytes=self.policy.budget_bytes,
         )
 
-
-def raise_if_faulted(streaming: PolicyStreaming) -> None:
-    """Raise the sticky fault, if any (``StreamingFaultError``)."""
-    fault = streaming.fault()
-    if fault is not None:
-        error: StreamingFaultError = fault.error()
-        raise error
