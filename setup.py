@@ -42,9 +42,9 @@ extensions = [
         ["src/bmoe/cext/expert_stream.pyx"],
         include_dirs=[INCLUDE],
         define_macros=[("_GNU_SOURCE", None)],
-        # read lanes are an OpenMP team (llama.cpp's CPU backend already loads libgomp)
-        extra_compile_args=["-O2", "-fopenmp"],
-        extra_link_args=["-fopenmp"],
+        # read lanes are POSIX threads that block between batches
+        extra_compile_args=["-O2", "-pthread"],
+        extra_link_args=["-pthread"],
     ),
 ]
 

@@ -52,8 +52,6 @@ from posix.stdlib cimport posix_memalign
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport close as c_close, pread
 
-from cython.parallel cimport prange, threadid
-
 from bmoe.cext.cache_core cimport (
     core_begin,
     core_evict_all,
@@ -76,6 +74,24 @@ cdef extern from "fcntl.h" nogil:
 
 cdef extern from "string.h" nogil:
     char * strerror(int errnum)
+
+cdef extern from "pthread.h" nogil:
+    ctypedef unsigned long pthread_t
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_create(pthread_t * thread, void * attr, void * (*start)(void *) noexcept nogil, void * arg)
+    int pthread_join(pthread_t thread, void ** retval)
+    int pthread_mutex_init(pthread_mutex_t * m, void * attr)
+    int pthread_mutex_destroy(pthread_mutex_t * m)
+    int pthread_mutex_lock(pthread_mutex_t * m)
+    int pthread_mutex_unlock(pthread_mutex_t * m)
+    int pthread_cond_init(pthread_cond_t * c, void * attr)
+    int pthread_cond_destroy(pthread_cond_t * c)
+    int pthread_cond_wait(pthread_cond_t * c, pthread_mutex_t * m)
+    int pthread_cond_broadcast(pthread_cond_t * c)
+    int pthread_cond_signal(pthread_cond_t * c)
 
 cdef extern from * nogil:
     """
@@ -142,6 +158,30 @@ cdef struct capture_t:
     uintptr_t address
 
 
+cdef struct lanes_t:
+    # Read lanes: lane 0 is the thread that asks for the reads (llama.cpp's, inside the
+    # callback), lanes 1..n-1 are worker threads that *block* on a condition variable
+    # between batches (no spinning: on a 2-core machine a spinning lane team took the
+    # cores from llama.cpp's compute threads). Each lane owns one bounce buffer.
+    pthread_mutex_t mu
+    pthread_cond_t work            # workers: a batch arrived (or stop)
+    pthread_cond_t done            # the asker: the batch finished
+    pthread_t * threads            # [n_workers]
+    int n_workers
+    int started                    # workers created (0 when none / joined)
+    int stop
+    int64_t batch                  # batch number: a worker takes jobs of the current one
+    int n_jobs
+    int next_job
+    int n_done
+    int n_active                   # workers inside the current batch
+
+
+cdef struct worker_arg_t:
+    void * stream
+    int lane
+
+
 cdef struct stream_t:
     int mode
     core_t * core
@@ -157,6 +197,8 @@ cdef struct stream_t:
     char ** bounce                 # [n_lanes], each bounce_size bytes, page aligned
     int64_t bounce_size
     job_t * jobs                   # scratch [n_expert * n_proj]
+    lanes_t lanes
+    worker_arg_t * worker_args     # [n_lanes]
     # faults (the first one wins; never cleared)
     int fault
     int fault_kind
@@ -279,15 +321,112 @@ cdef int run_job(stream_t * s, job_t * job, int lane) noexcept nogil:
     return 0
 
 
-cdef void run_jobs(stream_t * s, int n_jobs) noexcept nogil:
+cdef int take_job(stream_t * s) noexcept nogil:
+    """The next job of the current batch, or -1 (call with the lanes' mutex held)."""
+    if s.lanes.next_job >= s.lanes.n_jobs:
+        return -1
+    s.lanes.next_job += 1
+    return s.lanes.next_job - 1
+
+
+cdef void finish_job(stream_t * s) noexcept nogil:
+    """Count a finished job (mutex held); wake the asker when the batch is complete."""
+    s.lanes.n_done += 1
+    if s.lanes.n_done == s.lanes.n_jobs:
+        pthread_cond_signal(&s.lanes.done)
+
+
+cdef void * lane_main(void * arg) noexcept nogil:
+    cdef worker_arg_t * a = <worker_arg_t *> arg
+    cdef stream_t * s = <stream_t *> a.stream
+    cdef int lane = a.lane
     cdef int j
-    cdef int lanes = s.n_lanes if s.n_lanes < n_jobs else n_jobs
-    if lanes <= 1:
+    cdef int64_t seen = 0
+    pthread_mutex_lock(&s.lanes.mu)
+    while True:
+        while not s.lanes.stop and (s.lanes.batch == seen or s.lanes.next_job >= s.lanes.n_jobs):
+            if s.lanes.batch != seen:
+                seen = s.lanes.batch  # nothing left to take in this batch
+            pthread_cond_wait(&s.lanes.work, &s.lanes.mu)
+        if s.lanes.stop:
+            break
+        seen = s.lanes.batch
+        j = take_job(s)
+        while j >= 0:
+            pthread_mutex_unlock(&s.lanes.mu)
+            s.jobs[j].result = run_job(s, &s.jobs[j], lane)
+            pthread_mutex_lock(&s.lanes.mu)
+            finish_job(s)
+            j = take_job(s)
+    pthread_mutex_unlock(&s.lanes.mu)
+    return NULL
+
+
+cdef void run_jobs(stream_t * s, int n_jobs) noexcept nogil:
+    """Run ``s.jobs[0:n_jobs]`` on the lanes and return when all are done. The asking
+    thread reads too (lane 0); workers are woken only when there is more than one job."""
+    cdef int j
+    if n_jobs <= 0:
+        return
+    if s.lanes.started == 0 or n_jobs == 1:
         for j in range(n_jobs):
             s.jobs[j].result = run_job(s, &s.jobs[j], 0)
         return
-    for j in prange(n_jobs, num_threads=lanes, schedule="dynamic"):
-        s.jobs[j].result = run_job(s, &s.jobs[j], threadid())
+    pthread_mutex_lock(&s.lanes.mu)
+    s.lanes.n_jobs = n_jobs
+    s.lanes.next_job = 0
+    s.lanes.n_done = 0
+    s.lanes.batch += 1
+    pthread_cond_broadcast(&s.lanes.work)
+    j = take_job(s)
+    while j >= 0:
+        pthread_mutex_unlock(&s.lanes.mu)
+        s.jobs[j].result = run_job(s, &s.jobs[j], 0)
+        pthread_mutex_lock(&s.lanes.mu)
+        finish_job(s)
+        j = take_job(s)
+    while s.lanes.n_done < s.lanes.n_jobs:
+        pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+    s.lanes.n_jobs = 0
+    s.lanes.next_job = 0
+    pthread_mutex_unlock(&s.lanes.mu)
+
+
+cdef int start_lanes(stream_t * s) noexcept nogil:
+    """Create the n_lanes - 1 worker threads; 0, or an errno."""
+    cdef int i, err
+    pthread_mutex_init(&s.lanes.mu, NULL)
+    pthread_cond_init(&s.lanes.work, NULL)
+    pthread_cond_init(&s.lanes.done, NULL)
+    s.lanes.n_workers = 0
+    s.lanes.started = 1
+    for i in range(1, s.n_lanes):
+        s.worker_args[i].stream = <void *> s
+        s.worker_args[i].lane = i
+        err = pthread_create(&s.lanes.threads[i - 1], NULL, lane_main, &s.worker_args[i])
+        if err != 0:
+            stop_lanes(s)
+            return err
+        s.lanes.n_workers += 1
+    return 0
+
+
+cdef void stop_lanes(stream_t * s) noexcept nogil:
+    cdef int i
+    if s.lanes.started == 0:
+        return
+    pthread_mutex_lock(&s.lanes.mu)
+    s.lanes.stop = 1
+    pthread_cond_broadcast(&s.lanes.work)
+    pthread_mutex_unlock(&s.lanes.mu)
+    for i in range(s.lanes.n_workers):
+        pthread_join(s.lanes.threads[i], NULL)
+    s.lanes.n_workers = 0
+    s.lanes.started = 0
+    s.lanes.stop = 0
+    pthread_cond_destroy(&s.lanes.work)
+    pthread_cond_destroy(&s.lanes.done)
+    pthread_mutex_destroy(&s.lanes.mu)
 
 
 cdef void fill_job(stream_t * s, job_t * job, int layer, int expert, int p) noexcept nogil:
@@ -516,6 +655,12 @@ cdef class ExpertStreamer:
     cdef void _release_files(self):
         cdef int i
         cdef stream_t * s = self.s
+        with nogil:
+            stop_lanes(s)
+        free(s.lanes.threads)
+        s.lanes.threads = NULL
+        free(s.worker_args)
+        s.worker_args = NULL
         if s.fds != NULL:
             for i in range(s.n_files):
                 if s.fds[i] >= 0:
@@ -625,7 +770,7 @@ cdef class ExpertStreamer:
         if self.s.fds != NULL:
             raise ValueError("files are already open")
         cdef int n = len(paths)
-        cdef int i, fd
+        cdef int i, fd, err
         cdef int64_t biggest = 0
         self.s.fds = <int *> calloc(n, sizeof(int))
         if self.s.fds == NULL:
@@ -665,6 +810,13 @@ cdef class ExpertStreamer:
             for i in range(n_lanes):
                 if posix_memalign(<void **> &self.s.bounce[i], PAGE, self.s.bounce_size) != 0:
                     raise MemoryError()
+            self.s.lanes.threads = <pthread_t *> calloc(n_lanes, sizeof(pthread_t))
+            self.s.worker_args = <worker_arg_t *> calloc(n_lanes, sizeof(worker_arg_t))
+            if self.s.lanes.threads == NULL or self.s.worker_args == NULL:
+                raise MemoryError()
+            err = start_lanes(self.s)
+            if err != 0:
+                raise OSError(err, f"cannot start the read lanes: {strerror(err).decode()}")
         except BaseException:
             self._release_files()
             raise
