@@ -1,16 +1,19 @@
 """Render a model's Jinja chat template (``tokenizer.chat_template``) over messages.
 
-Uses Jinja2's immutable sandbox with the settings Hugging Face and llama-cpp-python use
-(``trim_blocks``, ``lstrip_blocks``), so a template renders the same text here as there.
+The renderer *is* llama-cpp-python's ``Jinja2ChatFormatter`` (the version bmoe pins): the
+same sandbox and settings (``trim_blocks``, ``lstrip_blocks``), the same extensions
+(``loopcontrols``, a pass-through ``{% generation %}``), the same ``tojson`` and
+``strftime_now``, and the model's own BOS and EOS token texts. So every template renders
+here exactly as it renders there (a test compares them on the real templates in llama.cpp's
+source), gpt-oss's and Mistral's included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Mapping, Sequence
 
 import jinja2
-import jinja2.sandbox
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.errors import ConfigError
@@ -27,22 +30,21 @@ CHATML_TEMPLATE = (
 )
 
 
-def _raise(message: str) -> NoReturn:
-    raise ConfigError(f"chat template error: {message}")
-
-
 class JinjaChatTemplate(IChatRenderer):
-    """A compiled chat template."""
+    """A compiled chat template; ``bos_token``/``eos_token`` are the model's token texts."""
 
-    def __init__(self, source: str | None) -> None:
+    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
         self.source = source or CHATML_TEMPLATE
         self.builtin = source is None
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True
-        )
-        env.globals["raise_exception"] = _raise
+        self.bos_token = bos_token
+        self.eos_token = eos_token
         try:
-            self._template = env.from_string(self.source)
+            self._formatters = {
+                flag: Jinja2ChatFormatter(
+                    self.source, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=flag
+                )
+                for flag in (True, False)
+            }
         except jinja2.TemplateError as exc:
             raise ConfigError(f"the model's chat template does not compile: {exc}") from exc
 
@@ -54,13 +56,25 @@ class JinjaChatTemplate(IChatRenderer):
         enable_thinking: bool = True,
     ) -> str:
         """The prompt text for ``messages`` (specials as text, tokenized with parsing on)."""
+        return self.render_dicts(
+            [m.as_template_dict() for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+        )
+
+    def render_dicts(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        *,
+        add_generation_prompt: bool = True,
+        **variables: object,
+    ) -> str:
+        """Render OpenAI-style message dicts (tool calls included) with extra template
+        variables (``enable_thinking``, ``tools``...). Raises ``ConfigError``."""
+        formatter = self._formatters[add_generation_prompt]
         try:
-            return self._template.render(
-                messages=[m.as_template_dict() for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                enable_thinking=enable_thinking,
-                bos_token="",
-                eos_token="<|im_end|>",
-            )
-        except jinja2.TemplateError as exc:
+            return formatter(messages=list(messages), **variables).prompt  # type: ignore[arg-type]
+        except (jinja2.TemplateError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            # ValueError: the template's raise_exception(); the rest: a template that
+            # indexes what this conversation does not have
             raise ConfigError(f"the model's chat template failed to render: {exc}") from exc

@@ -22,7 +22,8 @@ class IGenerateBackend(Protocol):
         ...
 
     def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text``, special tokens parsed. Raises ``TokenizeError``."""
+        """Token ids of ``text``, special tokens parsed, with exactly one leading BOS when
+        the model wants one (``domain.chat.with_one_bos``). Raises ``TokenizeError``."""
         ...
 
     def token_bytes(self, token: int) -> bytes:

@@ -96,7 +96,9 @@ class Session:
         except BaseException:
             self.model.close()
             raise
-        self.template = JinjaChatTemplate(self.model.chat_template)
+        self.template = JinjaChatTemplate(
+            self.model.chat_template, bos_token=self.model.bos_text, eos_token=self.model.eos_text
+        )
         self._backend = LlamaGenerateBackend(self.model, self.ctx, self._flag)
         self.engine = SessionEngine(
             self._backend,
@@ -239,7 +241,7 @@ class Session:
         before it, from one prefill computing every row; uses the log-softmax decisions use.
         Runs as a request in flight (the chat's KV is forgotten, as after a decision)."""
         self._refuse_if_faulted()
-        tokens = self.model.tokenize(text)
+        tokens = self.model.tokenize_prompt(text)
         if len(tokens) < 2:
             raise ConfigError("perplexity needs at least two tokens")
         if len(tokens) > self.ctx.n_ctx:

@@ -81,7 +81,9 @@ class LlamaDecideBackend(IDecideBackend):
         return self.template.render([ChatMessage("user", user_message)], enable_thinking=False)
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
-        return self.model.tokenize(text, add_special=special, parse_special=special)
+        if special:
+            return self.model.tokenize_prompt(text)
+        return self.model.tokenize(text, add_special=False, parse_special=False)
 
     def reset(self) -> None:
         self._has_logits = False

@@ -29,7 +29,7 @@ class LlamaGenerateBackend(IGenerateBackend):
         return self.ctx.n_ctx
 
     def tokenize(self, text: str) -> list[int]:
-        return self.model.tokenize(text)
+        return self.model.tokenize_prompt(text)
 
     def token_bytes(self, token: int) -> bytes:
         return self.model.token_bytes(token)

@@ -10,6 +10,7 @@ import attrs
 import llama_cpp
 
 from bmoe.adapters.llama.log import ensure_backend
+from bmoe.domain.chat import with_one_bos
 from bmoe.errors import ModelLoadError, TokenizeError
 
 
@@ -126,7 +127,40 @@ class LlamaModel:
     def chat_template(self) -> str | None:
         return self.meta("tokenizer.chat_template")
 
+    @property
+    def bos(self) -> int | None:
+        """The BOS token id, or None when the vocabulary has none."""
+        token = int(llama_cpp.llama_vocab_bos(self._vocab))
+        return token if token >= 0 else None
+
+    @property
+    def add_bos(self) -> bool:
+        """Whether prompts must start with BOS (``tokenizer.ggml.add_bos_token``)."""
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def token_text(self, token: int | None) -> str:
+        """A special token's text as a chat template writes it (``""`` for None)."""
+        if token is None or token < 0:
+            return ""
+        text = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return text.decode("utf-8", errors="replace") if text else ""
+
+    @property
+    def bos_text(self) -> str:
+        return self.token_text(self.bos)
+
+    @property
+    def eos_text(self) -> str:
+        token = int(llama_cpp.llama_vocab_eos(self._vocab))
+        return self.token_text(token if token >= 0 else None)
+
     # -- vocabulary ------------------------------------------------------------------------
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """A prompt (a rendered chat, or raw text) as the model must see it: specials
+        parsed, and exactly one leading BOS when the model wants one (a template that wrote
+        ``{{ bos_token }}`` itself does not get a second)."""
+        return with_one_bos(self.tokenize(text, add_special=False), self.bos, self.add_bos)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; specials such as ``<|im_start|>`` are parsed by default."""
@@ -137,9 +171,7 @@ class LlamaModel:
         if n < 0:
             n_max = -n
             buf = (llama_cpp.llama_token * n_max)()
-            n = llama_cpp.llama_tokenize(
-                self._vocab, data, len(data), buf, n_max, add_special, parse_special
-            )
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
         if n < 0:
             raise TokenizeError(f"llama_tokenize failed on {len(data)} bytes (code {n})")
         return list(buf[:n])
