@@ -130,7 +130,14 @@ class ExpertStreaming:
     def new_streamer(
         model: LlamaModel, fault_flag_address: int
     ) -> tuple[expert_stream.ExpertStreamer, ModelLayout, list[tuple[int, int, TensorLocation]]]:
-        """The C streamer to pass as the context's eval callback (before the context exists)."""
+        """The C streamer to pass as the context's eval callback (before the context exists).
+
+        The registry and the expert count are checked before the file's layout is read: a
+        model bmoe cannot stream costs no layout work."""
+        if expert_projections(model.arch) is None:
+            raise StreamingUnavailable(f"architecture {model.arch!r} is not in bmoe's expert registry")
+        if model.n_expert <= 1:
+            raise StreamingUnavailable(f"{model.arch} model has no routed experts")
         layout = read_layout(model.path)
         names, found = plan_projections(model, layout)
         streamer = expert_stream.ExpertStreamer(
