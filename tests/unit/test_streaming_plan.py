@@ -29,13 +29,23 @@ def expert(name: str, n_expert: int = 4) -> TensorLocation:
 
 
 def test_an_architecture_outside_the_registry_runs_resident_with_the_reason() -> None:
-    with pytest.raises(StreamingUnavailable, match="architecture 'llama' is not in bmoe's expert registry"):
-        plan_projections(FakeModel("llama", 0), layout())  # type: ignore[arg-type]
+    with pytest.raises(StreamingUnavailable, match="architecture 'qwen3' is not in bmoe's expert registry"):
+        plan_projections(FakeModel("qwen3", 0), layout())  # type: ignore[arg-type]
 
 
 def test_a_dense_model_of_a_moe_architecture_runs_resident() -> None:
     with pytest.raises(StreamingUnavailable, match="qwen3moe model has no routed experts"):
         plan_projections(FakeModel("qwen3moe", 0), layout())  # type: ignore[arg-type]
+
+
+def test_a_dense_llama_runs_resident_and_a_llama_with_experts_streams() -> None:
+    """GGUF has no ``mixtral``: Mixtral is ``llama`` with experts, a dense llama has none."""
+    with pytest.raises(StreamingUnavailable, match="llama model has no routed experts"):
+        plan_projections(FakeModel("llama", 0), layout())  # type: ignore[arg-type]
+    names, found = plan_projections(
+        FakeModel("llama", 4), layout(expert("blk.1.ffn_down_exps.weight"))  # type: ignore[arg-type]
+    )
+    assert [(layer, names[p]) for layer, p, _ in found] == [(1, "ffn_down_exps")]
 
 
 def test_separate_and_fused_projections_are_found_per_layer() -> None:
