@@ -78,7 +78,53 @@ def _libggml_base() -> ctypes.CDLL:
     lib.gguf_get_tensor_size.restype = ctypes.c_size_t
     lib.gguf_get_tensor_ne.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.gguf_get_tensor_ne.restype = ctypes.POINTER(ctypes.c_int64)
+    lib.gguf_find_key.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.gguf_find_key.restype = ctypes.c_int64
+    lib.gguf_get_kv_type.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_get_kv_type.restype = ctypes.c_int
+    for name, ctype in _INT_GETTERS.values():
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        getattr(lib, name).restype = ctype
+    lib.gguf_get_val_str.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_get_val_str.restype = ctypes.c_char_p
     return lib
+
+
+# gguf_type -> the getter of that integer type (gguf.h)
+_INT_GETTERS = {
+    0: ("gguf_get_val_u8", ctypes.c_uint8),
+    1: ("gguf_get_val_i8", ctypes.c_int8),
+    2: ("gguf_get_val_u16", ctypes.c_uint16),
+    3: ("gguf_get_val_i16", ctypes.c_int16),
+    4: ("gguf_get_val_u32", ctypes.c_uint32),
+    5: ("gguf_get_val_i32", ctypes.c_int32),
+    10: ("gguf_get_val_u64", ctypes.c_uint64),
+    11: ("gguf_get_val_i64", ctypes.c_int64),
+}
+_GGUF_TYPE_STRING = 8
+
+
+def read_header_values(path: Path, keys: list[str]) -> dict[str, int | str]:
+    """The integer or string metadata ``keys`` of a GGUF file's header (absent keys and other
+    types are left out), without loading the model. Raises ``ModelLoadError``."""
+    lib = _libggml_base()
+    ctx = lib.gguf_init_from_file(str(path).encode(), _InitParams(True, None))
+    if not ctx:
+        raise ModelLoadError(f"not a readable GGUF file: {path}")
+    out: dict[str, int | str] = {}
+    try:
+        for key in keys:
+            kid = int(lib.gguf_find_key(ctx, key.encode()))
+            if kid < 0:
+                continue
+            kind = int(lib.gguf_get_kv_type(ctx, kid))
+            if kind in _INT_GETTERS:
+                out[key] = int(getattr(lib, _INT_GETTERS[kind][0])(ctx, kid))
+            elif kind == _GGUF_TYPE_STRING:
+                out[key] = lib.gguf_get_val_str(ctx, kid).decode("utf-8", errors="replace")
+    finally:
+        lib.gguf_free(ctx)
+    return out
 
 
 def _trim_shape(ne: list[int]) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from bmoe.adapters.protocol import Error, encode_response
 from bmoe.cli.session_loop import SessionLoop
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.domain.perplexity import PplAccumulator, PplWindow
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB, STREAM_POLICIES, StreamConfig
 from bmoe.domain.summary import generation_line, stream_lines, stream_mode_line, timing_line
@@ -50,6 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=40, help="top-k when --temp > 0 (default: 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p when --temp > 0 (default: 0.95)")
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
+    p.add_argument(
+        "--n-expert-used",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run a MoE model with K experts per token instead of its own top-k (lossy; 1..n_expert)",
+    )
+    p.add_argument(
+        "--ppl",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="perplexity of FILE's text in windows of -c tokens, as llama.cpp's perplexity tool "
+        "computes it (needs at least 2 windows of text)",
+    )
     m = p.add_argument_group("expert streaming (docs/streaming.md)")
     m.add_argument("--moe-stream", action="store_true", help="keep experts on flash, read them when routed")
     m.add_argument(
@@ -130,6 +147,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
         think=not args.no_think,
         n_predict=args.n_predict,
         verbose=args.verbose,
+        n_expert_used=args.n_expert_used,
         decide=DecideConfig(
             enabled=args.decide, prefix_cache=args.decide_prefix_cache, prefix_slots=args.decide_prefix_slots
         ),
@@ -164,6 +182,34 @@ def _serve(args: argparse.Namespace) -> int:
         return loop.run()
 
 
+def _perplexity(args: argparse.Namespace) -> int:
+    """``--ppl FILE``: print each window's running figure as llama.cpp's tool does
+    (``[1]12.3456,[2]...``), then ``Final estimate: PPL = X +/- Y``."""
+    try:
+        text = args.ppl.read_text(encoding="utf-8")
+    except OSError as exc:
+        print(f"bmoe: error: cannot read {args.ppl}: {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        with Session.open(_config(args)) as session:
+            for note in session.notes:
+                print(f"bmoe: {note}", file=sys.stderr)
+            t0 = time.perf_counter()
+
+            def window(w: PplWindow, acc: PplAccumulator) -> None:
+                print(f"[{w.index + 1}]{acc.ppl:.4f},", end="", flush=True)
+
+            acc = session.perplexity_windows(text, args.ctx_size, window)
+            elapsed = time.perf_counter() - t0
+    except BmoeError as exc:
+        print(f"\nbmoe: error: {exc}", file=sys.stderr)
+        return 1
+    print()
+    print(f"Final estimate: PPL = {acc.ppl:.4f} +/- {acc.error:.5f}")
+    print(f"perplexity: {acc.count} tokens scored in {elapsed:.2f} s", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -171,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--decide needs --session")
     if args.session:
         return _serve(args)
+    if args.ppl is not None:
+        return _perplexity(args)
     try:
         config = _config(args)
         request = GenerateRequest(

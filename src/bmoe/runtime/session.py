@@ -9,6 +9,7 @@ around it, so both paths are the same machinery.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -19,6 +20,7 @@ import numpy.typing as npt
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
+from bmoe.adapters.llama.model import ModelParams
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
@@ -27,6 +29,7 @@ from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.errors import ConfigError, ContextOverflowError, DecideDisabledError, StreamingFaultError
 from bmoe.runtime.streaming import StreamingControl
@@ -47,6 +50,9 @@ class Perplexity:
         return float(np.exp(-np.mean(self.logp)))
 
 
+OnWindow = Callable[[PplWindow, PplAccumulator], None]
+
+
 @attrs.frozen
 class SessionConfig:
     """Everything fixed when a session opens.
@@ -58,7 +64,9 @@ class SessionConfig:
     - ``think`` / ``n_predict``: defaults for requests that leave them unsaid;
     - ``stream``: expert streaming (off by default: the model is resident);
     - ``decide``: decisions (off by default: a session without them allocates nothing for
-      them and refuses them).
+      them and refuses them);
+    - ``n_expert_used``: run a MoE model with this many experts per token instead of its
+      own top-k (lossy; ``ConfigError`` outside ``1..n_expert`` or for a dense model).
     """
 
     model_path: Path
@@ -69,6 +77,7 @@ class SessionConfig:
     verbose: bool = False
     stream: StreamConfig = attrs.field(factory=StreamConfig)
     decide: DecideConfig = attrs.field(factory=DecideConfig)
+    n_expert_used: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.n_predict < 0:
@@ -90,7 +99,7 @@ class Session:
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
         self.streaming: StreamingControl | None = None
-        self.model = LlamaModel(config.model_path)
+        self.model = LlamaModel(config.model_path, ModelParams(n_expert_used=config.n_expert_used))
         try:
             self.ctx, self.streaming = self._open_context(config)
         except BaseException:
@@ -255,6 +264,42 @@ class Session:
                 self.ctx.clear()
             logp = log_softmax(rows[:-1])[np.arange(len(tokens) - 1), tokens[1:]]
             return Perplexity(tokens=tuple(tokens), logp=tuple(float(x) for x in logp))
+
+        return self.engine.run_exclusive(work)
+
+    def perplexity_windows(
+        self, text: str, n_ctx: int | None = None, on_window: OnWindow | None = None
+    ) -> PplAccumulator:
+        """Perplexity of ``text`` as llama.cpp's ``llama-perplexity`` computes it
+        (``bmoe.domain.perplexity``): windows of ``n_ctx`` tokens (default: the context length
+        the session was opened with), each from an empty memory, BOS first when the model wants it, the second
+        half scored. ``on_window(window, accumulator)`` after each window. Raises
+        ``ConfigError`` for a text shorter than two windows. Runs as a request in flight."""
+        self._refuse_if_faulted()
+        n_ctx = n_ctx or self.config.context.n_ctx  # -c as given (llama.cpp may pad the context)
+        if n_ctx > self.ctx.n_ctx:
+            raise ContextOverflowError(f"a window of {n_ctx} exceeds the context of {self.ctx.n_ctx}")
+        tokens = self.model.tokenize_prompt(text)
+        windows = plan_windows(len(tokens), n_ctx)
+        bos = self.model.bos if self.model.add_bos else None
+
+        def work() -> PplAccumulator:
+            acc = PplAccumulator()
+            try:
+                for w in windows:
+                    chunk = tokens[w.start : w.start + w.n_ctx]
+                    if bos is not None:
+                        chunk = [bos, *chunk[1:]]
+                    self.ctx.clear()
+                    rows = self.ctx.decode_rows(chunk, 0, w.first)
+                    targets = chunk[w.first + 1 :]
+                    logp = log_softmax(rows[: w.n_scored])[np.arange(w.n_scored), targets]
+                    acc.add(float(x) for x in logp)
+                    if on_window is not None:
+                        on_window(w, acc)
+            finally:
+                self.ctx.clear()
+            return acc
 
         return self.engine.run_exclusive(work)
 

@@ -185,14 +185,47 @@ class LlamaContext:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = logits == "all" or (last_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
-            with self.decode_lock:
-                code = llama_cpp.llama_decode(self.ptr, batch)
-            try:
-                check_decode(code)
-            except DecodeAbortedError:
-                if self.explain_abort is not None:
-                    self.explain_abort()
-                raise
+            self._decode_batch()
+
+    def _decode_batch(self) -> None:
+        """``llama_decode`` the prepared batch, at a decode boundary the session controls;
+        an abort is explained (a streaming fault raises as itself)."""
+        with self.decode_lock:
+            code = llama_cpp.llama_decode(self.ptr, self._batch)
+        try:
+            check_decode(code)
+        except DecodeAbortedError:
+            if self.explain_abort is not None:
+                self.explain_abort()
+            raise
+
+    def decode_rows(self, tokens: Sequence[int], start_pos: int, first: int) -> npt.NDArray[np.float32]:
+        """Feed ``tokens`` (in ``n_batch`` chunks) asking logits only for tokens ``first..``
+        (as llama.cpp's perplexity tool does); returns them, ``[len - first, n_vocab]``."""
+        if not 0 <= first < len(tokens):
+            raise ConfigError(f"first output row {first} is outside the {len(tokens)} tokens")
+        if start_pos + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start_pos + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
+            )
+        rows = np.empty((len(tokens) - first, self.model.n_vocab), dtype=np.float32)
+        step = self.params.n_batch
+        batch = self._batch
+        for begin in range(0, len(tokens), step):
+            chunk = tokens[begin : begin + step]
+            n_out = 0
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = start_pos + begin + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = begin + i >= first
+                n_out += begin + i >= first
+            batch.n_tokens = len(chunk)
+            self._decode_batch()
+            for i in range(len(chunk) - n_out, len(chunk)):  # batch indices of the outputs
+                rows[begin + i - first] = self.logits(i)
+        return rows
 
     def decode_all_rows(self, tokens: Sequence[int], start_pos: int) -> npt.NDArray[np.float32]:
         """Feed ``tokens`` like ``decode`` and return the logits of every token, ``[n, n_vocab]``

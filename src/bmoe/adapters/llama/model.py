@@ -9,9 +9,10 @@ from types import TracebackType
 import attrs
 import llama_cpp
 
+from bmoe.adapters.gguf_layout import read_header_values
 from bmoe.adapters.llama.log import ensure_backend
 from bmoe.domain.chat import with_one_bos
-from bmoe.errors import ModelLoadError, TokenizeError
+from bmoe.errors import ConfigError, ModelLoadError, TokenizeError
 
 
 @attrs.frozen
@@ -27,6 +28,20 @@ class ModelParams:
     use_mmap: bool = True
     use_extra_bufts: bool = False
     vocab_only: bool = False
+    n_expert_used: int | None = None  # override the model's top-k (lossy), 1..n_expert
+
+
+def _expert_used_override(path: Path, k: int) -> tuple[str, int]:
+    """The metadata override that sets a MoE model's top-k to ``k``; ``ConfigError`` for a
+    model without routed experts or a ``k`` outside ``1..n_expert``."""
+    arch = read_header_values(path, ["general.architecture"]).get("general.architecture")
+    values = read_header_values(path, [f"{arch}.expert_count", f"{arch}.expert_used_count"])
+    n_expert = int(values.get(f"{arch}.expert_count", 0))
+    if n_expert <= 1:
+        raise ConfigError(f"--n-expert-used: {path.name} ({arch}) has no routed experts")
+    if not 1 <= k <= n_expert:
+        raise ConfigError(f"--n-expert-used must be between 1 and the model's {n_expert} experts, not {k}")
+    return f"{arch}.expert_used_count", k
 
 
 class LlamaModel:
@@ -45,6 +60,16 @@ class LlamaModel:
         )
         cparams.use_extra_bufts = params.use_extra_bufts
         cparams.vocab_only = params.vocab_only
+        self._n_expert_used: int | None = None
+        overrides = None
+        if params.n_expert_used is not None:
+            key, value = _expert_used_override(self.path, params.n_expert_used)
+            overrides = (llama_cpp.llama_model_kv_override * 2)()  # the second: the end marker
+            overrides[0].key = key.encode()
+            overrides[0].tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT
+            overrides[0].value.val_i64 = value  # type: ignore[union-attr]  # llama-cpp-python types the union loosely
+            cparams.kv_overrides = overrides
+            self._n_expert_used = value
         ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), cparams)
         if not ptr:
             raise ModelLoadError(
@@ -114,6 +139,9 @@ class LlamaModel:
 
     @property
     def n_expert_used(self) -> int:
+        """The top-k the model runs with (an ``n_expert_used`` override if one was given)."""
+        if self._n_expert_used is not None:
+            return self._n_expert_used
         value = self.meta(f"{self.arch}.expert_used_count")
         return int(value) if value else 0
 
