@@ -9,7 +9,7 @@ around it, so both paths are the same machinery.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -20,12 +20,13 @@ import numpy.typing as npt
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
-from bmoe.adapters.llama.model import ModelParams
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
+from bmoe.adapters.llama.model import ModelParams
 from bmoe.adapters.system_memory import available_bytes
 from bmoe.cext.abort_flag import AbortFlag
+from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
@@ -186,14 +187,19 @@ class Session:
         request: GenerateRequest,
         on_progress: OnProgress | None = None,
         on_begin: OnBegin | None = None,
+        *,
+        history: Sequence[ChatMessage] | None = None,
+        chat: bool | None = None,
     ) -> RunResult:
-        """Run one request against the loaded state (see ``SessionEngine.generate``)."""
+        """Run one request against the loaded state (see ``SessionEngine.generate``:
+        ``history`` is the whole conversation before ``request.prompt``, in place of the
+        engine-held one; ``chat`` overrides the session's mode for this request)."""
         self._refuse_if_faulted()
         if self._prefix_cache is not None:
             self._prefix_cache.clear()  # a chat turn drops the kept decision state
         if self.streaming is None:
-            return self.engine.generate(request, on_progress, on_begin)
-        return self._generate_streamed(self.streaming, request, on_progress, on_begin)
+            return self.engine.generate(request, on_progress, on_begin, history=history, chat=chat)
+        return self._generate_streamed(self.streaming, request, on_progress, on_begin, history, chat)
 
     def _generate_streamed(
         self,
@@ -201,6 +207,8 @@ class Session:
         request: GenerateRequest,
         on_progress: OnProgress | None,
         on_begin: OnBegin | None,
+        history: Sequence[ChatMessage] | None,
+        chat: bool | None,
     ) -> RunResult:
         """``generate`` plus the streaming figures: prefill ends at the first token."""
         marks = [streaming.counters()]  # before, after the prefill
@@ -217,7 +225,7 @@ class Session:
                 on_progress(attrs.evolve(p, stream=now - last[0]))
             last[0] = now
 
-        result = self.engine.generate(request, progress, on_begin)
+        result = self.engine.generate(request, progress, on_begin, history=history, chat=chat)
         end = streaming.counters()
         after_prefill = marks[1] if len(marks) > 1 else end
         decode_wall = time.perf_counter() - times[1] if len(times) > 1 else 0.0
@@ -315,6 +323,11 @@ class Session:
     def cancel(self) -> None:
         """Stop the generate in flight at the next decode boundary (any thread)."""
         self.engine.cancel()
+
+    def stop(self) -> None:
+        """Finish the generate in flight after the current token, keeping its result (any
+        thread; see ``SessionEngine.stop``)."""
+        self.engine.stop()
 
     def last_logits(self) -> npt.NDArray[np.float32]:
         """The logits of the last token computed (a copy), for gates and oracles."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import attrs
@@ -81,6 +81,7 @@ class SessionEngine:
         self._state = threading.Lock()  # guards _running against cancel()
         self._running = False
         self._cancel = threading.Event()
+        self._stop = threading.Event()
         self._fatal: BmoeError | None = None
         self._closed = False
 
@@ -93,10 +94,19 @@ class SessionEngine:
                 self._cancel.set()
                 self.backend.abort()
 
+    def stop(self) -> None:
+        """Finish the generate in flight after the token being decoded, keeping what it
+        generated (a normal result, as when ``n_predict`` is reached; a stop string's
+        caller uses it). Ignored when none is; any thread."""
+        with self._state:
+            if self._running:
+                self._stop.set()
+
     def _set_running(self, running: bool) -> None:
         with self._state:
             self._running = running
             self._cancel.clear()
+            self._stop.clear()
             self.backend.clear_abort()
 
     def fail(self, error: BmoeError) -> None:
@@ -130,13 +140,23 @@ class SessionEngine:
         """The fatal error that ended the session, if any."""
         return self._fatal
 
-    def render_prompt(self, request: GenerateRequest) -> list[int]:
-        """The whole token sequence the context must hold before this turn's answer."""
+    def render_prompt(
+        self,
+        request: GenerateRequest,
+        *,
+        history: Sequence[ChatMessage] | None = None,
+        chat: bool | None = None,
+    ) -> list[int]:
+        """The whole token sequence the context must hold before this turn's answer.
+
+        ``history`` and ``chat`` as in ``generate``."""
         think = self.defaults.think if request.think is None else request.think
-        if self.defaults.chat:
-            past = [] if request.clear_kv else self.history
+        if self.defaults.chat if chat is None else chat:
+            past = history if history is not None else [] if request.clear_kv else self.history
             text = self.renderer.render([*past, ChatMessage("user", request.prompt)], enable_thinking=think)
             return self.backend.tokenize(text)
+        if history is not None:
+            raise ConfigError("a conversation history needs chat mode")
         past_tokens = [] if request.clear_kv else self.transcript
         return [*past_tokens, *self.backend.tokenize(request.prompt)]
 
@@ -147,12 +167,21 @@ class SessionEngine:
         request: GenerateRequest,
         on_progress: OnProgress | None = None,
         on_begin: OnBegin | None = None,
+        *,
+        history: Sequence[ChatMessage] | None = None,
+        chat: bool | None = None,
     ) -> RunResult:
         """Answer one request. Raises ``ContextOverflowError`` (session unchanged) when the
         prompt plus ``n_predict`` does not fit, ``SessionFailedError`` after a fatal error.
 
         ``on_begin`` is called once the request is in flight (from then on ``cancel()``
         acts on it) and before any check or compute; ``on_progress`` once per token.
+
+        ``history`` (chat mode): the conversation before ``request.prompt``, in place of the
+        engine-held one, which it replaces (a caller that sends the whole conversation with
+        each turn, system prompt included). With ``clear_kv=False`` the context keeps the
+        longest token prefix it shares with the memory, whatever the conversation held.
+        ``chat``: render this request in chat mode or raw, in place of the session's mode.
         """
         with self._lock:
             self._refuse_if_done()
@@ -160,7 +189,7 @@ class SessionEngine:
             try:
                 if on_begin is not None:
                     on_begin()
-                return self._generate(request, on_progress)
+                return self._generate(request, on_progress, history, chat)
             finally:
                 self._set_running(False)
 
@@ -184,9 +213,16 @@ class SessionEngine:
             finally:
                 self._set_running(False)
 
-    def _generate(self, request: GenerateRequest, on_progress: OnProgress | None) -> RunResult:
+    def _generate(
+        self,
+        request: GenerateRequest,
+        on_progress: OnProgress | None,
+        history: Sequence[ChatMessage] | None,
+        chat: bool | None,
+    ) -> RunResult:
         n_predict = self.defaults.n_predict if request.n_predict is None else request.n_predict
-        prompt = self.render_prompt(request)
+        chat = self.defaults.chat if chat is None else chat
+        prompt = self.render_prompt(request, history=history, chat=chat)
         if not prompt:
             raise ContextOverflowError("the prompt tokenizes to nothing")
         need = len(prompt) + n_predict
@@ -199,6 +235,8 @@ class SessionEngine:
         if request.clear_kv:
             self.history = []
             self.transcript = []
+        if history is not None:
+            self.history = list(history)
         try:
             self._prefill(turn, request.clear_kv)
             self.backend.start_sampling(request.sampling)
@@ -210,7 +248,7 @@ class SessionEngine:
             self._fatal = exc
             raise
         self.transcript = [*turn.prompt, *turn.tokens]
-        if self.defaults.chat:
+        if chat:
             self.history += [
                 ChatMessage("user", request.prompt),
                 ChatMessage("assistant", "".join(turn.text), "".join(turn.reasoning)),
@@ -234,7 +272,7 @@ class SessionEngine:
         splitter = ReasoningSplitter()
         t_start = t_tok = time.perf_counter()
         try:
-            while len(turn.tokens) < turn.n_predict:
+            while len(turn.tokens) < turn.n_predict and not self._stop.is_set():
                 if self._cancel.is_set():
                     raise _Cancelled
                 token = self.backend.sample()
@@ -256,7 +294,7 @@ class SessionEngine:
                             delta_reasoning=delta.reasoning,
                         )
                     )
-                if len(turn.tokens) < turn.n_predict:
+                if len(turn.tokens) < turn.n_predict and not self._stop.is_set():
                     self.backend.feed([token], len(self.kv_tokens))
                     self.kv_tokens.append(token)
         finally:
