@@ -1,0 +1,18 @@
+"""An OpenAI-compatible HTTP server over one bmoe session: ``python -m bmoe.serve``.
+
+Pure parts (no HTTP, no model), unit-tested on their own:
+
+- ``fields``: strict readers of JSON request fields, naming the field that is wrong;
+- ``api_requests``: the request values of ``/v1/chat/completions``, ``/v1/completions`` and
+  ``/v1/decide``, parsed from JSON;
+- ``mapping``: those requests as bmoe's ``GenerateRequest`` / ``SamplingParams`` and the
+  conversation (``ChatTurn``);
+- ``stop``: stop strings over streamed text (``StopScanner``);
+- ``api_responses``: the response bodies and stream chunks, from bmoe's results;
+- ``errors``: bmoe's errors as OpenAI's error body and an HTTP status.
+
+Around them: ``worker`` (one thread running requests one at a time, each cancellable),
+``service`` (a session's turns on that worker), ``app`` (the Starlette routes, server-sent
+events, cancel on disconnect), ``flags`` and ``main`` (the command line). The HTTP stack
+(Starlette, uvicorn, sse-starlette) is the ``server`` extra: ``pip install 'bmoe[server]'``.
+"""

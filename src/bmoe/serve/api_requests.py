@@ -1,0 +1,233 @@
+"""What a client asks the server for: one frozen value per endpoint, parsed from JSON.
+
+``parse_chat_completion``, ``parse_completion`` and ``parse_decide`` read a request body and
+return a value the server can act on, or raise ``RequestError`` naming the field at fault.
+OpenAI parameters that bmoe cannot honour (tools, several choices, log-probabilities,
+penalties...) are refused when set to anything but their neutral value, never silently
+ignored; parameters that change nothing here (``user``, ``metadata``, ``store``...) are
+ignored, as OpenAI-compatible servers do. ``/v1/decide`` is bmoe's own and strict: an unknown
+key is refused, so a typo is not ignored.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from bmoe.domain.chat import ChatMessage, Role
+from bmoe.domain.decide import DecideRequest
+from bmoe.errors import ChoiceError, ConfigError
+from bmoe.serve.errors import RequestError
+from bmoe.serve.fields import (
+    Body,
+    opt_bool,
+    opt_int,
+    opt_number,
+    opt_object,
+    opt_str,
+    refuse_unless,
+    stop_strings,
+)
+
+SEED_MAX = 2**32 - 2
+"""The highest seed: llama.cpp reads 2**32 - 1 as "pick a random seed"."""
+
+
+@attrs.frozen(kw_only=True)
+class Sampling:
+    """The sampling a request asks for; ``None`` leaves a setting to the server's defaults.
+
+    ``temperature`` 0 is greedy; ``top_k`` is an extension (llama.cpp's and vLLM's name).
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Generation:
+    """What chat and text completions share.
+
+    - ``max_tokens``: most tokens to generate; ``None``: the server's default;
+    - ``stop``: stop strings (generation stops at the first, which is cut from the text);
+    - ``stream``: answer with server-sent events; ``include_usage``: end the stream with a
+      chunk carrying the usage (OpenAI's ``stream_options.include_usage``).
+    """
+
+    model: str | None = None
+    max_tokens: int | None = None
+    sampling: Sampling = Sampling()
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ChatCompletionRequest:
+    """``POST /v1/chat/completions``: the whole conversation, ending with a user message.
+
+    ``think``: ``chat_template_kwargs.enable_thinking`` (render the turn with thinking on or
+    off); ``None``: the server's setting.
+    """
+
+    messages: tuple[ChatMessage, ...]
+    think: bool | None = None
+    generation: Generation = Generation()
+
+    def __attrs_post_init__(self) -> None:
+        if not self.messages or self.messages[-1].role != "user":
+            raise RequestError("the last message must be a user message", "messages")
+
+
+@attrs.frozen(kw_only=True)
+class CompletionRequest:
+    """``POST /v1/completions``: a raw prompt, fed as text (no chat template)."""
+
+    prompt: str
+    generation: Generation = Generation()
+
+
+ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def parse_chat_completion(body: Body) -> ChatCompletionRequest:
+    """A ``/v1/chat/completions`` body as a request (``RequestError`` when it is not one)."""
+    for name in ("tools", "functions"):
+        refuse_unless(body, name, [])
+    refuse_unless(body, "tool_choice", "none")
+    refuse_unless(body, "function_call", "none")
+    refuse_unless(body, "logprobs", False)
+    refuse_unless(body, "top_logprobs", 0)
+    refuse_unless(body, "response_format", {"type": "text"})
+    refuse_unless(body, "modalities", ["text"])
+    refuse_unless(body, "audio")
+    refuse_unless(body, "prediction")
+    max_tokens = opt_int(body, "max_completion_tokens", low=0)
+    if max_tokens is None:
+        max_tokens = opt_int(body, "max_tokens", low=0)
+    return ChatCompletionRequest(
+        messages=_messages(body.get("messages")),
+        think=_think(body),
+        generation=_generation(body, max_tokens),
+    )
+
+
+def parse_completion(body: Body) -> CompletionRequest:
+    """A ``/v1/completions`` body as a request (``RequestError`` when it is not one)."""
+    refuse_unless(body, "echo", False)
+    refuse_unless(body, "suffix", "")
+    refuse_unless(body, "best_of", 1)
+    refuse_unless(body, "logprobs", 0)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise RequestError("'prompt' must be a string (or a list of one string)", "prompt")
+    if not prompt:
+        raise RequestError("'prompt' must not be empty", "prompt")
+    return CompletionRequest(prompt=prompt, generation=_generation(body, opt_int(body, "max_tokens", low=0)))
+
+
+DECIDE_KEYS = frozenset({"model", "prefix", "suffix", "choices", "reuse_prefix"})
+
+
+def parse_decide(body: Body) -> DecideRequest:
+    """A ``/v1/decide`` body (the protocol's ``decide`` fields, plus an ignored ``model``)."""
+    unknown = sorted(set(body) - DECIDE_KEYS)
+    if unknown:
+        raise RequestError(f"unknown field '{unknown[0]}' in a decide request", unknown[0])
+    opt_str(body, "model")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+        raise RequestError("'choices' must be a list of strings", "choices")
+    reuse = opt_bool(body, "reuse_prefix")
+    prefix = opt_str(body, "prefix") or ""
+    suffix = opt_str(body, "suffix") or ""
+    try:
+        return DecideRequest(
+            prefix=prefix,
+            suffix=suffix,
+            choices=tuple(choices),
+            reuse_prefix=True if reuse is None else reuse,
+        )
+    except ConfigError as exc:
+        raise RequestError(str(exc), "choices" if isinstance(exc, ChoiceError) else "suffix") from None
+
+
+def _generation(body: Body, max_tokens: int | None) -> Generation:
+    refuse_unless(body, "n", 1)
+    refuse_unless(body, "logit_bias", {})
+    refuse_unless(body, "frequency_penalty", 0, 0.0)
+    refuse_unless(body, "presence_penalty", 0, 0.0)
+    options = opt_object(body, "stream_options") or {}
+    include_usage = opt_bool(options, "include_usage")
+    return Generation(
+        model=opt_str(body, "model"),
+        max_tokens=max_tokens,
+        sampling=Sampling(
+            temperature=opt_number(body, "temperature", low=0.0, high=2.0),
+            top_p=opt_number(body, "top_p", low=0.0, high=1.0),
+            top_k=opt_int(body, "top_k", low=0),
+            seed=opt_int(body, "seed", low=0, high=SEED_MAX),
+        ),
+        stop=stop_strings(body),
+        stream=bool(opt_bool(body, "stream")),
+        include_usage=bool(include_usage),
+    )
+
+
+def _think(body: Body) -> bool | None:
+    kwargs = opt_object(body, "chat_template_kwargs")
+    if kwargs is None:
+        return None
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+        raise RequestError(
+            f"chat_template_kwargs '{unknown[0]}' is not supported (only enable_thinking)",
+            "chat_template_kwargs",
+            "unsupported_parameter",
+        )
+    return opt_bool(kwargs, "enable_thinking")
+
+
+def _messages(value: object) -> tuple[ChatMessage, ...]:
+    if not isinstance(value, list) or not value:
+        raise RequestError("'messages' must be a non-empty list of messages", "messages")
+    return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(value))
+
+
+def _message(value: object, where: str) -> ChatMessage:
+    if not isinstance(value, dict):
+        raise RequestError(f"{where} must be an object", where)
+    role = value.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        allowed = ", ".join(ROLES)
+        raise RequestError(f"{where}.role must be one of {allowed}, got {role!r}", f"{where}.role")
+    if value.get("tool_calls") or value.get("function_call"):
+        raise RequestError(
+            f"{where}: tool calls are not supported", f"{where}.tool_calls", "unsupported_parameter"
+        )
+    reasoning = value.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise RequestError(f"{where}.reasoning_content must be a string", f"{where}.reasoning_content")
+    return ChatMessage(ROLES[role], _content(value.get("content"), role, f"{where}.content"), reasoning or "")
+
+
+def _content(value: object, role: str, where: str) -> str:
+    """A string, or a list of text parts (joined by a line break); ``null`` for an assistant."""
+    if isinstance(value, str):
+        return value
+    if value is None and role == "assistant":
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for i, part in enumerate(value):
+            is_text = isinstance(part, dict) and part.get("type") == "text"
+            if not is_text or not isinstance(part.get("text"), str):
+                raise RequestError(
+                    f"{where}[{i}]: only text parts are supported", f"{where}[{i}]", "unsupported_parameter"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise RequestError(f"{where} must be a string or a list of text parts", where)

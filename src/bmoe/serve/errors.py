@@ -1,0 +1,86 @@
+"""Errors of the server, and every error as OpenAI's error body with an HTTP status.
+
+OpenAI's shape: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
+Who is at fault decides the status: the client (400: a bad request, a prompt past the
+context, a refused decision), the session (503: it ended after a fatal error and serves no
+more), or the server (500: a fatal error in this request; the next ones get 503).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from bmoe.errors import (
+    BmoeError,
+    ChoiceError,
+    ConfigError,
+    ContextOverflowError,
+    DecideDisabledError,
+    SessionFailedError,
+    StreamingFaultError,
+)
+
+
+class RequestError(ConfigError):
+    """A request the server cannot act on (the client's fault, HTTP 400).
+
+    ``param``: the request field at fault (``messages[1].content``), ``None`` when the
+    whole request is; ``code``: OpenAI's machine-readable reason, when there is one
+    (``unsupported_parameter``).
+    """
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class RequestCancelledError(BmoeError):
+    """The request was cancelled before it finished: its client went away, or the server
+    is shutting down."""
+
+
+class ServerClosedError(BmoeError):
+    """The server is shutting down and takes no more requests."""
+
+
+@attrs.frozen
+class ApiError:
+    """One error as the server answers it: the HTTP ``status`` and OpenAI's fields."""
+
+    status: int
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        """``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+
+def api_error(exc: BaseException) -> ApiError:
+    """``exc`` as the server answers it (anything that is not bmoe's is a 500)."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, RequestError):
+        return ApiError(400, message, INVALID_REQUEST, exc.param, exc.code)
+    if isinstance(exc, ContextOverflowError):
+        return ApiError(400, message, INVALID_REQUEST, "messages", "context_length_exceeded")
+    if isinstance(exc, DecideDisabledError):
+        message = f"{message} (start the server with --decide)"
+        return ApiError(400, message, INVALID_REQUEST, None, "decide_disabled")
+    if isinstance(exc, ChoiceError):
+        return ApiError(400, message, INVALID_REQUEST, "choices", "invalid_choices")
+    if isinstance(exc, ConfigError):
+        return ApiError(400, message, INVALID_REQUEST)
+    if isinstance(exc, SessionFailedError | StreamingFaultError | ServerClosedError | RequestCancelledError):
+        return ApiError(503, message, SERVER_ERROR, None, "session_unavailable")
+    if isinstance(exc, BmoeError):
+        return ApiError(500, message, SERVER_ERROR, None, "session_failed")
+    return ApiError(500, f"internal error: {message}", SERVER_ERROR)

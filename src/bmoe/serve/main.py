@@ -1,0 +1,103 @@
+"""``python -m bmoe.serve``: open the session, then serve HTTP until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bmoe.errors import BmoeError
+from bmoe.runtime import Session
+from bmoe.serve.api_responses import ModelCard
+from bmoe.serve.flags import build_parser, model_id, serve_defaults, session_config
+from bmoe.serve.service import ServedSession
+
+
+def model_card(session: Session, name: str) -> ModelCard:
+    """What ``/v1/models`` says about the session's model."""
+    meta = {
+        "arch": session.arch,
+        "n_ctx": session.n_ctx,
+        "n_expert": session.n_expert,
+        "n_expert_used": session.n_expert_used,
+        "think_ctl": session.think_ctl,
+        "decide": session.config.decide.enabled,
+        "moe_stream": session.streaming is not None,
+    }
+    return ModelCard(id=name, created=int(time.time()), meta=meta)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (``port`` 0: a free one); clients that connect before the
+    server runs wait in the backlog."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _default_model() -> Path:
+    from bmoe.tinymodel import default_model_path
+
+    path = default_model_path()
+    print(f"bmoe.serve: no -m given, the built-in tiny model (random weights): {path}", file=sys.stderr)
+    return path
+
+
+def open_served(args: argparse.Namespace) -> ServedSession:
+    """Open the session the parsed flags describe (raises ``BmoeError``)."""
+    defaults = serve_defaults(args)
+    model_path = args.model if args.model is not None else _default_model()
+    session = Session.open(session_config(args, model_path))
+    return ServedSession(session, model_card(session, model_id(args, model_path)), defaults)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_tokens is not None and args.max_tokens < 0:
+        parser.error("--max-tokens must be >= 0")
+    try:
+        import uvicorn
+
+        from bmoe.serve.app import build_app
+    except ImportError as exc:
+        print(
+            f"bmoe.serve: error: {exc}: install the server's extra, pip install 'bmoe[server]'",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        served = open_served(args)
+    except BmoeError as exc:
+        print(f"bmoe.serve: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        for note in served.session.notes:
+            print(f"bmoe.serve: {note}", file=sys.stderr)
+        try:
+            sock = listen(args.host, args.port)
+        except OSError as exc:
+            print(f"bmoe.serve: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return 1
+        with sock:
+            config = uvicorn.Config(build_app(served), log_level=args.log_level, timeout_graceful_shutdown=10)
+            server = uvicorn.Server(config)
+            host, port = sock.getsockname()[:2]
+            url = f"http://{host}:{port}/v1"
+            print(f"bmoe.serve: serving '{served.model_id}' on {url}", file=sys.stderr, flush=True)
+            with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
+                server.run(sockets=[sock])
+    finally:
+        served.close()
+    return 0

@@ -1,0 +1,87 @@
+"""OpenAI requests as bmoe's: ``GenerateRequest``, ``SamplingParams`` and the conversation.
+
+A chat request carries the whole conversation; the session is asked to continue it with
+``clear_kv=False`` and the conversation before the last user message as its ``history``, so
+the context keeps the longest token prefix it shares with what the previous request left
+in memory (the whole earlier conversation when the client extends it, a shared system
+prompt when it starts another) and prefills only the rest. A text completion is raw text
+and starts from an empty context.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.sampling import SamplingParams
+from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest, Sampling
+from bmoe.serve.errors import RequestError
+
+
+@attrs.frozen
+class ServeDefaults:
+    """What a request leaves unsaid: the sampling (the CLI's ``--temp``, ``--top-k``,
+    ``--top-p``, ``--seed``) and ``max_tokens`` (``None``: until the context is full)."""
+
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    max_tokens: int | None = None
+
+
+@attrs.frozen
+class ChatTurn:
+    """A chat request for the session: ``request.prompt`` is the last user message,
+    ``history`` the conversation before it (system prompt included)."""
+
+    history: tuple[ChatMessage, ...]
+    request: GenerateRequest
+
+
+def sampling_params(asked: Sampling, defaults: SamplingParams) -> SamplingParams:
+    """The request's sampling, each setting it leaves unsaid taken from ``defaults``."""
+
+    def pick(value: float | None, default: float) -> float:
+        return default if value is None else value
+
+    return SamplingParams(
+        temp=pick(asked.temperature, defaults.temp),
+        top_k=defaults.top_k if asked.top_k is None else asked.top_k,
+        top_p=pick(asked.top_p, defaults.top_p),
+        seed=defaults.seed if asked.seed is None else asked.seed,
+    )
+
+
+def chat_turn(asked: ChatCompletionRequest, defaults: ServeDefaults) -> ChatTurn:
+    """The session's turn for a chat request (continuing what the context holds)."""
+    *history, last = asked.messages
+    if not last.content:
+        raise RequestError("the last user message is empty", f"messages[{len(history)}].content")
+    gen = asked.generation
+    request = GenerateRequest(
+        prompt=last.content,
+        n_predict=defaults.max_tokens if gen.max_tokens is None else gen.max_tokens,
+        think=asked.think,
+        clear_kv=False,
+        sampling=sampling_params(gen.sampling, defaults.sampling),
+    )
+    return ChatTurn(history=tuple(history), request=request)
+
+
+def completion_request(asked: CompletionRequest, defaults: ServeDefaults) -> GenerateRequest:
+    """The session's request for a text completion (raw text, a fresh context)."""
+    gen = asked.generation
+    return GenerateRequest(
+        prompt=asked.prompt,
+        n_predict=defaults.max_tokens if gen.max_tokens is None else gen.max_tokens,
+        clear_kv=True,
+        sampling=sampling_params(gen.sampling, defaults.sampling),
+    )
+
+
+def fill_context(request: GenerateRequest, n_prompt: int, n_ctx: int) -> GenerateRequest:
+    """``request`` with ``n_predict`` set to what the context has left after a prompt of
+    ``n_prompt`` tokens, when it sets none (a prompt past the context is left for the
+    session to refuse)."""
+    if request.n_predict is not None:
+        return request
+    return attrs.evolve(request, n_predict=max(0, n_ctx - n_prompt))

@@ -1,0 +1,123 @@
+"""The served session: each request's work, run on the worker's thread.
+
+``ServedSession`` owns the worker and knows the session's API; it knows nothing of HTTP.
+A generation streams its pieces through ``emit`` (called on the worker's thread) as they
+are final: reasoning as the session splits it, answer text once no stop string can still
+begin in it. A stop string asks the session to ``stop()`` (the turn is kept, not rolled
+back) and cuts the text; a cancel (the client went away) ends the job with
+``RequestCancelledError``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.decide import DecideRequest, DecideResult
+from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.runtime import Session
+from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
+from bmoe.serve.api_responses import Delta, ModelCard, Outcome, outcome
+from bmoe.serve.errors import RequestCancelledError
+from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request, fill_context
+from bmoe.serve.stop import StopScanner
+from bmoe.serve.worker import Job, SessionWorker
+
+Emit = Callable[[Delta], None]
+
+
+def _ignore(_: Delta) -> None:
+    pass
+
+
+class ServedSession:
+    """A session behind the server: requests queue on one worker thread. It owns the
+    session: ``close()`` closes it."""
+
+    def __init__(self, session: Session, card: ModelCard, defaults: ServeDefaults | None = None) -> None:
+        self.session = session
+        self.card = card
+        self.defaults = defaults or ServeDefaults()
+        self.worker = SessionWorker(self._cancel)
+
+    def _cancel(self) -> None:
+        self.session.cancel()  # looked up at each call, so a test may wrap it
+
+    @property
+    def model_id(self) -> str:
+        return self.card.id
+
+    def chat(self, asked: ChatCompletionRequest, emit: Emit = _ignore) -> Job[Outcome]:
+        """Queue a chat completion (``RequestError`` now if the request cannot be one)."""
+        turn = chat_turn(asked, self.defaults)
+        stops = asked.generation.stop
+        history = turn.history
+        return self.worker.submit(lambda job: self._generate(job, turn.request, stops, emit, history, True))
+
+    def complete(self, asked: CompletionRequest, emit: Emit = _ignore) -> Job[Outcome]:
+        """Queue a text completion."""
+        request = completion_request(asked, self.defaults)
+        stops = asked.generation.stop
+        return self.worker.submit(lambda job: self._generate(job, request, stops, emit, None, False))
+
+    def decide(self, request: DecideRequest) -> Job[DecideResult]:
+        """Queue a decision."""
+
+        def work(job: Job[DecideResult]) -> DecideResult:
+            result = self.session.decide(request, on_begin=job.began)
+            if result.cancelled:
+                raise RequestCancelledError("the decision was cancelled")
+            return result
+
+        return self.worker.submit(work)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Cancel what runs and what waits, take no more requests, close the session."""
+        self.worker.close(timeout)
+        self.session.close()
+
+    # -- on the worker's thread ------------------------------------------------------------
+
+    def _generate(
+        self,
+        job: Job[Outcome],
+        request: GenerateRequest,
+        stops: Sequence[str],
+        emit: Emit,
+        history: Sequence[ChatMessage] | None,
+        chat: bool,
+    ) -> Outcome:
+        if request.n_predict is None:
+            prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
+            request = fill_context(request, len(prompt), self.session.n_ctx)
+        scanner = StopScanner(tuple(stops))
+        seen_text: list[str] = []
+        seen_reasoning: list[str] = []
+        kept: list[str] = []
+
+        def send(text: str, reasoning: str) -> None:
+            kept.append(text)
+            if text or reasoning:
+                emit(Delta(text, reasoning))
+
+        def on_progress(p: Progress) -> None:
+            seen_text.append(p.delta_text)
+            seen_reasoning.append(p.delta_reasoning)
+            text = scanner.feed(p.delta_text)
+            if scanner.stopped:
+                self.session.stop()
+            send(text, p.delta_reasoning)
+
+        result = self.session.generate(request, on_progress, job.began, history=history, chat=chat)
+        if result.cancelled:
+            raise RequestCancelledError("the request was cancelled")
+        # what the session flushed after the last token (a held-back tag or UTF-8 tail)
+        rest = scanner.feed(result.text[len("".join(seen_text)) :])
+        send(rest + scanner.finish(), result.reasoning[len("".join(seen_reasoning)) :])
+        return outcome(result, "".join(kept), stopped=scanner.stopped)
+
+
+def new_id(prefix: str) -> str:
+    """A response id: ``chatcmpl-...``, ``cmpl-...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,87 @@
+"""OpenAI requests as bmoe's GenerateRequest and SamplingParams (no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.sampling import SamplingParams
+from bmoe.serve.api_requests import Sampling, parse_chat_completion, parse_completion
+from bmoe.serve.errors import RequestError
+from bmoe.serve.mapping import (
+    ServeDefaults,
+    chat_turn,
+    completion_request,
+    fill_context,
+    sampling_params,
+)
+
+DEFAULTS = ServeDefaults(sampling=SamplingParams(temp=0.0, top_k=40, top_p=0.95, seed=3), max_tokens=None)
+
+
+def test_each_sampling_setting_left_unsaid_comes_from_the_server() -> None:
+    assert sampling_params(Sampling(), DEFAULTS.sampling) == DEFAULTS.sampling
+    assert sampling_params(Sampling(temperature=0.7, seed=9), DEFAULTS.sampling) == SamplingParams(
+        temp=0.7, top_k=40, top_p=0.95, seed=9
+    )
+    assert sampling_params(Sampling(top_p=0.5, top_k=0), DEFAULTS.sampling) == SamplingParams(
+        temp=0.0, top_k=0, top_p=0.5, seed=3
+    )
+
+
+def test_a_chat_continues_the_context_with_the_conversation_as_history() -> None:
+    asked = parse_chat_completion(
+        {
+            "messages": [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "U1"},
+                {"role": "assistant", "content": "A1"},
+                {"role": "user", "content": "U2"},
+            ],
+            "max_tokens": 5,
+            "temperature": 1.0,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    )
+    turn = chat_turn(asked, DEFAULTS)
+    assert turn.history == (
+        ChatMessage("system", "S"),
+        ChatMessage("user", "U1"),
+        ChatMessage("assistant", "A1"),
+    )
+    assert turn.request == GenerateRequest(
+        prompt="U2",
+        n_predict=5,
+        think=False,
+        clear_kv=False,
+        sampling=SamplingParams(temp=1.0, top_k=40, top_p=0.95, seed=3),
+    )
+
+
+def test_max_tokens_left_unsaid_is_the_servers() -> None:
+    asked = parse_chat_completion({"messages": [{"role": "user", "content": "U"}]})
+    assert chat_turn(asked, DEFAULTS).request.n_predict is None
+    assert chat_turn(asked, ServeDefaults(max_tokens=64)).request.n_predict == 64
+
+
+def test_an_empty_last_user_message_is_refused() -> None:
+    asked = parse_chat_completion({"messages": [{"role": "user", "content": ""}]})
+    with pytest.raises(RequestError) as info:
+        chat_turn(asked, DEFAULTS)
+    assert info.value.param == "messages[0].content"
+
+
+def test_a_completion_is_raw_text_from_an_empty_context() -> None:
+    request = completion_request(parse_completion({"prompt": "abc", "seed": 1}), DEFAULTS)
+    assert request == GenerateRequest(
+        prompt="abc", n_predict=None, clear_kv=True, sampling=SamplingParams(top_k=40, top_p=0.95, seed=1)
+    )
+
+
+def test_fill_context_gives_an_unbounded_request_the_rest_of_the_context() -> None:
+    unbounded = GenerateRequest("x")
+    assert fill_context(unbounded, n_prompt=100, n_ctx=512).n_predict == 412
+    assert fill_context(unbounded, n_prompt=600, n_ctx=512).n_predict == 0  # the session refuses it
+    bounded = GenerateRequest("x", n_predict=7)
+    assert fill_context(bounded, n_prompt=100, n_ctx=512) is bounded
