@@ -79,6 +79,29 @@ _ARCHS = (
         shared=("ffn_gate", "ffn_up", "ffn_down"),
         dense_layers="layers without ffn_gate_inp",
     ),
+    MoeArch("granitemoe", "IBM Granite 3.x MoE (1B-A400M, 3B-A800M)", SEPARATE),
+    MoeArch(
+        "dots1",
+        "rednote dots.llm1",
+        SEPARATE,
+        shared=_SHEXP,
+        dense_layers="the first leading_dense_block_count layers",
+    ),
+    MoeArch("hunyuan-moe", "Tencent Hunyuan-A13B", SEPARATE, shared=_SHEXP),
+    MoeArch(
+        "bailingmoe2",
+        "inclusionAI Ling 2.0 / Ring 2.0",
+        SEPARATE,
+        shared=_SHEXP,
+        dense_layers="the first leading_dense_block_count layers",
+    ),
+    MoeArch(
+        "ernie4_5-moe",
+        "Baidu ERNIE 4.5 MoE (21B-A3B, 300B-A47B)",
+        SEPARATE,
+        shared=_SHEXP,
+        dense_layers="the first leading_dense_block_count layers",
+    ),
 )
 
 ARCHS: MappingProxyType[str, MoeArch] = MappingProxyType({a.arch: a for a in _ARCHS})
