@@ -17,7 +17,7 @@ MODEL = Path("/models/big-moe.gguf")
 
 SHARED = [
     [],
-    ["-t", "8", "-c", "4096", "-b", "256", "--no-think", "--verbose"],
+    ["-t", "8", "-c", "4096", "-b", "256", "--no-think", "--verbose", "--n-expert-used", "1"],
     ["--moe-stream", "--cache-mb", "4000", "--cache-ceil-mb", "9000", "--io-threads", "8", "--no-odirect"],
     ["--moe-stream", "--cache-mb", "auto", "--stream-policy", "reference"],
     ["--decide", "--decide-prefix-cache", "off", "--decide-prefix-slots", "3"],
@@ -60,3 +60,17 @@ def test_the_model_id_is_the_alias_or_the_file_name() -> None:
 def test_the_server_listens_on_localhost_by_default() -> None:
     args = build_parser().parse_args([])
     assert (args.host, args.port) == ("127.0.0.1", 8080)
+
+
+CLI_ONLY = {"-p", "--prompt", "-n", "--n-predict", "--chatml", "--session", "--progress", "--ppl"}
+
+
+def test_every_flag_of_the_cli_that_opens_the_session_is_the_servers_too() -> None:
+    def options(parser: object) -> dict[str, object]:
+        actions = parser._actions  # type: ignore[attr-defined]
+        return {opt: a.default for a in actions for opt in a.option_strings}
+
+    cli_options = options(cli.build_parser())
+    ours = options(build_parser())
+    shared = {opt: default for opt, default in cli_options.items() if opt not in CLI_ONLY}
+    assert {opt: ours.get(opt, "missing") for opt in shared} == shared

@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
     p.add_argument(
+        "--n-expert-used",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run a MoE model with K experts per token instead of its own top-k (lossy; 1..n_expert)",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -120,6 +127,7 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
         chat=True,
         think=not args.no_think,
         verbose=args.verbose,
+        n_expert_used=args.n_expert_used,
         decide=DecideConfig(
             enabled=args.decide, prefix_cache=args.decide_prefix_cache, prefix_slots=args.decide_prefix_slots
         ),
