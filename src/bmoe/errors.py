@@ -28,8 +28,9 @@ class ContextInitError(BmoeError, RuntimeError):
     """llama.cpp could not create a context (usually: not enough memory for the KV cache)."""
 
 
-class TokenizeError(BmoeError, ValueError):
-    """Text could not be turned into tokens (or tokens into text)."""
+class TokenizeError(ConfigError):
+    """Text could not be turned into tokens (text that is not valid Unicode, such as a lone
+    surrogate from a JSON ``"\\ud800"``): the request is refused, the session goes on."""
 
 
 class DecodeError(BmoeError, RuntimeError):

@@ -156,3 +156,13 @@ def test_decisions_over_the_protocol(tiny_model_path: TinyModel) -> None:
     assert first.prefix_state_mib > 0 and len(first.choice_logp) == 2
     assert abs(sum(p for p in first.choice_p_renorm if p is not None) - 1.0) < 1e-9
     assert isinstance(refused, Error) and not refused.fatal and "start with the same token" in refused.msg
+
+
+def test_a_prompt_that_is_not_valid_unicode_is_refused_and_the_session_goes_on(client: SessionClient) -> None:
+    """A JSON escape of a lone surrogate used to end the whole session with a traceback."""
+    client.send_raw(b'{"cmd": "generate", "id": 40, "prompt": "\\ud800"}\n')
+    assert client.next_response() == Begin(id=40)  # accepted, then refused by the tokenizer
+    error = client.next_response()
+    assert isinstance(error, Error) and error.id == 40 and not error.fatal
+    assert "not valid Unicode" in error.msg
+    assert not client.generate("Hello", n_predict=2).cancelled

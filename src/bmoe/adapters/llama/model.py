@@ -192,7 +192,12 @@ class LlamaModel:
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; specials such as ``<|im_start|>`` are parsed by default."""
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TokenizeError(
+                f"the text is not valid Unicode ({exc.reason} at character {exc.start}): cannot tokenize it"
+            ) from exc
         n_max = len(data) + 8
         buf = (llama_cpp.llama_token * n_max)()
         n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
