@@ -1,9 +1,10 @@
 """Errors of the server, and every error as OpenAI's error body with an HTTP status.
 
 OpenAI's shape: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
-Who is at fault decides the status: the client (400: a bad request, a prompt past the
-context, a refused decision), the session (503: it ended after a fatal error and serves no
-more), or the server (500: a fatal error in this request; the next ones get 503).
+What went wrong decides the status: the request (400: a bad request, a prompt past the
+context, a refused decision), this request's computation (500: llama.cpp failed a decode;
+the session is then over), or the service (503: the session ended after a fatal error, an
+expert read failed, the server is shutting down or the request was cancelled).
 """
 
 from __future__ import annotations
