@@ -397,12 +397,20 @@ def test_python_m_bmoe_serve_serves_until_interrupted(tiny_model_path: TinyModel
     model = tiny_model_path("qwen3moe")
     cmd = [sys.executable, "-m", "bmoe.serve", "-m", str(model), "--port", "0", "--alias", "tiny"]
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr or []], daemon=True).start()
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr or []:
+            lines.put(line)
+        lines.put(None)  # the process closed its stderr
+
+    threading.Thread(target=read, daemon=True).start()
     try:
-        url = None
+        url, seen = None, []
         while url is None:
             line = lines.get(timeout=120)
+            assert line is not None, f"the server ended before serving: {''.join(seen)}"
+            seen.append(line)
             found = re.search(r"serving 'tiny' on (http://\S+/v1)", line)
             url = found.group(1) if found else None
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT)
