@@ -88,6 +88,11 @@ class DecideOverflowError(DecideRefusedError, ContextOverflowError):
     """A decision's rendered prompt is longer than the context."""
 
 
+class StreamingSetupError(BmoeError, OSError):
+    """Expert streaming could not be set up (a model file that cannot be opened, memory
+    that cannot be mapped or allocated): the session does not open."""
+
+
 class StreamingFaultError(BmoeError):
     """Expert streaming stopped for good: any output computed from now on would use experts
     that were never read. Fatal for the session (``SessionFailedError`` afterwards)."""

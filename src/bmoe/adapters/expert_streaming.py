@@ -26,6 +26,7 @@ from bmoe.adapters.expert_source import streamer_fault
 from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation, read_layout
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.native_errors import native_call
 from bmoe.cext import expert_stream
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
 from bmoe.domain.streaming import Budget, ReadFault, StreamConfig, StreamCounters, StreamFault, resolve_budget
@@ -140,12 +141,13 @@ class ExpertStreaming:
             raise StreamingUnavailable(f"{model.arch} model has no routed experts")
         layout = read_layout(model.path)
         names, found = plan_projections(model, layout)
-        streamer = expert_stream.ExpertStreamer(
-            n_layer=model.n_layer,
-            n_expert=model.n_expert,
-            n_proj=len(names),
-            fault_flag_address=fault_flag_address,
-        )
+        with native_call("expert streaming: allocating the streamer"):
+            streamer = expert_stream.ExpertStreamer(
+                n_layer=model.n_layer,
+                n_expert=model.n_expert,
+                n_proj=len(names),
+                fault_flag_address=fault_flag_address,
+            )
         return streamer, layout, found
 
     @classmethod
@@ -193,22 +195,24 @@ class ExpertStreaming:
             end = _page_ceil(max(t.offset + t.n_bytes for t in tensors))
             end = min(end, _page_ceil(layout.sizes[index]))
             fills = _complement(expert_ranges.get(index, []), start, min(end, layout.sizes[index]))
-            fd = os.open(layout.paths[index], os.O_RDONLY)
-            try:
-                expert_stream.overlay_anonymous(base + start, end - start)
-                for a, b in expert_ranges.get(index, []):
-                    expert_stream.advise_hugepages(base + a, b - a, False)
-                for a, b in fills:
-                    expert_stream.advise_hugepages(base + a, b - a, True)
-                    expert_stream.fill_from_file(fd, a, base + a, b - a)
-                    dense += b - a
-                expert_stream.drop_file_cache(fd)
-            finally:
-                os.close(fd)
+            with native_call(f"expert streaming: copying the dense weights of {layout.paths[index]}"):
+                fd = os.open(layout.paths[index], os.O_RDONLY)
+                try:
+                    expert_stream.overlay_anonymous(base + start, end - start)
+                    for a, b in expert_ranges.get(index, []):
+                        expert_stream.advise_hugepages(base + a, b - a, False)
+                    for a, b in fills:
+                        expert_stream.advise_hugepages(base + a, b - a, True)
+                        expert_stream.fill_from_file(fd, a, base + a, b - a)
+                        dense += b - a
+                    expert_stream.drop_file_cache(fd)
+                finally:
+                    os.close(fd)
         # 3. reads and budget
-        odirect = streamer.open_files(
-            [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
-        )
+        with native_call("expert streaming: opening the model files for the read lanes"):
+            odirect = streamer.open_files(
+                [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
+            )
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
         for layer, _, loc in found:
