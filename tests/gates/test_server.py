@@ -423,3 +423,17 @@ def test_python_m_bmoe_serve_serves_until_interrupted(tiny_model_path: TinyModel
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_dense_model_asked_to_stream_is_served_resident(tiny_model_path: TinyModelPath) -> None:
+    """``--moe-stream`` on a model without routed experts: the server opens, says why in the
+    session's notes, and answers what the resident model answers."""
+    model = tiny_model_path("llama-dense")
+    messages: Any = [HELLO]
+    with serving(model, *LONG, "--moe-stream") as s:
+        assert s.served.session.streaming is None
+        assert any("no routed experts" in note for note in s.served.session.notes)
+        streamed = s.client().chat.completions.create(model="tiny", messages=messages, max_tokens=8)
+    with serving(model, *LONG) as s:
+        resident = s.client().chat.completions.create(model="tiny", messages=messages, max_tokens=8)
+    assert streamed.choices[0].message.content == resident.choices[0].message.content
