@@ -9,7 +9,7 @@ import pytest
 
 from bmoe.adapters.expert_streaming import StreamingUnavailable, plan_projections
 from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation
-from bmoe.domain.streaming import MIB, StreamConfig, resolve_budget
+from bmoe.domain.streaming import MIB, StreamConfig, prompt_batch, resolve_budget
 from bmoe.errors import ConfigError
 
 
@@ -96,3 +96,12 @@ def test_stream_config_validates() -> None:
         StreamConfig(cache_mb=-1)
     with pytest.raises(ConfigError, match="io_threads must be >= 1"):
         StreamConfig(io_threads=0)
+
+
+def test_streaming_prefills_in_big_batches_unless_told() -> None:
+    assert prompt_batch(None, streaming=True, n_ctx=4096) == 512
+    assert prompt_batch(None, streaming=True, n_ctx=256) == 256  # never more than the context
+    assert prompt_batch(None, streaming=False, n_ctx=4096) == 64
+    assert prompt_batch(32, streaming=True, n_ctx=4096) == 32  # -b overrides
+    with pytest.raises(ConfigError):
+        prompt_batch(0, streaming=True, n_ctx=4096)

@@ -19,7 +19,7 @@ from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.perplexity import PplAccumulator, PplWindow
 from bmoe.domain.sampling import SamplingParams
-from bmoe.domain.streaming import MIB, STREAM_POLICIES, StreamConfig
+from bmoe.domain.streaming import MIB, STREAM_POLICIES, StreamConfig, prompt_batch
 from bmoe.domain.summary import generation_line, stream_lines, stream_mode_line, timing_line
 from bmoe.errors import BmoeError
 from bmoe.runtime import Session, SessionConfig
@@ -41,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=2, help="compute threads (default: 2)")
     p.add_argument("-c", "--ctx-size", type=int, default=512, help="context length (default: 512)")
     p.add_argument(
-        "-b", "--batch-size", type=int, default=64, help="prompt batch and ubatch size (default: 64)"
+        "-b",
+        "--batch-size",
+        type=int,
+        default=None,
+        help="prompt batch and ubatch size (default: 64; 512 with --moe-stream, at most -c)",
     )
     p.add_argument(
         "--chatml", action="store_true", help="wrap the prompt as a user turn with the chat template"
@@ -138,11 +142,10 @@ def _default_model() -> Path:
 
 
 def _config(args: argparse.Namespace) -> SessionConfig:
+    batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
     return SessionConfig(
         model_path=args.model if args.model is not None else _default_model(),
-        context=ContextParams(
-            n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.batch_size, n_threads=args.threads
-        ),
+        context=ContextParams(n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=args.threads),
         chat=args.chatml,
         think=not args.no_think,
         n_predict=args.n_predict,
@@ -237,7 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = session.generate(request, on_progress=echo)
             if session.streaming is not None:
                 info = session.streaming.info
-                mode = stream_mode_line(info.budget.bytes / MIB, info.budget.auto, info.lanes, info.odirect)
+                mode = stream_mode_line(
+                    info.budget.bytes / MIB,
+                    info.budget.auto,
+                    info.lanes,
+                    info.odirect,
+                    config.context.n_ubatch,
+                )
             else:
                 mode = "mode: resident" + ("" if args.moe_stream else " (expert streaming not enabled)")
             if session.n_expert:

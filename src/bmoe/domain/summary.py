@@ -21,12 +21,12 @@ def timing_line(result: RunResult, load_s: float) -> str:
     )
 
 
-def stream_mode_line(budget_mib: float, auto: bool, lanes: int, odirect: bool) -> str:
+def stream_mode_line(budget_mib: float, auto: bool, lanes: int, odirect: bool, prompt_batch: int) -> str:
     """``mode:`` of a streaming run."""
     how = "auto" if auto else "set"
     reads = "O_DIRECT" if odirect else "buffered reads"
     cache = "cache off" if budget_mib == 0 else f"cache {budget_mib:.0f} MiB ({how})"
-    return f"mode: expert streaming, {cache}, {lanes} lanes, {reads}"
+    return f"mode: expert streaming, {cache}, {lanes} lanes, {reads}, prompt batch {prompt_batch}"
 
 
 def stream_lines(result: RunResult) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.sampling import SamplingParams
-from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig
+from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig, prompt_batch
 from bmoe.runtime import SessionConfig
 from bmoe.serve.mapping import ServeDefaults
 
@@ -44,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=2, help="compute threads (default: 2)")
     p.add_argument("-c", "--ctx-size", type=int, default=512, help="context length (default: 512)")
     p.add_argument(
-        "-b", "--batch-size", type=int, default=64, help="prompt batch and ubatch size (default: 64)"
+        "-b",
+        "--batch-size",
+        type=int,
+        default=None,
+        help="prompt batch and ubatch size (default: 64; 512 with --moe-stream, at most -c)",
     )
     p.add_argument("--no-think", action="store_true", help="render chat turns with thinking off by default")
     p.add_argument("--seed", type=int, default=0, help="default sampling seed (default: 0)")
@@ -119,11 +123,10 @@ def _cache_mb(text: str) -> int | None:
 
 def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
     """The session the server opens (chat mode; decisions when ``--decide``)."""
+    batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
     return SessionConfig(
         model_path=model_path,
-        context=ContextParams(
-            n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.batch_size, n_threads=args.threads
-        ),
+        context=ContextParams(n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=args.threads),
         chat=True,
         think=not args.no_think,
         verbose=args.verbose,

@@ -9,6 +9,7 @@ from bmoe.domain.streaming.config import (
     STREAM_POLICIES,
     Budget,
     StreamConfig,
+    prompt_batch,
     resolve_budget,
 )
 from bmoe.domain.streaming.counters import StreamCounters, StreamReport
@@ -29,5 +30,6 @@ __all__ = [
     "StreamCounters",
     "StreamFault",
     "StreamReport",
+    "prompt_batch",
     "resolve_budget",
 ]

@@ -70,3 +70,23 @@ def resolve_budget(config: StreamConfig, *, available_bytes: int, token_cycle_by
     if config.cache_ceil_mb is not None:
         budget = min(budget, config.cache_ceil_mb * MIB)
     return Budget(max(budget, token_cycle_bytes), auto=True)
+
+
+RESIDENT_PROMPT_BATCH = 64
+STREAMED_PROMPT_BATCH = 512
+
+
+def prompt_batch(requested: int | None, *, streaming: bool, n_ctx: int) -> int:
+    """Tokens per prompt batch (and ubatch) when the user did not say (``-b``).
+
+    Streaming reads every expert a ubatch routes to once per ubatch, and a prompt's tokens
+    route to nearly every expert of every layer: with 64-token ubatches a 512-token prompt
+    read the bench model's experts 5.6 times over (20.5 GB, 20.4 s), with one 512-token
+    ubatch once (3.7 GB, 8.4-9.4 s; docs/benchmarks.md). So streaming prefills in batches of
+    512 (at most the context), resident runs in batches of 64.
+    """
+    if requested is not None:
+        if requested < 1:
+            raise ConfigError(f"the prompt batch must be at least 1 token, not {requested}")
+        return requested
+    return min(STREAMED_PROMPT_BATCH, n_ctx) if streaming else RESIDENT_PROMPT_BATCH
