@@ -1,6 +1,6 @@
 """The C cache core (what the fast path runs) follows the domain policy decision for
 decision: a hypothesis state machine drives both with the same random requests, budget
-changes and evict-alls over random per-layer entry sizes, and compares every plan, every
+changes, evict-alls and reads ahead (prefetch) over random per-layer entry sizes, and compares every plan, every
 counter and the LRU order after each step.
 
 CI runs the default profile (``BMOE_CORE_EXAMPLES`` state machines, 300 by default, a few
@@ -50,7 +50,20 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             with pytest.raises(ValueError):
                 self.core.request(layer, ids)
             return
-        assert self.core.request(layer, ids) == (plan.hits, plan.evictions, plan.loads)
+        assert self.core.request(layer, ids) == (plan.hits, plan.evictions, plan.loads, plan.adopted)
+
+    @rule(
+        layer=st.integers(0, N_LAYER - 1),
+        ids=st.lists(st.integers(0, N_EXPERT - 1), min_size=1, max_size=10),
+    )
+    def prefetch(self, layer: int, ids: list[int]) -> None:
+        try:
+            plan = self.policy.prefetch(layer, ids)
+        except ValueError:
+            with pytest.raises(ValueError):
+                self.core.prefetch(layer, ids)
+            return
+        assert self.core.prefetch(layer, ids) == (plan.evictions, plan.issued)
 
     @rule(layer=st.integers(0, N_LAYER - 1), bad=st.sampled_from([-1, N_EXPERT, 10**6]))
     def request_out_of_range(self, layer: int, bad: int) -> None:
@@ -80,6 +93,9 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             "evictions": c.evictions,
             "rereads": c.rereads,
             "bytes_read": c.bytes_read,
+            "prefetch_issued": c.prefetch_issued,
+            "prefetch_hits": c.prefetch_hits,
+            "prefetch_wasted": c.prefetch_wasted,
         }
         assert self.core.resident() == self.policy.resident()
         assert self.core.resident_bytes == self.policy.resident_bytes
@@ -97,4 +113,4 @@ def test_a_mutated_core_would_be_caught() -> None:
     core = ExpertCacheCore(1, [1, 1], 4)  # a different budget stands in for a bug
     for layer, ids in [(0, [0]), (1, [1]), (0, [2])]:
         plans = core.request(layer, ids), policy.request(layer, ids)
-    assert plans[0] != (plans[1].hits, plans[1].evictions, plans[1].loads)
+    assert plans[0] != (plans[1].hits, plans[1].evictions, plans[1].loads, plans[1].adopted)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bmoe.domain.streaming import ExpertCachePolicy
+from bmoe.domain.streaming import ExpertCachePolicy, PrefetchPlan
 
 
 def test_hits_touch_misses_load_and_the_oldest_unneeded_entry_goes_first() -> None:
@@ -100,3 +100,26 @@ def test_behaves_like_a_plain_lru_model(
         assert lru.resident() == order
         assert lru.resident_bytes == used()
         lru.check_valid()
+
+
+def test_a_prefetch_enters_cold_never_evicts_what_is_in_use_and_is_adopted_once() -> None:
+    lru = ExpertCachePolicy(budget_bytes=4 * 10, entry_bytes=[10, 10], n_expert=8)
+    lru.request(0, [1, 2])  # in use: (0,1), (0,2)
+    lru.request(1, [1])  # in use now: (1,1); (0,1), (0,2) are not any more
+    plan = lru.prefetch(0, [3, 4, 5])
+    assert plan.issued == ((0, 3), (0, 4), (0, 5))
+    assert plan.evictions == ((0, 1), (0, 2))  # the LRU entries, never (1,1) nor this prefetch's
+    assert lru.resident()[:3] == [(0, 5), (0, 4), (0, 3)]  # at the cold end
+    out = lru.request(0, [4, 6])
+    assert out.adopted == ((0, 4),) and out.loads == ((0, 6),)
+    assert lru.request(0, [4]).adopted == ()  # adopted once
+    c = lru.counters
+    assert (c.prefetch_issued, c.prefetch_hits, c.prefetch_wasted) == (3, 1, 1)  # (0,5) evicted unused
+    lru.check_valid()
+
+
+def test_a_prefetch_with_no_room_issues_nothing_more() -> None:
+    lru = ExpertCachePolicy(budget_bytes=2 * 10, entry_bytes=[10, 10], n_expert=8)
+    lru.request(1, [0, 1])  # fills the budget with entries in use
+    assert lru.prefetch(0, [1, 2]) == PrefetchPlan(layer=0, evictions=(), issued=())
+    lru.check_valid()

@@ -9,7 +9,13 @@
 # order kept), then ``core_plan``: hits are touched in wanted order, then (when there are
 # misses) least-recently-used entries this layer does not want are evicted oldest first until
 # the misses fit, then the misses become resident in wanted order. The plan is left in
-# ``plan_hits`` / ``plan_evictions`` / ``plan_loads`` (entry indices ``layer * n_expert + e``).
+# ``plan_hits`` / ``plan_evictions`` / ``plan_loads`` (entry indices ``layer * n_expert + e``),
+# the hits on prefetched entries in ``plan_adopted``.
+#
+# Reads ahead: ``core_begin``, ``core_want`` for each id, then ``core_prefetch``: each id not
+# resident enters at the cold end (the list's head) after room is made oldest first without
+# evicting the last request's entries (``protected``) nor this prefetch's; when no room can be
+# made the rest is not issued. The issued entries are left in ``plan_loads``.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free
@@ -26,6 +32,10 @@ cdef struct core_t:
     uint8_t * resident
     uint8_t * evicted_once
     uint8_t * wanted               # scratch [n_expert]
+    uint8_t * prefetched           # [n_layer * n_expert]: issued ahead, not yet routed to
+    uint8_t * protected            # [n_expert]: the last request's ids (of protect_layer)
+    uint8_t * issuing              # scratch [n_expert]: ids issued by the current prefetch
+    int protect_layer
     int32_t * order                # [n_expert]: wanted ids of the request, first-seen order
     int n_wanted
     int32_t head
@@ -36,6 +46,8 @@ cdef struct core_t:
     int32_t * plan_hits            # [n_expert]
     int32_t * plan_loads           # [n_expert]
     int32_t * plan_evictions       # [n_layer * n_expert]
+    int32_t * plan_adopted         # [n_expert]
+    int n_adopted
     int n_hits
     int n_loads
     int n_evictions
@@ -46,6 +58,9 @@ cdef struct core_t:
     int64_t evictions
     int64_t rereads
     int64_t bytes_read
+    int64_t prefetch_issued
+    int64_t prefetch_hits
+    int64_t prefetch_wasted
 
 
 cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
@@ -67,9 +82,16 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
     c.plan_hits = <int32_t *> calloc(n_expert, sizeof(int32_t))
     c.plan_loads = <int32_t *> calloc(n_expert, sizeof(int32_t))
     c.plan_evictions = <int32_t *> calloc(n, sizeof(int32_t))
+    c.plan_adopted = <int32_t *> calloc(n_expert, sizeof(int32_t))
+    c.prefetched = <uint8_t *> calloc(n, 1)
+    c.protected = <uint8_t *> calloc(n_expert, 1)
+    c.issuing = <uint8_t *> calloc(n_expert, 1)
+    c.protect_layer = -1
     if (c.entry_bytes == NULL or c.prev == NULL or c.next == NULL or c.resident == NULL
             or c.evicted_once == NULL or c.wanted == NULL or c.order == NULL
-            or c.plan_hits == NULL or c.plan_loads == NULL or c.plan_evictions == NULL):
+            or c.plan_hits == NULL or c.plan_loads == NULL or c.plan_evictions == NULL
+            or c.plan_adopted == NULL or c.prefetched == NULL or c.protected == NULL
+            or c.issuing == NULL):
         core_free(c)
         return NULL
     for i in range(n):
@@ -93,6 +115,10 @@ cdef inline void core_free(core_t * c) noexcept nogil:
     free(c.plan_hits)
     free(c.plan_loads)
     free(c.plan_evictions)
+    free(c.plan_adopted)
+    free(c.prefetched)
+    free(c.protected)
+    free(c.issuing)
     free(c)
 
 
@@ -107,6 +133,16 @@ cdef inline void lru_unlink(core_t * c, int32_t i) noexcept nogil:
         c.tail = c.prev[i]
     c.prev[i] = -1
     c.next[i] = -1
+
+
+cdef inline void lru_prepend(core_t * c, int32_t i) noexcept nogil:
+    c.next[i] = c.head
+    c.prev[i] = -1
+    if c.head >= 0:
+        c.prev[c.head] = i
+    else:
+        c.tail = i
+    c.head = i
 
 
 cdef inline void lru_append(core_t * c, int32_t i) noexcept nogil:
@@ -126,6 +162,9 @@ cdef inline void core_evict(core_t * c, int32_t i) noexcept nogil:
     c.evicted_once[i] = 1
     c.resident_bytes -= c.entry_bytes[i // c.n_expert]
     c.evictions += 1
+    if c.prefetched[i]:
+        c.prefetched[i] = 0
+        c.prefetch_wasted += 1
     c.plan_evictions[c.n_evictions] = i
     c.n_evictions += 1
 
@@ -150,6 +189,7 @@ cdef inline void core_begin(core_t * c) noexcept nogil:
     c.n_hits = 0
     c.n_loads = 0
     c.n_evictions = 0
+    c.n_adopted = 0
 
 
 cdef inline int core_want(core_t * c, int32_t e) noexcept nogil:
@@ -173,6 +213,9 @@ cdef inline int core_plan(core_t * c, int layer) noexcept nogil:
         return -1
     size = c.entry_bytes[layer]
     c.requests += 1
+    for w in range(c.n_expert):  # the request's entries are in use until the next request
+        c.protected[w] = c.wanted[w]
+    c.protect_layer = layer
     for w in range(c.n_wanted):
         idx = layer * c.n_expert + c.order[w]
         if c.resident[idx]:
@@ -180,6 +223,11 @@ cdef inline int core_plan(core_t * c, int layer) noexcept nogil:
             lru_append(c, idx)
             c.plan_hits[c.n_hits] = idx
             c.n_hits += 1
+            if c.prefetched[idx]:
+                c.prefetched[idx] = 0
+                c.prefetch_hits += 1
+                c.plan_adopted[c.n_adopted] = idx
+                c.n_adopted += 1
         else:
             c.plan_loads[c.n_loads] = idx
             c.n_loads += 1
@@ -211,3 +259,42 @@ cdef inline void core_evict_all(core_t * c) noexcept nogil:
     core_begin(c)
     while c.head >= 0:
         core_evict(c, c.head)
+
+
+cdef inline int core_prefetch(core_t * c, int layer) noexcept nogil:
+    """Plan reads ahead for ``layer`` (the ids given with ``core_want``); returns the number
+    issued (left in ``plan_loads``), or -1 when the layer has no routed experts."""
+    cdef int w
+    cdef int32_t idx, i, nxt
+    cdef int64_t size
+    if layer < 0 or layer >= c.n_layer or c.entry_bytes[layer] == 0:
+        return -1
+    size = c.entry_bytes[layer]
+    for w in range(c.n_wanted):
+        idx = layer * c.n_expert + c.order[w]
+        if c.resident[idx]:
+            continue
+        i = c.head
+        while i >= 0 and c.resident_bytes + size > c.budget_bytes:
+            nxt = c.next[i]
+            if not ((i // c.n_expert == c.protect_layer and c.protected[i % c.n_expert])
+                    or (i // c.n_expert == layer and c.issuing[i % c.n_expert])):
+                core_evict(c, i)
+            i = nxt
+        if c.resident_bytes + size > c.budget_bytes:
+            break
+        if c.evicted_once[idx]:
+            c.rereads += 1
+        c.resident[idx] = 1
+        lru_prepend(c, idx)
+        c.resident_bytes += size
+        c.prefetched[idx] = 1
+        c.issuing[c.order[w]] = 1
+        c.plan_loads[c.n_loads] = idx
+        c.n_loads += 1
+    for w in range(c.n_loads):
+        c.issuing[c.plan_loads[w] % c.n_expert] = 0
+    c.prefetch_issued += c.n_loads
+    c.bytes_read += c.n_loads * size
+    return c.n_loads
+

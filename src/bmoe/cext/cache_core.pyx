@@ -11,6 +11,7 @@ from bmoe.cext.cache_core cimport (
     core_free,
     core_new,
     core_plan,
+    core_prefetch,
     core_set_budget,
     core_t,
     core_want,
@@ -47,11 +48,12 @@ cdef class ExpertCacheCore:
             self._entries(self.c.plan_hits, self.c.n_hits),
             self._entries(self.c.plan_evictions, self.c.n_evictions),
             self._entries(self.c.plan_loads, self.c.n_loads),
+            self._entries(self.c.plan_adopted, self.c.n_adopted),
         )
 
     def request(self, int layer, ids):
-        """Plan one MoE layer call: ``(hits, evictions, loads)`` as ``(layer, expert)``
-        tuples. Raises ``ValueError`` (state unchanged) like the domain policy does."""
+        """Plan one MoE layer call: ``(hits, evictions, loads, adopted)`` as ``(layer,
+        expert)`` tuples. Raises ``ValueError`` (state unchanged) like the domain policy does."""
         cdef int32_t e
         core_begin(self.c)
         for e in ids:
@@ -61,6 +63,21 @@ cdef class ExpertCacheCore:
         if core_plan(self.c, layer) < 0:
             raise ValueError(f"layer {layer} has no routed experts")
         return self._plan()
+
+    def prefetch(self, int layer, ids):
+        """Plan reads ahead: ``(evictions, issued)``. Raises ``ValueError`` like ``request``."""
+        cdef int32_t e
+        core_begin(self.c)
+        for e in ids:
+            if core_want(self.c, e) < 0:
+                core_begin(self.c)
+                raise ValueError(f"expert id {e} out of range [0, {self.c.n_expert}) at layer {layer}")
+        if core_prefetch(self.c, layer) < 0:
+            raise ValueError(f"layer {layer} has no routed experts")
+        return (
+            self._entries(self.c.plan_evictions, self.c.n_evictions),
+            self._entries(self.c.plan_loads, self.c.n_loads),
+        )
 
     def request_many(self, const int32_t[:, ::1] trace):
         """Plan a whole recorded trace, rows ``[layer, id0, id1, ...]``, without building
@@ -115,4 +132,7 @@ cdef class ExpertCacheCore:
             "evictions": c.evictions,
             "rereads": c.rereads,
             "bytes_read": c.bytes_read,
+            "prefetch_issued": c.prefetch_issued,
+            "prefetch_hits": c.prefetch_hits,
+            "prefetch_wasted": c.prefetch_wasted,
         }

@@ -2,7 +2,13 @@
 cache policy (``cache_policy``), faults (``fault``) and the figures a run reports
 (``counters``). Pure: no I/O, no llama.cpp."""
 
-from bmoe.domain.streaming.cache_policy import CacheCounters, Entry, ExpertCachePolicy, LayerPlan
+from bmoe.domain.streaming.cache_policy import (
+    CacheCounters,
+    Entry,
+    ExpertCachePolicy,
+    LayerPlan,
+    PrefetchPlan,
+)
 from bmoe.domain.streaming.config import (
     AUTO_FLOOR_MIB,
     MIB,
@@ -25,6 +31,7 @@ __all__ = [
     "ExpertCachePolicy",
     "GraphFault",
     "LayerPlan",
+    "PrefetchPlan",
     "ReadFault",
     "StreamConfig",
     "StreamCounters",

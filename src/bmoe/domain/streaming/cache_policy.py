@@ -14,6 +14,13 @@ budget is exceeded for that request: the graph needs those experts now.
 An entry holds all projections of one expert of one layer; its size is the layer's
 (``entry_bytes[layer]``): real Q4_K_M/Q5_K_M files store some layers' expert projections at
 a higher precision than others.
+
+Reads ahead (``prefetch(layer, experts)``): each expert not resident is read in the
+background and enters the cache at the *cold* end (the next eviction's first candidate),
+after making room LRU-first without evicting the entries the last request is computing
+with, nor the ones this prefetch just issued; when no room can be made the rest is not
+issued. A prefetched entry that a later request routes to is a hit, *adopted* (the caller
+waits for its read if it is still in flight); one evicted unused is counted as wasted.
 """
 
 from __future__ import annotations
@@ -35,6 +42,16 @@ class LayerPlan:
     evictions: tuple[Entry, ...]
     loads: tuple[Entry, ...]
     load_bytes: int
+    adopted: tuple[Entry, ...] = ()  # hits on prefetched entries: their reads are waited for
+
+
+@attrs.frozen
+class PrefetchPlan:
+    """What one ``prefetch`` decided: evict, then issue (reads in the background)."""
+
+    layer: int
+    evictions: tuple[Entry, ...]
+    issued: tuple[Entry, ...]
 
 
 @attrs.define
@@ -45,8 +62,11 @@ class CacheCounters:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
-    rereads: int = 0  # misses of an entry that had been evicted before
+    rereads: int = 0  # reads (misses or prefetches) of an entry that had been evicted before
     bytes_read: int = 0
+    prefetch_issued: int = 0
+    prefetch_hits: int = 0  # prefetched entries a request then routed to (useful)
+    prefetch_wasted: int = 0  # prefetched entries evicted before any request used them
 
 
 class ExpertCachePolicy:
@@ -63,6 +83,8 @@ class ExpertCachePolicy:
         self.resident_bytes = 0
         self._resident: OrderedDict[Entry, None] = OrderedDict()  # oldest first
         self._evicted_once: set[Entry] = set()
+        self._prefetched: set[Entry] = set()  # issued ahead, not yet routed to
+        self._protected: frozenset[Entry] = frozenset()  # the last request's entries (in use)
         self._last_request_bytes = 0
         self.counters = CacheCounters()
 
@@ -87,16 +109,14 @@ class ExpertCachePolicy:
     def request(self, layer: int, experts: Iterable[int]) -> LayerPlan:
         """Plan one MoE layer call. Raises ``ValueError`` for a layer without experts or an
         expert id out of range (the state is then unchanged)."""
-        if not 0 <= layer < len(self.entry_bytes) or self.entry_bytes[layer] == 0:
-            raise ValueError(f"layer {layer} has no routed experts")
-        ids = list(dict.fromkeys(int(e) for e in experts))
-        bad = [e for e in ids if not 0 <= e < self.n_expert]
-        if bad:
-            raise ValueError(f"expert id {bad[0]} out of range [0, {self.n_expert}) at layer {layer}")
+        ids = self._checked_ids(layer, experts)
         size = self.entry_bytes[layer]
         wanted = [(layer, e) for e in ids]
         hits = tuple(e for e in wanted if e in self._resident)
         loads = tuple(e for e in wanted if e not in self._resident)
+        adopted = tuple(e for e in hits if e in self._prefetched)
+        self._prefetched.difference_update(adopted)
+        self._protected = frozenset(wanted)
         for entry in hits:
             self._resident.move_to_end(entry)
         evictions = self._evict_until(len(loads) * size, keep=frozenset(wanted)) if loads else ()
@@ -112,9 +132,63 @@ class ExpertCachePolicy:
         c.hits += len(hits)
         c.misses += len(loads)
         c.bytes_read += len(loads) * size
+        c.prefetch_hits += len(adopted)
         return LayerPlan(
-            layer=layer, hits=hits, evictions=evictions, loads=loads, load_bytes=len(loads) * size
+            layer=layer,
+            hits=hits,
+            evictions=evictions,
+            loads=loads,
+            load_bytes=len(loads) * size,
+            adopted=adopted,
         )
+
+    def prefetch(self, layer: int, experts: Iterable[int]) -> PrefetchPlan:
+        """Plan reads ahead of need for ``layer`` (see the module docstring). Raises
+        ``ValueError`` like ``request`` (the state is then unchanged)."""
+        ids = self._checked_ids(layer, experts)
+        size = self.entry_bytes[layer]
+        evictions: list[Entry] = []
+        issued: list[Entry] = []
+        for entry in ((layer, e) for e in ids):
+            if entry in self._resident:
+                continue
+            keep = self._protected | set(issued)
+            for old in list(self._resident):
+                if self.resident_bytes + size <= self.budget_bytes:
+                    break
+                if old not in keep:
+                    evictions.append(old)
+                    self._evict(old)
+            if self.resident_bytes + size > self.budget_bytes:
+                break  # no room without evicting what is in use: issue no more
+            if entry in self._evicted_once:
+                self.counters.rereads += 1
+            self._resident[entry] = None
+            self._resident.move_to_end(entry, last=False)  # the cold end
+            self.resident_bytes += size
+            self._prefetched.add(entry)
+            issued.append(entry)
+        self.counters.prefetch_issued += len(issued)
+        self.counters.bytes_read += len(issued) * size
+        return PrefetchPlan(layer=layer, evictions=tuple(evictions), issued=tuple(issued))
+
+    def _checked_ids(self, layer: int, experts: Iterable[int]) -> list[int]:
+        if not 0 <= layer < len(self.entry_bytes) or self.entry_bytes[layer] == 0:
+            raise ValueError(f"layer {layer} has no routed experts")
+        ids = list(dict.fromkeys(int(e) for e in experts))
+        bad = [e for e in ids if not 0 <= e < self.n_expert]
+        if bad:
+            raise ValueError(f"expert id {bad[0]} out of range [0, {self.n_expert}) at layer {layer}")
+        return ids
+
+    def _evict(self, entry: Entry) -> None:
+        del self._resident[entry]
+        self.resident_bytes -= self.entry_bytes[entry[0]]
+        self._evicted_once.add(entry)
+        self.counters.evictions += 1
+        if entry in self._prefetched:
+            self._prefetched.discard(entry)
+            self.counters.prefetch_wasted += 1
 
     def _evict_until(
         self, incoming: int, keep: frozenset[Entry], everything: bool = False
@@ -125,11 +199,8 @@ class ExpertCachePolicy:
                 break
             if entry in keep:
                 continue
-            del self._resident[entry]
-            self.resident_bytes -= self.entry_bytes[entry[0]]
-            self._evicted_once.add(entry)
+            self._evict(entry)
             evicted.append(entry)
-        self.counters.evictions += len(evicted)
         return tuple(evicted)
 
     def check_valid(self) -> None:
@@ -138,8 +209,10 @@ class ExpertCachePolicy:
         c = self.counters
         assert len(set(self._resident)) == len(self._resident)
         assert self.resident_bytes == sum(self.entry_bytes[layer] for layer, _ in self._resident)
-        assert c.misses - c.evictions == len(self._resident)
-        assert c.rereads <= c.misses
+        assert c.misses + c.prefetch_issued - c.evictions == len(self._resident)
+        assert self._prefetched <= set(self._resident)
+        assert c.prefetch_hits + c.prefetch_wasted + len(self._prefetched) == c.prefetch_issued
+        assert c.rereads <= c.misses + c.prefetch_issued
         assert c.bytes_read >= self.resident_bytes
         assert all(self.entry_bytes[layer] > 0 and 0 <= e < self.n_expert for layer, e in self._resident)
         assert self.resident_bytes <= max(self.budget_bytes, self._last_request_bytes)
