@@ -1,7 +1,7 @@
 """The C cache core (what the fast path runs) follows the domain policy decision for
 decision: a hypothesis state machine drives both with the same random requests, budget
-changes, evict-alls and reads ahead (prefetch) over random per-layer entry sizes, and compares every plan, every
-counter and the LRU order after each step.
+changes, evict-alls and reads ahead (prefetch) over random per-layer entry sizes, and
+compares every plan, every counter and the LRU order after each step.
 
 CI runs the default profile (``BMOE_CORE_EXAMPLES`` state machines, 300 by default, a few
 seconds); a longer run: ``BMOE_CORE_EXAMPLES=2000 pytest tests/unit/test_cache_core_equals_policy.py``.
