@@ -4,6 +4,10 @@ A thin loop around the sans-I/O protocol core (``bmoe.adapters.protocol``): a re
 thread turns stdin into request events, acting on ``cancel`` at once (so it reaches a
 generate in flight) and queueing everything else in order; the main thread serves the
 queue one request at a time.
+
+A ``cancel`` without an ``id`` stops whatever runs. One with an ``id`` stops the request in
+flight when it has that id, or marks the first queued request with that id, which then ends
+cancelled as soon as it begins; an id that is finished or unknown changes nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -42,6 +47,7 @@ from bmoe.errors import BmoeError, ConfigError, SessionFailedError
 from bmoe.runtime import Session
 
 _STOP = object()
+_IDLE = object()  # no request in flight
 
 
 class SessionLoop:
@@ -64,6 +70,11 @@ class SessionLoop:
         self.sampling = sampling or SamplingParams()
         self._out = threading.Lock()
         self._queue: queue.Queue[object] = queue.Queue()
+        # cancel by id: the reader thread and the main thread share these under _ids
+        self._ids = threading.Lock()
+        self._in_flight: object = _IDLE  # the id of the request that began and has not ended
+        self._queued: Counter[RequestId] = Counter()  # ids of requests queued, not yet begun
+        self._cancel_on_begin: Counter[RequestId] = Counter()  # queued ids already cancelled
 
     def send(self, response: Response) -> None:
         with self._out:
@@ -90,12 +101,52 @@ class SessionLoop:
     def _dispatch(self, event: ReaderEvent) -> bool:
         """Route one event; False once input should stop being read."""
         if isinstance(event, CancelCmd):
-            self.session.cancel()  # ignored when nothing is in flight
+            self._cancel(event.id)
             return True
         if isinstance(event, CloseCmd | EndOfInput):
             return False
+        if isinstance(event, GenerateCmd | DecideCmd) and event.id is not None:
+            with self._ids:
+                self._queued[event.id] += 1
         self._queue.put(event)
         return True
+
+    def _cancel(self, rid: RequestId) -> None:
+        """A ``cancel``: of whatever runs (no id), else of the request with that id, in
+        flight or queued; nothing for an id that is finished or unknown."""
+        with self._ids:
+            if rid is None or self._in_flight == rid:
+                self.session.cancel()  # ignored when nothing is in flight
+            elif self._queued[rid] > self._cancel_on_begin[rid]:
+                self._cancel_on_begin[rid] += 1
+
+    def _begin(self, rid: RequestId) -> None:
+        """The request ``rid`` is in flight (the session now acts on ``cancel()``)."""
+        with self._ids:
+            self._in_flight = rid
+            if self._unqueue(rid):
+                self.session.cancel()
+        self.send(Begin(id=rid))
+
+    def _end(self, rid: RequestId) -> None:
+        """The request ``rid`` ended; one refused before it began is unqueued now."""
+        with self._ids:
+            if self._in_flight is _IDLE:
+                self._unqueue(rid)
+            self._in_flight = _IDLE
+
+    def _unqueue(self, rid: RequestId) -> bool:
+        """Take ``rid`` off the queued ids (under ``_ids``); True if it was cancelled there."""
+        if rid is None:
+            return False
+        self._queued[rid] -= 1
+        if self._queued[rid] <= 0:
+            del self._queued[rid]
+        cancelled = self._cancel_on_begin[rid] > 0
+        self._cancel_on_begin[rid] -= 1
+        if self._cancel_on_begin[rid] <= 0:
+            del self._cancel_on_begin[rid]
+        return cancelled
 
     # -- serving (main thread) -------------------------------------------------------------
 
@@ -133,7 +184,10 @@ class SessionLoop:
         """Send what ``work`` answers, or its error: non-fatal for a refused request
         (``ConfigError``), fatal for anything else bmoe raised. False after a fatal one."""
         try:
-            response = work()
+            try:
+                response = work()
+            finally:
+                self._end(rid)
         except (ConfigError, SessionFailedError) as exc:
             fatal = isinstance(exc, SessionFailedError)
             self.send(Error(id=rid, fatal=fatal, msg=str(exc)))
@@ -148,7 +202,7 @@ class SessionLoop:
         request = DecideRequest(
             prefix=cmd.prefix, suffix=cmd.suffix, choices=cmd.choices, reuse_prefix=cmd.reuse_prefix
         )
-        result = self.session.decide(request, on_begin=lambda: self.send(Begin(id=cmd.id)))
+        result = self.session.decide(request, on_begin=lambda: self._begin(cmd.id))
         return decide_response(cmd.id, result)
 
     def _generate(self, cmd: GenerateCmd) -> Response:
@@ -163,7 +217,7 @@ class SessionLoop:
             clear_kv=cmd.clear_kv,
             sampling=self.sampling,
         )
-        result = self.session.generate(request, on_progress, on_begin=lambda: self.send(Begin(id=cmd.id)))
+        result = self.session.generate(request, on_progress, on_begin=lambda: self._begin(cmd.id))
         return done_response(cmd.id, result, self.session.load_s)
 
 

@@ -104,7 +104,8 @@ class DecideCmd:
 @attrs.frozen(kw_only=True)
 class CancelCmd:
     """``{"cmd":"cancel"}``: stop the request in flight at the next decode boundary; ignored
-    when none runs. ``id`` is optional and informative only: cancel acts on whatever runs."""
+    when none runs. With an ``id``: the request with that id, in flight or queued (it then
+    ends cancelled as soon as it begins); nothing for an id finished or unknown."""
 
     CMD: ClassVar[str] = "cancel"
 
