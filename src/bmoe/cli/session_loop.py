@@ -233,14 +233,15 @@ def progress_response(p: TokenProgress) -> Progress:
         )
     io_ms = p.stream.io_s * 1000.0
     mgmt_ms = p.stream.mgmt_s * 1000.0
+    stall_ms = p.stream.stall_s * 1000.0
     return Progress(
         step=p.step,
         steps=p.steps,
         wall_ms=p.wall_ms,
         io_ms=io_ms,
-        compute_ms=max(0.0, p.wall_ms - io_ms - mgmt_ms),
+        compute_ms=max(0.0, p.wall_ms - stall_ms - mgmt_ms),
         mgmt_ms=mgmt_ms,
-        stall_ms=io_ms,  # demand reads: compute waits for every read
+        stall_ms=stall_ms,
         read_mb=p.stream.bytes_read / 1e6,
         cache_hit_pct=p.stream.hit_pct,
         delta_text=p.delta_text,
@@ -273,7 +274,7 @@ def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
         io_s_tok=report.io_s_tok,
         compute_s_tok=report.compute_s_tok,
         mgmt_s_tok=report.mgmt_s_tok,
-        stall_s_tok=report.io_s_tok,
+        stall_s_tok=report.stall_s_tok,
         cache_resident_mib=report.decode.resident_bytes / MIB,
         cache_budget_mib=report.decode.budget_bytes / MIB,
         prefill_read_mib=report.prefill.read_mib,
