@@ -1,0 +1,140 @@
+"""What the bench runs: the configurations, their cache budgets, the order of the rounds.
+
+Pure: no I/O. A budget is given in MiB (``1536``), as a share of the model's routed experts
+(``25%``), or ``0`` (streaming with the cache off).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+MIB = 1024 * 1024
+
+KINDS = ("stock", "stock-norepack", "resident", "stream")
+"""``stock``: llama-cpp-python's own classes, mmap, its defaults (weight repacking on,
+flash attention off); ``stock-norepack``: the same with repacking off; ``resident``: bmoe
+without streaming; ``stream``: bmoe streaming, once per cache budget."""
+
+ROUTING_PROBE_PERCENT = 25.0
+"""The budget (share of the experts) whose LRU hit rate says whether the routing moves."""
+
+
+class BenchConfigError(ValueError):
+    """A bench argument that cannot be used (the message says which and why)."""
+
+
+@attrs.frozen
+class Budget:
+    """A cache budget: ``mib`` MiB, or ``percent`` % of the routed experts' bytes."""
+
+    mib: int | None = None
+    percent: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.mib is None) == (self.percent is None):
+            raise BenchConfigError("a budget is either MiB or a percentage of the experts")
+        if self.mib is not None and self.mib < 0:
+            raise BenchConfigError(f"a budget cannot be negative ({self.mib} MiB)")
+        if self.percent is not None and not 0 < self.percent <= 100:
+            raise BenchConfigError(f"a budget percentage must be in (0, 100], not {self.percent}")
+
+    def resolve_mib(self, expert_bytes: int) -> int:
+        """The budget in MiB for a model whose routed experts take ``expert_bytes``."""
+        if self.mib is not None:
+            return self.mib
+        assert self.percent is not None
+        return max(1, round(expert_bytes * self.percent / 100 / MIB))
+
+
+def parse_budget(text: str) -> Budget:
+    """``"1536"`` -> 1536 MiB, ``"25%"`` -> a quarter of the experts, ``"0"`` -> cache off."""
+    s = text.strip()
+    try:
+        if s.endswith("%"):
+            return Budget(percent=float(s[:-1]))
+        return Budget(mib=int(s))
+    except ValueError as exc:
+        if isinstance(exc, BenchConfigError):
+            raise
+        raise BenchConfigError(
+            f"a budget is MiB (1536) or a share of the experts (25%), not {text!r}"
+        ) from None
+
+
+def parse_budgets(text: str) -> list[Budget]:
+    return [parse_budget(part) for part in text.split(",") if part.strip()]
+
+
+def parse_kinds(text: str) -> list[str]:
+    kinds = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise BenchConfigError(f"unknown configuration {', '.join(unknown)}: choose from {', '.join(KINDS)}")
+    if not kinds:
+        raise BenchConfigError("no configuration to run")
+    return list(dict.fromkeys(kinds))
+
+
+@attrs.frozen
+class BenchConfig:
+    """One configuration: ``key`` names it in the JSON, ``label`` in the report."""
+
+    key: str
+    label: str
+    kind: str
+    cache_mib: int | None = None
+    expert_percent: float | None = None  # the budget as a share of the experts
+
+    @property
+    def is_stock(self) -> bool:
+        return self.kind.startswith("stock")
+
+    @property
+    def streams(self) -> bool:
+        return self.kind == "stream"
+
+
+def build_configs(kinds: list[str], budgets: list[Budget], expert_bytes: int) -> list[BenchConfig]:
+    """The configurations in run order: stock ones first, then bmoe resident, then streaming
+    by increasing budget. Streaming always includes the routing probe's budget (25% of the
+    experts), and each budget (in MiB) runs once."""
+    out: list[BenchConfig] = []
+    labels = {
+        "stock": "stock llama-cpp-python (mmap, its defaults: repacking on)",
+        "stock-norepack": "stock llama-cpp-python (mmap, repacking off)",
+        "resident": "bmoe resident",
+    }
+    for kind in ("stock", "stock-norepack", "resident"):
+        if kind in kinds:
+            out.append(BenchConfig(key=kind, label=labels[kind], kind=kind))
+    if "stream" in kinds:
+        wanted = [*budgets, Budget(percent=ROUTING_PROBE_PERCENT)]
+        mibs = sorted({b.resolve_mib(expert_bytes) for b in wanted})
+        for mib in mibs:
+            share = 100 * mib * MIB / expert_bytes if expert_bytes else None
+            what = "cache off" if mib == 0 else f"cache {mib} MiB"
+            if mib and share is not None:
+                what += f" ({share:.0f}% of the experts)"
+            out.append(
+                BenchConfig(
+                    key=f"stream-{mib}",
+                    label=f"bmoe stream, {what}",
+                    kind="stream",
+                    cache_mib=mib,
+                    expert_percent=share,
+                )
+            )
+    return out
+
+
+def routing_probe(configs: list[BenchConfig], expert_bytes: int) -> BenchConfig | None:
+    """The streaming configuration whose budget is the probe's (25% of the experts)."""
+    mib = Budget(percent=ROUTING_PROBE_PERCENT).resolve_mib(expert_bytes)
+    return next((c for c in configs if c.streams and c.cache_mib == mib), None)
+
+
+def interleave(configs: list[BenchConfig], rounds: int) -> list[tuple[int, BenchConfig]]:
+    """(round, configuration) in run order: A, B, C, A, B, C, ... so drift hits all alike."""
+    if rounds < 1:
+        raise BenchConfigError(f"rounds must be >= 1, not {rounds}")
+    return [(r, c) for r in range(rounds) for c in configs]

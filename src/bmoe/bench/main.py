@@ -1,0 +1,311 @@
+"""``python -m bmoe.bench``: bmoe against stock llama-cpp-python, in one command.
+
+One run: the model (``-m``, or the synthetic bench model at ``--size-gb``, made once and
+cached), the disk's ``O_DIRECT`` bandwidth measured on it, then every configuration in its
+own process after the model file is dropped from the page cache, optionally inside a memory
+cgroup (``--mem-limit-mb``), all fed the same text token by token, in interleaved rounds.
+Writes ``bench.json``, ``bench.md`` and ``bench.png`` into ``--out``; the Markdown also goes
+to stdout, progress to stderr. Exit status 1 when a configuration failed or bmoe's greedy
+tokens differ from stock's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from bmoe.bench import configs as cf
+from bmoe.bench import report
+from bmoe.bench.cgroup import CgroupError, MemoryGroup, machine_sites
+from bmoe.bench.disk import MIB, Bandwidth, measure_bandwidth
+from bmoe.bench.progress import make_progress
+from bmoe.bench.text import TEXT
+
+DEFAULT_CONFIGS = ",".join(cf.KINDS)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bmoe.bench",
+        description=(
+            "Benchmark bmoe (resident, and streaming at several cache budgets) against stock "
+            "llama-cpp-python on one model, optionally under a memory limit."
+        ),
+    )
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("-m", "--model", type=Path, help="a GGUF model (default: the synthetic bench model)")
+    model.add_argument(
+        "--size-gb",
+        type=float,
+        default=5.6,
+        help="size of the synthetic bench model to make (and cache) when no -m is given (default 5.6)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic bench model")
+    p.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help=f"configurations to run, comma separated, from {DEFAULT_CONFIGS} (default: all)",
+    )
+    p.add_argument(
+        "--budgets",
+        default="0,25%,50%",
+        help="streaming cache budgets: MiB (1536), a share of the experts (25%%), 0 = cache off; "
+        "25%% is always added (the routing check). Default 0,25%%,50%%",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=2, help="interleaved rounds over the configurations (median)"
+    )
+    p.add_argument("--warmup", type=int, default=16, help="fed tokens before the measure")
+    p.add_argument("--tokens", type=int, default=64, help="fed tokens measured")
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp compute threads")
+    p.add_argument("--io-threads", type=int, default=4, help="bmoe's read lanes")
+    p.add_argument(
+        "--ctx", type=int, default=0, help="context length (default: warmup + tokens, at least 256)"
+    )
+    p.add_argument(
+        "--mem-limit-mb", type=int, default=0, help="run each configuration in a memory cgroup of N MiB"
+    )
+    p.add_argument(
+        "--bw-max-mib",
+        type=int,
+        default=2048,
+        help="read at most this much for the bandwidth (0: the whole file)",
+    )
+    p.add_argument("--max-seconds", type=float, default=300.0, help="cap on each warm-up and each measure")
+    p.add_argument(
+        "--timeout", type=float, default=1800.0, help="kill a configuration's process after this long"
+    )
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for bench.json/md/png")
+    p.add_argument("--title", default="", help="title of the report and the chart")
+    p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+@attrs.frozen
+class Plan:
+    """The validated arguments."""
+
+    kinds: list[str]
+    budgets: list[cf.Budget]
+    n_ctx: int
+
+
+def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Plan:
+    """Check the arguments together; ``BenchConfigError`` says what is wrong."""
+    kinds = cf.parse_kinds(args.configs)
+    budgets = cf.parse_budgets(args.budgets)
+    if args.warmup < 0 or args.tokens < 1:
+        raise cf.BenchConfigError("need --warmup >= 0 and --tokens >= 1")
+    if args.rounds < 1:
+        raise cf.BenchConfigError("need --rounds >= 1")
+    if args.mem_limit_mb < 0:
+        raise cf.BenchConfigError("--mem-limit-mb must be >= 0")
+    fed = args.warmup + args.tokens
+    if n_text_tokens is not None and fed > n_text_tokens:
+        raise cf.BenchConfigError(f"--warmup + --tokens = {fed}, the text holds {n_text_tokens} tokens")
+    n_ctx = args.ctx or max(256, fed)
+    if n_ctx < fed:
+        raise cf.BenchConfigError(f"--ctx {n_ctx} cannot hold {fed} fed tokens")
+    return Plan(kinds=kinds, budgets=budgets, n_ctx=n_ctx)
+
+
+def _disk_text(seq: Bandwidth, lanes: Bandwidth) -> str:
+    how = "O_DIRECT" if seq.odirect else "buffered (the filesystem refused O_DIRECT)"
+    return (
+        f"{seq.mib_s:,.0f} MiB/s sequential, one 4 MiB read in flight; {lanes.mib_s:,.0f} MiB/s with "
+        f"{lanes.lanes} reads in flight ({how}, {seq.bytes / MIB:,.0f} MiB of the model file read after "
+        "dropping it from the page cache)"
+    )
+
+
+def _resolve_model(args: argparse.Namespace) -> Path:
+    if args.model is not None:
+        path = Path(args.model).resolve()
+        if not path.is_file():
+            raise cf.BenchConfigError(f"no such model file: {path}")
+        return path
+    from bmoe.bench.model import cached_bench_model, shape_for_size
+
+    shape = shape_for_size(args.size_gb)
+    return cached_bench_model(shape, args.seed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.child:
+        from bmoe.bench import child
+
+        return child.main()
+    try:
+        make_plan(args)
+        model = _resolve_model(args)
+    except (cf.BenchConfigError, ValueError) as exc:
+        p.error(str(exc))
+    return run_bench(args, model, list(argv) if argv is not None else sys.argv[1:])
+
+
+def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
+    from bmoe.bench.model import expert_bytes, tokenize
+    from bmoe.bench.procfs import machine_facts
+    from bmoe.bench.runner import run_configuration
+
+    tokens = tokenize(model, TEXT)
+    plan = make_plan(args, len(tokens))
+    make_group = None
+    if args.mem_limit_mb:
+        sites = machine_sites()
+        limit = args.mem_limit_mb * MIB
+
+        def make_group() -> MemoryGroup:
+            return MemoryGroup.create(sites, f"bmoe-bench-{os.getpid()}", limit)
+
+        try:
+            make_group().close()  # refuse now, before measuring anything, if none is writable
+        except CgroupError as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return 2
+    experts = expert_bytes(model)
+    configs = cf.build_configs(plan.kinds, plan.budgets, experts)
+    schedule = cf.interleave(configs, args.rounds)
+
+    facts = machine_facts(model)
+    print(
+        f"bench: {model} ({model.stat().st_size / 1e9:.2f} GB, experts {experts / MIB:,.0f} MiB)",
+        file=sys.stderr,
+    )
+    cap = args.bw_max_mib * MIB or None
+    seq = measure_bandwidth(model, cap)
+    lanes = measure_bandwidth(model, cap, n_lanes=args.io_threads) if args.io_threads > 1 else seq
+    disk = _disk_text(seq, lanes)
+    print(f"bench: disk: {disk}", file=sys.stderr)
+
+    fed = args.warmup + args.tokens
+    progress = make_progress(fed * len(schedule))
+    runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in configs}
+    t0 = time.perf_counter()
+    try:
+        for round_no, config in schedule:
+            spec = {
+                "key": config.key,
+                "kind": config.kind,
+                "cache_mib": config.cache_mib,
+                "model": str(model),
+                "tokens": tokens[:fed],
+                "warmup": args.warmup,
+                "measure": args.tokens,
+                "n_ctx": plan.n_ctx,
+                "threads": args.threads,
+                "io_threads": args.io_threads,
+                "max_seconds": args.max_seconds,
+            }
+            progress.begin(f"round {round_no + 1}/{args.rounds}: {config.label}", fed)
+            r = run_configuration(
+                spec, model=model, make_group=make_group, timeout_s=args.timeout, on_progress=progress.update
+            )
+            r["round"] = round_no
+            runs[config.key].append(r)
+            if "error" in r:
+                progress.end(f"{config.label}: failed: {r['error']}")
+            else:
+                progress.end(f"{config.label}: {r['tok_s']:.2f} tok/s over {r['measured_tokens']} tokens")
+    finally:
+        progress.close()
+
+    summaries = report.with_ratios([report.summarize(c, runs[c.key]) for c in configs], seq.mib_s)
+    argmax = {
+        key: next(r["argmax"] for r in rs if "argmax" in r)
+        for key, rs in runs.items()
+        if any("argmax" in r for r in rs)
+    }
+    reference = report.token_reference(argmax)
+    checks = report.check_tokens(argmax, reference) if reference else []
+    probe = cf.routing_probe(configs, experts)
+    probe_summary = next((s for s in summaries if probe is not None and s.key == probe.key), None)
+    routing = report.check_routing(
+        probe_summary.hit_rate if probe_summary else None, probe.expert_percent if probe else None
+    )
+
+    title = args.title or f"{model.name}" + (
+        f", memory limit {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
+    )
+    table = report.markdown_table(summaries)
+    lines = report.summary_lines(summaries, checks, routing, args.rounds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    chart_line = ""
+    if not args.no_chart:
+        from bmoe.bench.chart import ChartUnavailable, draw
+
+        try:
+            draw(summaries, args.out / "bench.png", title=title, bandwidth_mib_s=seq.mib_s)
+            chart_line = "![tok/s against the cache budget](bench.png)"
+        except ChartUnavailable as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+    limit_text = f", inside a memory cgroup of {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
+    command = shlex.join(["python", "-m", "bmoe.bench", *argv])
+    md = "\n".join(
+        [
+            f"## {title} ({time.strftime('%Y-%m-%d')})",
+            "",
+            "```sh",
+            command,
+            "```",
+            "",
+            f"Machine: {facts['nproc']} CPUs ({facts['cpu']}), MemTotal {facts['mem_total_gib']:.1f} GiB, "
+            f"kernel {facts['kernel']}, llama-cpp-python {facts['llama_cpp_python']}, model "
+            f"{model.stat().st_size / 1e9:.2f} GB on {facts['filesystem']}. Disk, measured in the same run: "
+            f"{disk}.",
+            "",
+            f"Decode: teacher forcing over the built-in English text, {args.warmup} warm-up tokens then "
+            f"{args.tokens} measured, one token per `llama_decode`, {args.threads} compute threads, "
+            f"{args.io_threads} read lanes, flash attention off everywhere, n_ctx {plan.n_ctx}, "
+            f"{args.rounds} interleaved rounds, each configuration in a fresh process after dropping "
+            f"the model from the page cache{limit_text}.",
+            "",
+            table,
+            "",
+            report.LEGEND,
+            "",
+            *lines,
+            "",
+            chart_line,
+            "",
+        ]
+    )
+    (args.out / "bench.md").write_text(md)
+    payload = {
+        "command": command,
+        "model": str(model),
+        "facts": facts,
+        "bandwidth": {
+            "sequential": attrs.asdict(seq) | {"mib_s": seq.mib_s},
+            "lanes": attrs.asdict(lanes) | {"mib_s": lanes.mib_s},
+        },
+        "expert_bytes": experts,
+        "mem_limit_mb": args.mem_limit_mb,
+        "n_ctx": plan.n_ctx,
+        "summaries": [attrs.asdict(s) for s in summaries],
+        "token_checks": [attrs.asdict(t) | {"equal": t.equal} for t in checks],
+        "routing": attrs.asdict(routing) | {"text": routing.text()},
+        "runs": runs,
+        "wall_s": time.perf_counter() - t0,
+    }
+    (args.out / "bench.json").write_text(json.dumps(payload, indent=1))
+    print(md)
+    print(
+        f"bench: wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}"
+        + (", bench.png" if chart_line else ""),
+        file=sys.stderr,
+    )
+    tokens_ok = all(t.equal for t in checks if not t.key.startswith("stock"))
+    return 0 if tokens_ok and all(s.ok for s in summaries) else 1

@@ -1,0 +1,96 @@
+"""The bench model: the synthetic Qwen3-30B-like ``qwen3moe`` at a requested size, cached.
+
+The shape is the generator's default (2048 hidden, 768 expert width, 128 experts, top-8,
+Q4_0: about 0.35 GB per layer); the size sets the number of layers, so a token reads the
+same per layer whatever the size. Files live in ``$BMOE_BENCH_DIR`` (else
+``~/.cache/bmoe/bench``), named by their shape, seed and generator version; a model is
+written to a temporary name and renamed into place, so an interrupted run leaves no
+half-written model behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import attrs
+
+from bmoe.tinymodel.spec import GENERATOR_VERSION
+from bmoe.tinymodel.synthetic import SyntheticShape, plan_tensors, write_synthetic
+
+ENV_BENCH_DIR = "BMOE_BENCH_DIR"
+GB = 1e9
+
+
+def bench_dir() -> Path:
+    configured = os.environ.get(ENV_BENCH_DIR)
+    return Path(configured) if configured else Path.home() / ".cache" / "bmoe" / "bench"
+
+
+def file_bytes(shape: SyntheticShape, seed: int = 0) -> int:
+    """Tensor bytes of the model (the file adds a header of a few MB and alignment)."""
+    return sum(t.n_bytes for t in plan_tensors(shape, seed))
+
+
+def shape_for_size(size_gb: float, base: SyntheticShape | None = None) -> SyntheticShape:
+    """``base`` (the generator's default shape) with as many layers as come closest to
+    ``size_gb`` GB (at least one)."""
+    if size_gb <= 0:
+        raise ValueError(f"the model size must be > 0 GB, not {size_gb}")
+    base = base or SyntheticShape()
+    one = file_bytes(attrs.evolve(base, n_layer=1))
+    per_layer = file_bytes(attrs.evolve(base, n_layer=2)) - one
+    fixed = one - per_layer
+    n_layer = max(1, round((size_gb * GB - fixed) / per_layer))
+    return attrs.evolve(base, n_layer=n_layer)
+
+
+def model_name(shape: SyntheticShape, seed: int) -> str:
+    return (
+        f"bench-{shape.quant}-L{shape.n_layer}-E{shape.n_embd}-F{shape.n_ff_exp}-X{shape.n_expert}"
+        f"-K{shape.n_expert_used}-H{shape.heads}x{shape.kv_heads}x{shape.head_dim}-seed{seed}"
+        f"-v{GENERATOR_VERSION}.gguf"
+    )
+
+
+def cached_bench_model(shape: SyntheticShape, seed: int = 0, *, root: Path | None = None) -> Path:
+    """The model's path, written first if it is not in the cache yet."""
+    folder = root or bench_dir()
+    final = folder / model_name(shape, seed)
+    if final.is_file():
+        return final
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=folder)
+    os.close(fd)
+    try:
+        write_synthetic(Path(tmp), shape, seed)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return final
+
+
+def expert_bytes(path: Path) -> int:
+    """Bytes of the routed experts' tensors (``*_exps``) of any GGUF model, from its header."""
+    from bmoe.adapters.gguf_layout import read_layout
+
+    return sum(t.n_bytes for t in read_layout(path).tensors.values() if "_exps" in t.name)
+
+
+def tokenize(path: Path, text: str) -> list[int]:
+    """``text`` as the model's tokenizer splits it (no BOS, specials not parsed): the
+    sequence every configuration is fed. Stock llama-cpp-python's tokenizer, vocabulary only."""
+    import llama_cpp
+    from llama_cpp import _internals
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+    try:
+        return list(model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+    finally:
+        model.close()  # type: ignore[no-untyped-call]

@@ -1,0 +1,281 @@
+"""From the rounds' raw figures to the report: medians, ratios, checks, the Markdown table.
+
+Pure: dictionaries in (what each child printed, plus the memory group's figures), values
+and text out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from bmoe.bench.configs import ROUTING_PROBE_PERCENT, BenchConfig
+
+MIB = 1024 * 1024
+
+ROUTING_HIT_BAR = 0.80
+"""An LRU holding 25% of the experts must hit below this for the routing to count as moving
+(a model whose routing barely changes makes any cache look perfect)."""
+
+
+def median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+@attrs.frozen
+class Summary:
+    """One configuration over its rounds. Rates are medians of the rounds that finished;
+    peaks are the largest of any round."""
+
+    key: str
+    label: str
+    kind: str
+    cache_mib: int | None
+    expert_percent: float | None
+    tok_s: float | None
+    tok_s_rounds: list[float | None]
+    step_ms: float | None
+    mib_per_tok: float | None  # bmoe's counters (streaming only)
+    kernel_mib_per_tok: float | None  # /proc/<pid>/io read_bytes
+    hit_rate: float | None
+    peak_rss_bytes: int | None
+    group_peak_bytes: int | None
+    other_cpu_cores: float | None
+    measured_tokens: int
+    x_stock: float | None = None
+    x_stock_norepack: float | None = None
+    ceiling_tok_s: float | None = None  # disk bandwidth / MiB read per token
+    of_ceiling: float | None = None
+    errors: list[str] = attrs.field(factory=list)
+    notes: list[str] = attrs.field(factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.tok_s is not None
+
+
+def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
+    """Median tok/s and step, per-token reads, hit rate and peaks of one configuration."""
+    ok = [r for r in runs if "tok_s" in r and not r.get("error")]
+    per_tok: list[float] = []
+    kernel: list[float] = []
+    hits = misses = 0
+    for r in ok:
+        n = max(1, int(r["measured_tokens"]))
+        c = r.get("counters")
+        if c is not None:
+            per_tok.append(c["bytes_read"] / MIB / n)
+            hits += int(c["hits"])
+            misses += int(c["misses"])
+        if r.get("kernel_read_bytes") is not None:
+            kernel.append(r["kernel_read_bytes"] / MIB / n)
+    rss = [int(r["end"]["VmHWM"]) for r in ok if "end" in r and "VmHWM" in r["end"]]
+    group = [int(r["group"]["peak_bytes"]) for r in runs if r.get("group", {}).get("peak_bytes") is not None]
+    other = [float(r["other_cpu_cores"]) for r in ok if "other_cpu_cores" in r]
+    notes = list(dict.fromkeys(n for r in ok for n in r.get("notes", [])))
+    if any(not r.get("finite_logits", True) for r in ok):
+        notes.append("NON-FINITE LOGITS")
+    return Summary(
+        key=config.key,
+        label=config.label,
+        kind=config.kind,
+        cache_mib=config.cache_mib,
+        expert_percent=config.expert_percent,
+        tok_s=median([float(r["tok_s"]) for r in ok]),
+        tok_s_rounds=[float(r["tok_s"]) if r in ok else None for r in runs],
+        step_ms=median([float(r["step_ms_median"]) for r in ok]),
+        mib_per_tok=median(per_tok),
+        kernel_mib_per_tok=median(kernel),
+        hit_rate=hits / (hits + misses) if hits + misses else None,
+        peak_rss_bytes=max(rss) if rss else None,
+        group_peak_bytes=max(group) if group else None,
+        other_cpu_cores=max(other) if other else None,
+        measured_tokens=min((int(r["measured_tokens"]) for r in ok), default=0),
+        errors=[str(r["error"]) for r in runs if r.get("error")],
+        notes=notes,
+    )
+
+
+def with_ratios(summaries: Sequence[Summary], bandwidth_mib_s: float) -> list[Summary]:
+    """Each configuration's tok/s over both stock ones', and its disk ceiling: the tok/s the
+    measured bandwidth allows at its MiB read per token (bmoe's counters)."""
+    by_key = {s.key: s for s in summaries}
+
+    def ratio(s: Summary, key: str) -> float | None:
+        base = by_key.get(key)
+        if base is None or not base.tok_s or s.tok_s is None:
+            return None
+        return s.tok_s / base.tok_s
+
+    out = []
+    for s in summaries:
+        ceiling = None
+        if s.mib_per_tok and bandwidth_mib_s > 0:
+            ceiling = bandwidth_mib_s / s.mib_per_tok
+        out.append(
+            attrs.evolve(
+                s,
+                x_stock=ratio(s, "stock"),
+                x_stock_norepack=ratio(s, "stock-norepack"),
+                ceiling_tok_s=ceiling,
+                of_ceiling=s.tok_s / ceiling if ceiling and s.tok_s is not None else None,
+            )
+        )
+    return out
+
+
+@attrs.frozen
+class TokenCheck:
+    """How many greedy choices of ``key`` equal ``reference``'s, position by position."""
+
+    key: str
+    reference: str
+    same: int
+    compared: int
+    first_difference: int | None
+
+    @property
+    def equal(self) -> bool:
+        return self.compared > 0 and self.same == self.compared
+
+
+def check_tokens(argmax: dict[str, list[int]], reference: str) -> list[TokenCheck]:
+    """Compare every configuration's argmax sequence with ``reference``'s (same fed tokens)."""
+    ref = argmax[reference]
+    out = []
+    for key, seq in argmax.items():
+        if key == reference:
+            continue
+        n = min(len(seq), len(ref))
+        diffs = [i for i in range(n) if seq[i] != ref[i]]
+        out.append(TokenCheck(key, reference, n - len(diffs), n, diffs[0] if diffs else None))
+    return out
+
+
+def token_reference(argmax: dict[str, list[int]]) -> str | None:
+    """The stock run bmoe must match: repacking off (same weights layout) first, else stock."""
+    return next((k for k in ("stock-norepack", "stock", "resident") if k in argmax), None)
+
+
+@attrs.frozen
+class RoutingCheck:
+    """Whether the bench model's routing moves: an LRU at 25% of the experts' hit rate."""
+
+    hit_rate: float | None
+    moves: bool | None
+    expert_percent: float = ROUTING_PROBE_PERCENT  # the probe's budget as it resolved
+
+    def text(self) -> str:
+        if self.hit_rate is None:
+            share = f"{ROUTING_PROBE_PERCENT:.0f}%"
+            return f"routing check: not measured (no streaming run at {share} of the experts)"
+        verdict = (
+            "the routing moves"
+            if self.moves
+            else "the routing barely moves: cache hit rates and streamed tok/s on this model are optimistic"
+        )
+        return (
+            f"routing check: an LRU cache of {self.expert_percent:.0f}% of the experts hit "
+            f"{100 * self.hit_rate:.1f}% (bar: under {100 * ROUTING_HIT_BAR:.0f}%): {verdict}"
+        )
+
+
+def check_routing(hit_rate: float | None, expert_percent: float | None = None) -> RoutingCheck:
+    """The verdict on the probe's hit rate (``expert_percent``: its budget's real share of the
+    experts, which rounding to whole MiB moves on a tiny model)."""
+    moves = None if hit_rate is None else hit_rate < ROUTING_HIT_BAR
+    return RoutingCheck(hit_rate, moves, expert_percent or ROUTING_PROBE_PERCENT)
+
+
+# -- text ----------------------------------------------------------------------------------
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def _mib(n: int | None) -> str:
+    return "" if n is None else f"{n / MIB:,.0f}"
+
+
+def _per_tok(v: float | None) -> str:
+    if v is None:
+        return ""
+    return f"{v:,.1f}" if v >= 10 or v == 0 else f"{v:.2f}"
+
+
+def markdown_table(summaries: Sequence[Summary]) -> str:
+    head = [
+        "configuration",
+        "tok/s",
+        "median step ms",
+        "MiB read/tok (bmoe)",
+        "MiB read/tok (kernel)",
+        "hit %",
+        "peak RSS MiB",
+        "group peak MiB",
+        "x stock",
+        "x stock, no repack",
+        "of disk ceiling",
+        "other CPU load",
+    ]
+    rows = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for s in summaries:
+        if not s.ok:
+            cells = [s.label, f"failed: {'; '.join(s.errors)}"] + [""] * (len(head) - 2)
+        else:
+            cells = [
+                s.label,
+                _f(s.tok_s, ".2f"),
+                _f(s.step_ms, ".1f"),
+                _per_tok(s.mib_per_tok),
+                _per_tok(s.kernel_mib_per_tok),
+                _f(None if s.hit_rate is None else 100 * s.hit_rate, ".1f"),
+                _mib(s.peak_rss_bytes),
+                _mib(s.group_peak_bytes),
+                _f(s.x_stock, ".2f"),
+                _f(s.x_stock_norepack, ".2f"),
+                _f(s.of_ceiling, ".2f"),
+                _f(s.other_cpu_cores, ".2f"),
+            ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+LEGEND = (
+    "tok/s: median over the rounds of measured tokens / their decode time; median step: the median "
+    "of the rounds' median `llama_decode` times. MiB read/tok (bmoe): the streamer's counters; "
+    "(kernel): `/proc/<pid>/io` read_bytes of the configuration's process over the measured tokens, "
+    "what the kernel fetched from storage for it (mmap faults and read-ahead included). Hit %: "
+    "(layer, expert) lookups found in the cache. Peak RSS: `VmHWM`, reset once the model was "
+    "loaded. Group peak: the memory group's peak (page cache included). x stock: tok/s over stock "
+    "llama-cpp-python's. Of disk ceiling: tok/s / (measured O_DIRECT bandwidth / MiB read per "
+    "token). Other CPU load: CPUs other processes kept busy during the measure (near 1 on a "
+    "2-CPU machine: the row is disturbed)."
+)
+
+
+def summary_lines(
+    summaries: Sequence[Summary], tokens: Sequence[TokenCheck], routing: RoutingCheck, rounds: int
+) -> list[str]:
+    lines = [f"- {routing.text()}"]
+    label = {s.key: s.label for s in summaries}
+    for t in tokens:
+        this, ref = label.get(t.key, t.key), label.get(t.reference, t.reference)
+        if t.equal:
+            lines.append(f"- {this}: the same {t.compared} greedy tokens as {ref}")
+        else:
+            lines.append(
+                f"- {this}: {t.same} of {t.compared} greedy tokens as {ref}, "
+                f"first difference at position {t.first_difference}"
+            )
+    for s in summaries:
+        if rounds > 1 and s.ok:
+            rates = ", ".join("failed" if v is None else f"{v:.2f}" for v in s.tok_s_rounds)
+            lines.append(f"- {s.label}: tok/s of the {rounds} rounds {rates}")
+        lines.extend(f"- {s.label}: {n}" for n in s.notes)
+        lines.extend(f"- {s.label}: failed ({e})" for e in s.errors)
+    return lines

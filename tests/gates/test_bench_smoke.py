@@ -1,0 +1,58 @@
+"""``python -m bmoe.bench`` end to end on the tiny ``qwen3moe``: stock llama-cpp-python and
+bmoe streaming, each in its own process, the same teacher-forced tokens, one round."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
+    tiny_model_path: Callable[..., Path], tmp_path: Path
+) -> None:
+    model = tiny_model_path("qwen3moe")
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bmoe.bench",
+        "-m",
+        str(model),
+        "--configs",
+        "stock-norepack,stream",
+        "--budgets",
+        "25%",
+        "--warmup",
+        "2",
+        "--tokens",
+        "6",
+        "--rounds",
+        "1",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    result = json.loads((out / "bench.json").read_text())
+    summaries = {s["key"]: s for s in result["summaries"]}
+    assert set(summaries) == {"stock-norepack", "stream-1"}  # 25% of 3 MiB of experts, rounded
+    stream = summaries["stream-1"]
+    assert stream["tok_s"] > 0 and stream["mib_per_tok"] > 0 and 0 <= stream["hit_rate"] < 1
+    assert stream["kernel_mib_per_tok"] is not None and stream["peak_rss_bytes"] > 0
+    assert stream["x_stock_norepack"] > 0 and stream["ceiling_tok_s"] > 0
+    assert result["bandwidth"]["sequential"]["bytes"] > 0
+
+    [check] = result["token_checks"]
+    assert check["key"] == "stream-1" and check["reference"] == "stock-norepack"
+    assert check["equal"] and check["compared"] == 8
+    assert result["routing"]["hit_rate"] == stream["hit_rate"]
+
+    md = (out / "bench.md").read_text()
+    assert "| bmoe stream, cache 1 MiB" in md and "routing check:" in md
+    assert "the same 8 greedy tokens as stock llama-cpp-python (mmap, repacking off)" in md
+    assert md in proc.stdout
+    assert "round 1/1: bmoe stream" in proc.stderr  # progress goes to stderr

@@ -1,0 +1,256 @@
+"""The pure parts of ``python -m bmoe.bench``: arguments, budgets, round order, the medians
+and ratios of the report, the token and routing checks, cgroup site choice, teacher forcing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from bmoe.bench import configs as cf
+from bmoe.bench import report
+from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup, candidate_sites
+from bmoe.bench.decode import teacher_force
+from bmoe.bench.main import make_plan, parser
+from bmoe.bench.procfs import parse_io
+
+MIB = 1024 * 1024
+
+# -- arguments and configurations ------------------------------------------------------------
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return parser().parse_args(list(argv))
+
+
+def test_defaults_run_every_kind_at_three_budgets() -> None:
+    plan = make_plan(_args())
+    assert plan.kinds == list(cf.KINDS)
+    assert plan.budgets == [cf.Budget(mib=0), cf.Budget(percent=25.0), cf.Budget(percent=50.0)]
+    assert plan.n_ctx == 256
+
+
+def test_model_and_size_exclude_each_other() -> None:
+    with pytest.raises(SystemExit):
+        _args("-m", "x.gguf", "--size-gb", "2")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--configs", "stock,turbo"], "unknown configuration turbo"),
+        (["--budgets", "12x"], "not '12x'"),
+        (["--budgets", "150%"], "percentage"),
+        (["--budgets", "-5"], "negative"),
+        (["--tokens", "0"], "--tokens >= 1"),
+        (["--rounds", "0"], "--rounds >= 1"),
+        (["--ctx", "100", "--warmup", "60", "--tokens", "60"], "cannot hold 120"),
+    ],
+)
+def test_bad_arguments_say_what_is_wrong(argv: list[str], message: str) -> None:
+    with pytest.raises(cf.BenchConfigError, match=message):
+        make_plan(_args(*argv))
+
+
+def test_more_tokens_than_the_text_holds_is_refused() -> None:
+    with pytest.raises(cf.BenchConfigError, match="the text holds 50 tokens"):
+        make_plan(_args("--warmup", "16", "--tokens", "64"), n_text_tokens=50)
+
+
+def test_budgets_resolve_against_the_experts_and_always_include_the_probe() -> None:
+    experts = 4000 * MIB
+    configs = cf.build_configs(["stream", "stock"], cf.parse_budgets("0,1536,50%,1536"), experts)
+    assert [c.key for c in configs] == ["stock", "stream-0", "stream-1000", "stream-1536", "stream-2000"]
+    probe = cf.routing_probe(configs, experts)
+    assert probe is not None and probe.cache_mib == 1000 and probe.expert_percent == pytest.approx(25.0)
+    assert configs[1].label == "bmoe stream, cache off"
+
+
+def test_rounds_interleave_the_configurations() -> None:
+    a, b = cf.BenchConfig("a", "A", "stock"), cf.BenchConfig("b", "B", "resident")
+    assert cf.interleave([a, b], 2) == [(0, a), (0, b), (1, a), (1, b)]
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def _run(tok_s: float, step_ms: float, *, read: int | None = None, hits: int = 0, misses: int = 0) -> dict:
+    r: dict = {
+        "tok_s": tok_s,
+        "step_ms_median": step_ms,
+        "measured_tokens": 10,
+        "kernel_read_bytes": 20 * MIB,
+        "end": {"VmHWM": 100 * MIB},
+        "other_cpu_cores": 0.1,
+    }
+    if read is not None:
+        r["counters"] = {"bytes_read": read, "hits": hits, "misses": misses}
+    return r
+
+
+def test_summary_takes_medians_of_the_rounds_and_skips_failed_ones() -> None:
+    config = cf.BenchConfig("stream-100", "S", "stream", cache_mib=100)
+    runs = [
+        _run(3.0, 300, read=50 * MIB, hits=6, misses=4),
+        {"error": "exit status -9 (OOM-killed in the memory group)", "group": {"peak_bytes": 7 * MIB}},
+        _run(5.0, 200, read=30 * MIB, hits=8, misses=2),
+        _run(4.0, 250, read=40 * MIB, hits=7, misses=3),
+    ]
+    s = report.summarize(config, runs)
+    assert s.tok_s == 4.0
+    assert s.step_ms == 250
+    assert s.tok_s_rounds == [3.0, None, 5.0, 4.0]
+    assert s.mib_per_tok == pytest.approx(4.0)
+    assert s.kernel_mib_per_tok == pytest.approx(2.0)
+    assert s.hit_rate == pytest.approx(21 / 30)
+    assert s.group_peak_bytes == 7 * MIB
+    assert s.errors == ["exit status -9 (OOM-killed in the memory group)"]
+
+
+def test_a_configuration_that_never_ran_is_not_ok() -> None:
+    s = report.summarize(cf.BenchConfig("stock", "stock", "stock"), [{"error": "timed out"}])
+    assert not s.ok and s.tok_s is None
+    assert "failed: timed out" in report.markdown_table([s])
+
+
+def test_ratios_to_both_stocks_and_the_disk_ceiling() -> None:
+    stock = report.summarize(cf.BenchConfig("stock", "st", "stock"), [_run(0.5, 2000)])
+    norepack = report.summarize(cf.BenchConfig("stock-norepack", "sn", "stock-norepack"), [_run(0.25, 4000)])
+    stream = report.summarize(
+        cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=1000 * MIB)]
+    )
+    out = report.with_ratios([stock, norepack, stream], bandwidth_mib_s=400.0)
+    s = out[2]
+    assert s.x_stock == pytest.approx(4.0)
+    assert s.x_stock_norepack == pytest.approx(8.0)
+    assert s.ceiling_tok_s == pytest.approx(4.0)  # 400 MiB/s over 100 MiB per token
+    assert s.of_ceiling == pytest.approx(0.5)
+    assert out[0].ceiling_tok_s is None  # stock has no streamer counters
+
+
+def test_token_check_finds_the_first_difference() -> None:
+    checks = report.check_tokens(
+        {"stock-norepack": [1, 2, 3, 4], "resident": [1, 2, 3, 4], "s": [1, 9, 3, 5]}, "stock-norepack"
+    )
+    by_key = {c.key: c for c in checks}
+    assert by_key["resident"].equal
+    assert not by_key["s"].equal and by_key["s"].same == 2 and by_key["s"].first_difference == 1
+    assert report.token_reference({"resident": [], "stock": []}) == "stock"
+
+
+@pytest.mark.parametrize(
+    ("hit", "moves"), [(0.42, True), (0.79, True), (0.80, False), (0.97, False), (None, None)]
+)
+def test_routing_moves_only_well_under_ninety_percent(hit: float | None, moves: bool | None) -> None:
+    check = report.check_routing(hit)
+    assert check.moves is moves
+    if moves is False:
+        assert "barely moves" in check.text()
+
+
+# -- cgroups ---------------------------------------------------------------------------------
+
+V1_MOUNTS = """\
+tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+"""
+V1_CGROUP = "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n"
+V2_MOUNTS = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n"
+V2_CGROUP = "0::/user.slice/user-1000.slice/session-3.scope\n"
+
+
+def test_v1_site_is_this_process_memory_group() -> None:
+    assert candidate_sites(V1_MOUNTS, V1_CGROUP) == [
+        CgroupSite(1, Path("/sys/fs/cgroup/memory/process_api/abc"))
+    ]
+
+
+def test_v2_site_is_this_process_group() -> None:
+    expected = CgroupSite(2, Path("/sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope"))
+    assert candidate_sites(V2_MOUNTS, V2_CGROUP) == [expected]
+
+
+def test_hybrid_tries_v2_first_then_v1() -> None:
+    mounts = V1_MOUNTS + "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n"
+    sites = candidate_sites(mounts, V1_CGROUP)
+    assert [s.version for s in sites] == [2, 1]
+
+
+def test_no_cgroup_mounted_is_a_clear_error() -> None:
+    assert candidate_sites("proc /proc proc rw 0 0\n", "0::/\n") == []
+    with pytest.raises(CgroupError, match="mounts none"):
+        MemoryGroup.create([], "g", 1 << 30)
+
+
+def test_unwritable_sites_are_each_explained(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cgroup.subtree_control").write_text("cpu io\n")
+    missing = tmp_path / "absent" / "deeper"
+    with pytest.raises(CgroupError) as err:
+        MemoryGroup.create([CgroupSite(2, v2), CgroupSite(1, missing)], "g", 1 << 30)
+    text = str(err.value)
+    assert "memory controller is not enabled" in text and f"v1 at {missing}: cannot create a group" in text
+
+
+def test_a_v1_group_writes_its_limit_and_reads_its_figures(tmp_path: Path) -> None:
+    group = MemoryGroup.create([CgroupSite(1, tmp_path)], "g", 256 * MIB)  # a plain folder stands in
+    assert (tmp_path / "g" / "memory.limit_in_bytes").read_text() == str(256 * MIB)
+    (tmp_path / "g" / "memory.max_usage_in_bytes").write_text("12345\n")
+    (tmp_path / "g" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert group.peak_bytes() == 12345 and group.oom_kills() == 2
+
+
+def test_proc_io_parses_read_bytes() -> None:
+    text = "rchar: 10\nwchar: 2\nsyscr: 1\nread_bytes: 4096\nwrite_bytes: 0\ncancelled_write_bytes: 0\n"
+    assert parse_io(text)["read_bytes"] == 4096
+
+
+# -- teacher forcing -------------------------------------------------------------------------
+
+
+class FakeStepper:
+    """Greedy choice = the fed token + 1; each step takes one tick of the fake clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.fed: list[tuple[int, int]] = []
+
+    def step(self, token: int, pos: int) -> None:
+        self.fed.append((token, pos))
+        self.clock[0] += 1.0
+
+    def argmax(self) -> int:
+        return self.fed[-1][0] + 1
+
+
+def test_teacher_forcing_feeds_the_sequence_and_times_only_the_measure() -> None:
+    clock = [0.0]
+    stepper = FakeStepper(clock)
+    started: list[int] = []
+    d = teacher_force(
+        stepper,
+        [10, 11, 12, 13, 14, 15],
+        warmup=2,
+        measure=3,
+        on_measure_start=lambda: started.append(len(stepper.fed)),
+        clock=lambda: clock[0],
+    )
+    assert stepper.fed == [(10, 0), (11, 1), (12, 2), (13, 3), (14, 4)]
+    assert started == [2]
+    assert d.argmax == [11, 12, 13, 14, 15]
+    assert d.measured == 3 and d.warmup == 2 and d.tok_s == pytest.approx(1.0)
+
+
+def test_teacher_forcing_stops_at_the_time_cap_and_says_so() -> None:
+    clock = [0.0]
+    d = teacher_force(FakeStepper(clock), list(range(20)), 0, 10, max_seconds=2.5, clock=lambda: clock[0])
+    assert d.measured == 3
+    assert d.notes == ["measure cut at 3 of 10 tokens by the time cap (2.5 s)"]
+
+
+def test_teacher_forcing_refuses_more_than_the_sequence() -> None:
+    with pytest.raises(ValueError, match="holds 3"):
+        teacher_force(FakeStepper([0.0]), [1, 2, 3], 2, 2)
