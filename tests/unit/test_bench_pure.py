@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import attrs
 import pytest
 
 from bmoe.bench import configs as cf
@@ -254,3 +255,32 @@ def test_teacher_forcing_stops_at_the_time_cap_and_says_so() -> None:
 def test_teacher_forcing_refuses_more_than_the_sequence() -> None:
     with pytest.raises(ValueError, match="holds 3"):
         teacher_force(FakeStepper([0.0]), [1, 2, 3], 2, 2)
+
+
+def test_exit_status_fails_on_bmoe_failures_and_token_differences_not_on_stock_ooms() -> None:
+    from bmoe.bench.main import exit_status
+
+    stock_oom = report.summarize(cf.BenchConfig("stock", "st", "stock"), [{"error": "OOM-killed"}])
+    stream = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=MIB)])
+    same = report.TokenCheck("stream-0", "stock-norepack", 8, 8, None)
+    differs = report.TokenCheck("stream-0", "stock-norepack", 7, 8, 3)
+    assert exit_status([stock_oom, stream], [same]) == 0
+    assert exit_status([stock_oom, stream], [differs]) == 1
+    failed = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [{"error": "exit status 1"}])
+    assert exit_status([failed], []) == 1
+
+
+def test_bench_model_size_sets_the_layers_and_is_written_once(tmp_path: Path) -> None:
+    from bmoe.bench.model import cached_bench_model, file_bytes, shape_for_size
+    from bmoe.tinymodel.synthetic import SyntheticShape
+
+    assert shape_for_size(5.6).n_layer == 16  # the Qwen3-30B-like default, 5.63 GB
+    assert shape_for_size(0.01).n_layer == 1
+    base = SyntheticShape(n_layer=1, n_embd=64, n_ff_exp=32, n_expert=4, n_expert_used=2, head_dim=32)
+    three = file_bytes(attrs.evolve(base, n_layer=3))
+    shape = shape_for_size(three / 1e9, base)
+    assert shape.n_layer == 3
+    path = cached_bench_model(shape, root=tmp_path)
+    stamp = path.stat().st_mtime_ns
+    assert cached_bench_model(shape, root=tmp_path) == path and path.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind

@@ -73,7 +73,7 @@ class RichProgress:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
         from rich.progress import Progress as Bars
 
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, highlight=False)
         self.bars = Bars(
             TextColumn("{task.description}"),
             BarColumn(),
