@@ -162,3 +162,96 @@ def read_layout(first: Path) -> ModelLayout:
     for index, path in enumerate(paths):
         _read_file(lib, path, index, tensors)
     return ModelLayout(paths=tuple(paths), sizes=tuple(p.stat().st_size for p in paths), tensors=tensors)
+
+
+_GGUF_MAGIC = b"GGUF"
+_GGUF_VERSIONS = (2, 3)  # what ggml's parser reads
+
+
+def validate_model_files(first: Path) -> None:
+    """Check a model's file(s) before llama.cpp sees them, so a broken one is named in one
+    clear ``ModelLoadError``: the path is a file that can be read, starts with the GGUF magic
+    and a version ggml reads, has a header ggml's own parser accepts (counts, strings, types
+    and dimensions in range), and every tensor's data lies inside its file. A split model
+    has every shard, and each shard says it is the shard its name says (``split.no``,
+    ``split.count``): a shard of another model or another split is refused.
+
+    Cheap: the headers only (milliseconds), no tensor data is read."""
+    first = Path(first)
+    _check_file(first)
+    paths = shard_paths(first)
+    lib = _libggml_base()
+    for index, path in enumerate(paths):
+        _check_file(path)
+        _check_magic(path)
+        ctx = lib.gguf_init_from_file(str(path).encode(), _InitParams(True, None))
+        if not ctx:
+            raise ModelLoadError(
+                f"{path} has a broken GGUF header (truncated, or a count, string, type or "
+                "dimension out of range)"
+            )
+        try:
+            _check_tensors_inside(lib, ctx, path)
+        finally:
+            lib.gguf_free(ctx)
+        _check_split_keys(path, index, len(paths))
+
+
+def _check_file(path: Path) -> None:
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a directory, not a model file")
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is not a regular file")
+
+
+def _check_magic(path: Path) -> None:
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read model file {path}: {exc.strerror or exc}") from exc
+    if len(head) < 8:
+        raise ModelLoadError(f"{path} is not a GGUF file ({len(head)} bytes long)")
+    if head[:4] != _GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {head[:4]!r}, not b'GGUF')")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in _GGUF_VERSIONS:
+        raise ModelLoadError(f"{path} is GGUF version {version}; llama.cpp reads versions 2 and 3")
+
+
+def _check_tensors_inside(lib: ctypes.CDLL, ctx: int, path: Path) -> None:
+    size = path.stat().st_size
+    base = int(lib.gguf_get_data_offset(ctx))
+    for i in range(int(lib.gguf_get_n_tensors(ctx))):
+        start = base + int(lib.gguf_get_tensor_offset(ctx, i))
+        end = start + int(lib.gguf_get_tensor_size(ctx, i))
+        if end > size:
+            name = lib.gguf_get_tensor_name(ctx, i).decode("utf-8", errors="replace")
+            raise ModelLoadError(
+                f"{path} is truncated or corrupt: tensor {name}'s data (bytes {start}..{end}) "
+                f"lies past the end of the file ({size} bytes)"
+            )
+
+
+def _check_split_keys(path: Path, index: int, count: int) -> None:
+    values = read_header_values(path, ["split.no", "split.count"])
+    no, of = values.get("split.no"), values.get("split.count")
+    if count == 1:
+        if isinstance(of, int) and of > 1:
+            raise ModelLoadError(
+                f"{path} is shard {int(no or 0) + 1} of a model split in {of} files, but its name is "
+                "not NAME-0000K-of-0000N.gguf: open the first shard by its split name"
+            )
+        return
+    if no is None or of is None:
+        raise ModelLoadError(
+            f"{path} is not a shard of a split model (it has no split.no/split.count): a file of "
+            f"another model in the place of shard {index + 1} of {count}"
+        )
+    if (no, of) != (index, count):
+        raise ModelLoadError(
+            f"{path} says it is shard {int(no) + 1} of {of}, but its name says shard {index + 1} of "
+            f"{count}: a shard of another split, or shards renamed"
+        )

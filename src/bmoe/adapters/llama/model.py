@@ -9,7 +9,7 @@ from types import TracebackType
 import attrs
 import llama_cpp
 
-from bmoe.adapters.gguf_layout import read_header_values
+from bmoe.adapters.gguf_layout import read_header_values, validate_model_files
 from bmoe.adapters.llama.log import ensure_backend
 from bmoe.domain.chat import with_one_bos
 from bmoe.errors import ConfigError, ModelLoadError, TokenizeError
@@ -50,9 +50,8 @@ class LlamaModel:
     def __init__(self, path: str | Path, params: ModelParams | None = None) -> None:
         params = params or ModelParams()
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelLoadError(f"model file not found: {self.path}")
         ensure_backend()
+        validate_model_files(self.path)  # a broken file is named here, not left to llama.cpp
         cparams = llama_cpp.llama_model_default_params()
         cparams.n_gpu_layers = 0
         cparams.load_mode = (
