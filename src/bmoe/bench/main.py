@@ -24,9 +24,9 @@ from typing import Any
 import attrs
 
 from bmoe.bench import configs as cf
-from bmoe.bench import report
+from bmoe.bench import document, report
 from bmoe.bench.cgroup import CgroupError, MemoryGroup, machine_sites
-from bmoe.bench.disk import MIB, Bandwidth, measure_bandwidth
+from bmoe.bench.disk import MIB, measure_bandwidth
 from bmoe.bench.progress import make_progress
 from bmoe.bench.text import TEXT
 
@@ -119,15 +119,6 @@ def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Pla
     return Plan(kinds=kinds, budgets=budgets, n_ctx=n_ctx)
 
 
-def _disk_text(seq: Bandwidth, lanes: Bandwidth) -> str:
-    how = "O_DIRECT" if seq.odirect else "buffered (the filesystem refused O_DIRECT)"
-    return (
-        f"{seq.mib_s:,.0f} MiB/s sequential, one 4 MiB read in flight; {lanes.mib_s:,.0f} MiB/s with "
-        f"{lanes.lanes} reads in flight ({how}, {seq.bytes / MIB:,.0f} MiB of the model file read after "
-        "dropping it from the page cache)"
-    )
-
-
 def _resolve_model(args: argparse.Namespace) -> Path:
     if args.model is not None:
         path = Path(args.model).resolve()
@@ -178,6 +169,12 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     experts = expert_bytes(model)
     configs = cf.build_configs(plan.kinds, plan.budgets, experts)
     schedule = cf.interleave(configs, args.rounds)
+    for c in configs:
+        if args.mem_limit_mb and c.cache_mib and c.cache_mib >= args.mem_limit_mb:
+            print(
+                f"bench: warning: {c.label} does not fit the memory limit of {args.mem_limit_mb} MiB",
+                file=sys.stderr,
+            )
 
     facts = machine_facts(model)
     print(
@@ -187,8 +184,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     cap = args.bw_max_mib * MIB or None
     seq = measure_bandwidth(model, cap)
     lanes = measure_bandwidth(model, cap, n_lanes=args.io_threads) if args.io_threads > 1 else seq
-    disk = _disk_text(seq, lanes)
-    print(f"bench: disk: {disk}", file=sys.stderr)
+    print(f"bench: disk: {document.disk_text(seq, lanes)}", file=sys.stderr)
 
     fed = args.warmup + args.tokens
     progress = make_progress(fed * len(schedule))
@@ -222,92 +218,44 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     finally:
         progress.close()
 
-    summaries = report.with_ratios([report.summarize(c, runs[c.key]) for c in configs], seq.mib_s)
-    argmax = {
-        key: next(r["argmax"] for r in rs if "argmax" in r)
-        for key, rs in runs.items()
-        if any("argmax" in r for r in rs)
-    }
-    reference = report.token_reference(argmax)
-    checks = report.check_tokens(argmax, reference) if reference else []
-    probe = cf.routing_probe(configs, experts)
-    probe_summary = next((s for s in summaries if probe is not None and s.key == probe.key), None)
-    routing = report.check_routing(
-        probe_summary.hit_rate if probe_summary else None, probe.expert_percent if probe else None
-    )
-
+    outcome = report.conclude(configs, runs, experts, seq.mib_s)
     title = args.title or f"{model.name}" + (
         f", memory limit {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
     )
-    table = report.markdown_table(summaries)
-    lines = report.summary_lines(summaries, checks, routing, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
-    chart_line = ""
+    chart = None
     if not args.no_chart:
         from bmoe.bench.chart import ChartUnavailable, draw
 
         try:
-            draw(summaries, args.out / "bench.png", title=title, bandwidth_mib_s=seq.mib_s)
-            chart_line = "![tok/s against the cache budget](bench.png)"
+            chart = draw(outcome.summaries, args.out / "bench.png", title=title, bandwidth_mib_s=seq.mib_s)
         except ChartUnavailable as exc:
             print(f"bench: {exc}", file=sys.stderr)
-    limit_text = f", inside a memory cgroup of {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
-    command = shlex.join(["python", "-m", "bmoe.bench", *argv])
-    md = "\n".join(
-        [
-            f"## {title} ({time.strftime('%Y-%m-%d')})",
-            "",
-            "```sh",
-            command,
-            "```",
-            "",
-            f"Machine: {facts['nproc']} CPUs ({facts['cpu']}), MemTotal {facts['mem_total_gib']:.1f} GiB, "
-            f"kernel {facts['kernel']}, llama-cpp-python {facts['llama_cpp_python']}, model "
-            f"{model.stat().st_size / 1e9:.2f} GB on {facts['filesystem']}. Disk, measured in the same run: "
-            f"{disk}.",
-            "",
-            f"Decode: teacher forcing over the built-in English text, {args.warmup} warm-up tokens then "
-            f"{args.tokens} measured, one token per `llama_decode`, {args.threads} compute threads, "
-            f"{args.io_threads} read lanes, flash attention off everywhere, n_ctx {plan.n_ctx}, "
-            f"{args.rounds} interleaved rounds, each configuration in a fresh process after dropping "
-            f"the model from the page cache{limit_text}.",
-            "",
-            table,
-            "",
-            report.LEGEND,
-            "",
-            *lines,
-            "",
-            chart_line,
-            "",
-        ]
+    run = document.RunFacts(
+        command=shlex.join(["python", "-m", "bmoe.bench", *argv]),
+        model=model,
+        facts=facts,
+        sequential=seq,
+        lanes=lanes,
+        expert_bytes=experts,
+        warmup=args.warmup,
+        tokens=args.tokens,
+        threads=args.threads,
+        io_threads=args.io_threads,
+        n_ctx=plan.n_ctx,
+        rounds=args.rounds,
+        mem_limit_mb=args.mem_limit_mb,
     )
+    md = document.markdown(run, outcome, title=title, chart=chart)
     (args.out / "bench.md").write_text(md)
-    payload = {
-        "command": command,
-        "model": str(model),
-        "facts": facts,
-        "bandwidth": {
-            "sequential": attrs.asdict(seq) | {"mib_s": seq.mib_s},
-            "lanes": attrs.asdict(lanes) | {"mib_s": lanes.mib_s},
-        },
-        "expert_bytes": experts,
-        "mem_limit_mb": args.mem_limit_mb,
-        "n_ctx": plan.n_ctx,
-        "summaries": [attrs.asdict(s) for s in summaries],
-        "token_checks": [attrs.asdict(t) | {"equal": t.equal} for t in checks],
-        "routing": attrs.asdict(routing) | {"text": routing.text()},
-        "runs": runs,
-        "wall_s": time.perf_counter() - t0,
-    }
+    payload = document.payload(run, outcome, runs, wall_s=time.perf_counter() - t0)
     (args.out / "bench.json").write_text(json.dumps(payload, indent=1))
     print(md)
     print(
-        f"bench: wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}"
-        + (", bench.png" if chart_line else ""),
+        f"bench: wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}" + (f", {chart}" if chart else ""),
         file=sys.stderr,
     )
-    return exit_status(summaries, checks)
+    return exit_status(outcome.summaries, outcome.checks)
 
 
 def exit_status(summaries: Sequence[report.Summary], checks: Sequence[report.TokenCheck]) -> int:

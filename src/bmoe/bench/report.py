@@ -7,6 +7,7 @@ and text out.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -171,7 +172,7 @@ class RoutingCheck:
     def text(self) -> str:
         if self.hit_rate is None:
             share = f"{ROUTING_PROBE_PERCENT:.0f}%"
-            return f"routing check: not measured (no streaming run at {share} of the experts)"
+            return f"routing check: not measured (no finished streaming run at {share} of the experts)"
         verdict = (
             "the routing moves"
             if self.moves
@@ -225,7 +226,7 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
     rows = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for s in summaries:
         if not s.ok:
-            cells = [s.label, f"failed: {'; '.join(s.errors)}"] + [""] * (len(head) - 2)
+            cells = [s.label, f"failed: {'; '.join(dict.fromkeys(s.errors))}"] + [""] * (len(head) - 2)
         else:
             cells = [
                 s.label,
@@ -277,5 +278,41 @@ def summary_lines(
             rates = ", ".join("failed" if v is None else f"{v:.2f}" for v in s.tok_s_rounds)
             lines.append(f"- {s.label}: tok/s of the {rounds} rounds {rates}")
         lines.extend(f"- {s.label}: {n}" for n in s.notes)
-        lines.extend(f"- {s.label}: failed ({e})" for e in s.errors)
+        for error, count in Counter(s.errors).items():
+            lines.append(f"- {s.label}: failed in {count} of {rounds} rounds ({error})")
     return lines
+
+
+@attrs.frozen
+class Outcome:
+    """What a run concluded: the summaries with their ratios, and the two checks."""
+
+    summaries: list[Summary]
+    checks: list[TokenCheck]
+    routing: RoutingCheck
+
+
+def conclude(
+    configs: Sequence[BenchConfig],
+    runs: dict[str, list[dict[str, Any]]],
+    expert_bytes: int,
+    bandwidth_mib_s: float,
+) -> Outcome:
+    """Summaries (medians, ratios, disk ceiling), greedy tokens against stock's (each
+    configuration's first round that finished) and the routing probe's verdict."""
+    from bmoe.bench.configs import routing_probe
+
+    summaries = with_ratios([summarize(c, runs[c.key]) for c in configs], bandwidth_mib_s)
+    argmax = {
+        key: next(r["argmax"] for r in rs if "argmax" in r)
+        for key, rs in runs.items()
+        if any("argmax" in r for r in rs)
+    }
+    reference = token_reference(argmax)
+    checks = check_tokens(argmax, reference) if reference else []
+    probe = routing_probe(list(configs), expert_bytes)
+    probe_summary = next((s for s in summaries if probe is not None and s.key == probe.key), None)
+    routing = check_routing(
+        probe_summary.hit_rate if probe_summary else None, probe.expert_percent if probe else None
+    )
+    return Outcome(summaries, checks, routing)

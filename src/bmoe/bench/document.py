@@ -1,0 +1,97 @@
+"""The run's two documents: ``bench.md`` (the section docs/benchmarks.md takes as it is)
+and ``bench.json`` (every figure, every round)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from bmoe.bench import report
+from bmoe.bench.disk import MIB, Bandwidth
+
+
+@attrs.frozen
+class RunFacts:
+    """How the run was made: the command, the machine, the disk, the decode's settings."""
+
+    command: str
+    model: Path
+    facts: dict[str, Any]
+    sequential: Bandwidth
+    lanes: Bandwidth
+    expert_bytes: int
+    warmup: int
+    tokens: int
+    threads: int
+    io_threads: int
+    n_ctx: int
+    rounds: int
+    mem_limit_mb: int
+
+
+def disk_text(seq: Bandwidth, lanes: Bandwidth) -> str:
+    how = "O_DIRECT" if seq.odirect else "buffered (the filesystem refused O_DIRECT)"
+    return (
+        f"{seq.mib_s:,.0f} MiB/s sequential, one 4 MiB read in flight; {lanes.mib_s:,.0f} MiB/s with "
+        f"{lanes.lanes} reads in flight ({how}, {seq.bytes / MIB:,.0f} MiB of the model file read after "
+        "dropping it from the page cache)"
+    )
+
+
+def markdown(run: RunFacts, outcome: report.Outcome, *, title: str, chart: Path | None) -> str:
+    f = run.facts
+    limit = f", inside a memory cgroup of {run.mem_limit_mb} MiB" if run.mem_limit_mb else ""
+    size = run.model.stat().st_size
+    lines = [
+        f"## {title} ({time.strftime('%Y-%m-%d')})",
+        "",
+        "```sh",
+        run.command,
+        "```",
+        "",
+        f"Machine: {f['nproc']} CPUs ({f['cpu']}), MemTotal {f['mem_total_gib']:.1f} GiB, kernel "
+        f"{f['kernel']}, llama-cpp-python {f['llama_cpp_python']}, model {size / 1e9:.2f} GB (routed "
+        f"experts {run.expert_bytes / MIB:,.0f} MiB) on {f['filesystem']}. Disk, measured in the same "
+        f"run: {disk_text(run.sequential, run.lanes)}.",
+        "",
+        f"Decode: teacher forcing over the built-in English text, {run.warmup} warm-up tokens then "
+        f"{run.tokens} measured, one token per `llama_decode`, {run.threads} compute threads, "
+        f"{run.io_threads} read lanes, flash attention off everywhere, n_ctx {run.n_ctx}, "
+        f"{run.rounds} interleaved rounds, each configuration in a fresh process after dropping "
+        f"the model from the page cache{limit}.",
+        "",
+        report.markdown_table(outcome.summaries),
+        "",
+        report.LEGEND,
+        "",
+        *report.summary_lines(outcome.summaries, outcome.checks, outcome.routing, run.rounds),
+        "",
+    ]
+    if chart is not None:
+        lines += [f"![tok/s against the cache budget]({chart.name})", ""]
+    return "\n".join(lines)
+
+
+def payload(
+    run: RunFacts, outcome: report.Outcome, runs: dict[str, list[dict[str, Any]]], *, wall_s: float
+) -> dict[str, Any]:
+    return {
+        "command": run.command,
+        "model": str(run.model),
+        "facts": run.facts,
+        "bandwidth": {
+            "sequential": attrs.asdict(run.sequential) | {"mib_s": run.sequential.mib_s},
+            "lanes": attrs.asdict(run.lanes) | {"mib_s": run.lanes.mib_s},
+        },
+        "expert_bytes": run.expert_bytes,
+        "mem_limit_mb": run.mem_limit_mb,
+        "n_ctx": run.n_ctx,
+        "summaries": [attrs.asdict(s) for s in outcome.summaries],
+        "token_checks": [attrs.asdict(t) | {"equal": t.equal} for t in outcome.checks],
+        "routing": attrs.asdict(routing := outcome.routing) | {"text": routing.text()},
+        "runs": runs,
+        "wall_s": wall_s,
+    }
