@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ class StockStepper:
         mparams.use_extra_bufts = repack  # llama.cpp's default is True (weights repacked)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = 512  # Llama's defaults (llama.cpp's n_batch is 2048)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # Llama(flash_attn=False)
@@ -134,7 +136,7 @@ def _delta(after: dict[str, float] | None, before: dict[str, float] | None) -> d
     return {k: after[k] - before[k] for k in after}
 
 
-def run(spec: dict[str, Any], emit: Any = print) -> dict[str, Any]:
+def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, Any]:
     """Load the configuration, teacher-force ``spec["tokens"]``, return the figures."""
     import time
 
