@@ -8,6 +8,7 @@ import errno
 import pytest
 
 from bmoe.domain.streaming import GraphFault, ReadFault
+from bmoe.domain.streaming.prefetch import PreviousTokenPrefetch
 from bmoe.errors import ExpertGraphError, ExpertReadError, StreamingFaultError
 from bmoe.service.expert_streaming import PolicyStreaming
 from bmoe.testing.fake_expert_source import FakeExpertSource
@@ -119,3 +120,32 @@ def test_a_closed_source_refuses_reads() -> None:
     src.close()
     with pytest.raises(ValueError, match="closed"):
         s.route(0, [1])
+
+
+def test_reads_ahead_follow_the_previous_tokens_routing_of_the_next_layers() -> None:
+    ahead = PreviousTokenPrefetch(2, [10, 0, 10, 10])  # layer 1 has no routed experts
+    assert ahead.after_request(0, [1, 2], n_tokens=5) == []  # prefill: nothing
+    assert ahead.after_request(0, [1, 2], n_tokens=1) == []  # nothing known of layers 2, 3 yet
+    assert ahead.after_request(2, [3], n_tokens=1) == []
+    assert ahead.after_request(3, [4, 4], n_tokens=1) == []
+    # the next token: after layer 0, layers 2 and 3 as the previous token routed them
+    assert ahead.after_request(0, [5], n_tokens=1) == [(2, [3]), (3, [4])]
+    assert PreviousTokenPrefetch(1, [10, 0, 10, 10]).after_request(0, [1], 1) == []
+
+
+def test_a_read_ahead_is_waited_for_not_read_again_and_hides_behind_compute() -> None:
+    source = FakeExpertSource([64, 64, 64], 8, latency=0.010, lanes=2)
+    s = PolicyStreaming(source, budget_bytes=64 * 2, prefetch_depth=1)
+    for layer, ids in [(0, [1]), (1, [2]), (2, [3])]:  # token 1 (the cache keeps 2 entries)
+        s.route(layer, ids)
+    s.route(0, [4])  # token 2, layer 0: evicts (1, 2), then reads it ahead for layer 1
+    assert source.in_flight() == [(1, 2)]
+    source.advance(0.006)  # layer 0's experts and layer 1's attention compute meanwhile
+    stall = s.stall_s
+    plan = s.route(1, [2])
+    assert plan.adopted == ((1, 2),) and plan.loads == ()
+    assert s.stall_s - stall == pytest.approx(0.004)  # only the rest of the read is waited for
+    assert source.reads.count((1, 2)) == 2  # token 1's read and the read ahead, never a third
+    assert source.read_back((1, 2)) == source.file_bytes((1, 2))
+    assert s.counters().prefetch_hits == 1
+    s.policy.check_valid()

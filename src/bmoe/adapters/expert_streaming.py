@@ -247,6 +247,10 @@ class ExpertStreaming:
             mgmt_s=s["mgmt_s"],
             resident_bytes=s["resident_bytes"],
             budget_bytes=s["budget_bytes"],
+            stall_s=s["stall_s"],
+            prefetch_issued=s["prefetch_issued"],
+            prefetch_hits=s["prefetch_hits"],
+            prefetch_wasted=s["prefetch_wasted"],
         )
 
     def fault(self) -> StreamFault | None:

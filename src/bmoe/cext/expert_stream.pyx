@@ -58,6 +58,7 @@ from bmoe.cext.cache_core cimport (
     core_free,
     core_new,
     core_plan,
+    core_prefetch,
     core_set_budget,
     core_t,
     core_want,
@@ -113,6 +114,11 @@ MODE_STREAM = C_MODE_STREAM
 MODE_REFERENCE = C_MODE_REFERENCE
 
 cdef enum:
+    IO_IDLE = 0
+    IO_QUEUED = 1
+    IO_READING = 2
+
+cdef enum:
     PAGE = 4096
     MAX_CAPTURE = 16384
     NAME_LEN = 64
@@ -159,22 +165,24 @@ cdef struct capture_t:
 
 
 cdef struct lanes_t:
-    # Read lanes: lane 0 is the thread that asks for the reads (llama.cpp's, inside the
-    # callback), lanes 1..n-1 are worker threads that *block* on a condition variable
-    # between batches (no spinning: on a 2-core machine a spinning lane team took the
-    # cores from llama.cpp's compute threads). Each lane owns one bounce buffer.
+    # Read lanes: lane 0 is the thread that asks for reads (llama.cpp's, inside the
+    # callback), lanes 1..n-1 are worker threads that *block* on a condition variable while
+    # the queue is empty (no spinning: on a 2-core machine a spinning lane team took the
+    # cores from llama.cpp's compute threads). Each lane owns one bounce buffer. Work is a
+    # queue of entries (layer * n_expert + e) to read: demand reads go to its front (the
+    # asker reads them too), reads ahead to its back (the workers read them while llama.cpp
+    # computes). An entry's ``io_state`` says whether it is queued, being read, or idle.
     pthread_mutex_t mu
-    pthread_cond_t work            # workers: a batch arrived (or stop)
-    pthread_cond_t done            # the asker: the batch finished
+    pthread_cond_t work            # workers: the queue is not empty (or stop)
+    pthread_cond_t done            # an entry's read finished
     pthread_t * threads            # [n_workers]
     int n_workers
     int started                    # workers created (0 when none / joined)
     int stop
-    int64_t batch                  # batch number: a worker takes jobs of the current one
-    int n_jobs
-    int next_job
-    int n_done
-    int n_active                   # workers inside the current batch
+    int32_t * queue                # ring of entry indices [queue_cap]
+    int queue_cap
+    int queue_head
+    int queue_len
 
 
 cdef struct worker_arg_t:
@@ -196,8 +204,13 @@ cdef struct stream_t:
     int n_lanes
     char ** bounce                 # [n_lanes], each bounce_size bytes, page aligned
     int64_t bounce_size
-    job_t * jobs                   # scratch [n_expert * n_proj]
     lanes_t lanes
+    uint8_t * io_state             # [n_layer * n_expert]: IO_IDLE, IO_QUEUED, IO_READING
+    double stall_s                 # the callback's time waiting for reads
+    # reads ahead (--prefetch K): the previous decode token's routing of each layer
+    int prefetch_k
+    int32_t * last_route           # [n_layer * n_expert]
+    int * last_route_n             # [n_layer]
     worker_arg_t * worker_args     # [n_lanes]
     # faults (the first one wins; never cleared)
     int fault
@@ -272,12 +285,25 @@ cdef void drop_pages(stream_t * s, int layer, int expert) noexcept nogil:
             madvise(<void *> p0, p1 - p0, MADV_DONTNEED)
 
 
+cdef void settle_entry(stream_t * s, int32_t i) noexcept nogil:
+    """Before an entry's pages go: cancel its queued read, or wait for the one running."""
+    if s.lanes.started == 0 or s.io_state[i] == IO_IDLE:
+        return
+    pthread_mutex_lock(&s.lanes.mu)
+    if s.io_state[i] == IO_QUEUED:
+        s.io_state[i] = IO_IDLE  # its queue slot is skipped when popped
+    while s.io_state[i] == IO_READING:
+        pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+    pthread_mutex_unlock(&s.lanes.mu)
+
+
 cdef void drop_planned_evictions(stream_t * s) noexcept nogil:
     cdef int m
     cdef int32_t i
     cdef int n_expert = s.core.n_expert
     for m in range(s.core.n_evictions):
         i = s.core.plan_evictions[m]
+        settle_entry(s, i)
         drop_pages(s, i // n_expert, i % n_expert)
 
 
@@ -321,74 +347,153 @@ cdef int run_job(stream_t * s, job_t * job, int lane) noexcept nogil:
     return 0
 
 
-cdef int take_job(stream_t * s) noexcept nogil:
-    """The next job of the current batch, or -1 (call with the lanes' mutex held)."""
-    if s.lanes.next_job >= s.lanes.n_jobs:
+cdef void fill_job(stream_t * s, job_t * job, int layer, int expert, int p) noexcept nogil:
+    cdef proj_t * pr = &s.projs[layer * s.n_proj + p]
+    job.dest = pr.base + expert * pr.slice_bytes
+    job.fd = s.fds[pr.file_index]
+    job.file_index = pr.file_index
+    job.offset = pr.file_offset + expert * pr.slice_bytes
+    job.size = pr.slice_bytes
+    job.result = 0
+
+
+cdef int read_entry_now(stream_t * s, int32_t idx, int lane) noexcept nogil:
+    """Read every projection of entry ``idx`` on ``lane``; 0, or -errno after recording the
+    read fault (sticky; the fault flag is raised)."""
+    cdef int p, result
+    cdef job_t job
+    cdef int layer = idx // s.core.n_expert
+    for p in range(s.n_proj):
+        if s.projs[layer * s.n_proj + p].base == NULL:
+            continue
+        fill_job(s, &job, layer, idx % s.core.n_expert, p)
+        result = run_job(s, &job, lane)
+        if result != 0:
+            read_fault(s, -result, job.file_index, job.offset)
+            return result
+    return 0
+
+
+cdef int queue_push(stream_t * s, int32_t idx, bint front) noexcept nogil:
+    """Queue entry ``idx`` (mutex held); -1 when the ring is full."""
+    if s.lanes.queue_len >= s.lanes.queue_cap:
         return -1
-    s.lanes.next_job += 1
-    return s.lanes.next_job - 1
+    if front:
+        s.lanes.queue_head = (s.lanes.queue_head - 1 + s.lanes.queue_cap) % s.lanes.queue_cap
+        s.lanes.queue[s.lanes.queue_head] = idx
+    else:
+        s.lanes.queue[(s.lanes.queue_head + s.lanes.queue_len) % s.lanes.queue_cap] = idx
+    s.lanes.queue_len += 1
+    return 0
 
 
-cdef void finish_job(stream_t * s) noexcept nogil:
-    """Count a finished job (mutex held); wake the asker when the batch is complete."""
-    s.lanes.n_done += 1
-    if s.lanes.n_done == s.lanes.n_jobs:
-        pthread_cond_signal(&s.lanes.done)
+cdef int32_t queue_pop(stream_t * s) noexcept nogil:
+    """The next queued entry still waiting to be read (mutex held), or -1."""
+    cdef int32_t idx
+    while s.lanes.queue_len > 0:
+        idx = s.lanes.queue[s.lanes.queue_head]
+        s.lanes.queue_head = (s.lanes.queue_head + 1) % s.lanes.queue_cap
+        s.lanes.queue_len -= 1
+        if s.io_state[idx] == IO_QUEUED:  # stale slots (cancelled, or moved to the front) skip
+            return idx
+    return -1
+
+
+cdef void read_popped(stream_t * s, int32_t idx, int lane) noexcept nogil:
+    """Read a popped entry (mutex held on entry and on return)."""
+    cdef double t0
+    s.io_state[idx] = IO_READING
+    pthread_mutex_unlock(&s.lanes.mu)
+    t0 = now()
+    read_entry_now(s, idx, lane)
+    t0 = now() - t0
+    pthread_mutex_lock(&s.lanes.mu)
+    s.io_s += t0
+    s.io_state[idx] = IO_IDLE
+    pthread_cond_broadcast(&s.lanes.done)
 
 
 cdef void * lane_main(void * arg) noexcept nogil:
     cdef worker_arg_t * a = <worker_arg_t *> arg
     cdef stream_t * s = <stream_t *> a.stream
-    cdef int lane = a.lane
-    cdef int j
-    cdef int64_t seen = 0
+    cdef int32_t idx
     pthread_mutex_lock(&s.lanes.mu)
     while True:
-        while not s.lanes.stop and (s.lanes.batch == seen or s.lanes.next_job >= s.lanes.n_jobs):
-            if s.lanes.batch != seen:
-                seen = s.lanes.batch  # nothing left to take in this batch
+        while not s.lanes.stop and s.lanes.queue_len == 0:
             pthread_cond_wait(&s.lanes.work, &s.lanes.mu)
         if s.lanes.stop:
             break
-        seen = s.lanes.batch
-        j = take_job(s)
-        while j >= 0:
-            pthread_mutex_unlock(&s.lanes.mu)
-            s.jobs[j].result = run_job(s, &s.jobs[j], lane)
-            pthread_mutex_lock(&s.lanes.mu)
-            finish_job(s)
-            j = take_job(s)
+        idx = queue_pop(s)
+        if idx >= 0:
+            read_popped(s, idx, a.lane)
     pthread_mutex_unlock(&s.lanes.mu)
     return NULL
 
 
-cdef void run_jobs(stream_t * s, int n_jobs) noexcept nogil:
-    """Run ``s.jobs[0:n_jobs]`` on the lanes and return when all are done. The asking
-    thread reads too (lane 0); workers are woken only when there is more than one job."""
-    cdef int j
-    if n_jobs <= 0:
-        return
-    if s.lanes.started == 0 or n_jobs == 1:
-        for j in range(n_jobs):
-            s.jobs[j].result = run_job(s, &s.jobs[j], 0)
+cdef bint is_wanted(stream_t * s, int32_t idx, int layer) noexcept nogil:
+    return idx // s.core.n_expert == layer and s.core.wanted[idx % s.core.n_expert] != 0
+
+
+cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
+    """Read the plan's loads and wait for them and for the adopted entries' reads: the loads
+    and the adopted reads still queued go to the front; the asker reads them too (lane 0),
+    then waits for those the workers are reading. Counts the wait as stall."""
+    cdef int w
+    cdef int32_t idx
+    cdef bint pending
+    cdef double t0 = now()
+    if s.lanes.started == 0:
+        for w in range(s.core.n_loads):
+            read_entry_now(s, s.core.plan_loads[w], 0)
+        s.stall_s += now() - t0
         return
     pthread_mutex_lock(&s.lanes.mu)
-    s.lanes.n_jobs = n_jobs
-    s.lanes.next_job = 0
-    s.lanes.n_done = 0
-    s.lanes.batch += 1
-    pthread_cond_broadcast(&s.lanes.work)
-    j = take_job(s)
-    while j >= 0:
-        pthread_mutex_unlock(&s.lanes.mu)
-        s.jobs[j].result = run_job(s, &s.jobs[j], 0)
-        pthread_mutex_lock(&s.lanes.mu)
-        finish_job(s)
-        j = take_job(s)
-    while s.lanes.n_done < s.lanes.n_jobs:
+    for w in range(s.core.n_adopted - 1, -1, -1):
+        idx = s.core.plan_adopted[w]
+        if s.io_state[idx] == IO_QUEUED and queue_push(s, idx, True) < 0:
+            read_popped(s, idx, 0)  # the ring is full: read it here
+    for w in range(s.core.n_loads - 1, -1, -1):
+        idx = s.core.plan_loads[w]
+        s.io_state[idx] = IO_QUEUED
+        if queue_push(s, idx, True) < 0:
+            read_popped(s, idx, 0)
+    if s.lanes.queue_len > 1:
+        pthread_cond_broadcast(&s.lanes.work)
+    while True:
+        if s.lanes.queue_len > 0 and is_wanted(s, s.lanes.queue[s.lanes.queue_head], layer):
+            idx = queue_pop(s)
+            if idx >= 0:
+                read_popped(s, idx, 0)
+            continue
+        pending = False
+        for w in range(s.core.n_wanted):
+            if s.io_state[layer * s.core.n_expert + s.core.order[w]] != IO_IDLE:
+                pending = True
+                break
+        if not pending:
+            break
         pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
-    s.lanes.n_jobs = 0
-    s.lanes.next_job = 0
+    pthread_mutex_unlock(&s.lanes.mu)
+    s.stall_s += now() - t0
+
+
+cdef void issue_reads(stream_t * s) noexcept nogil:
+    """Queue the prefetch plan's entries at the back for the workers (no waiting)."""
+    cdef int w
+    cdef int32_t idx
+    if s.core.n_loads == 0:
+        return
+    if s.lanes.started == 0 or s.lanes.n_workers == 0:  # nobody to read ahead: read now
+        for w in range(s.core.n_loads):
+            read_entry_now(s, s.core.plan_loads[w], 0)
+        return
+    pthread_mutex_lock(&s.lanes.mu)
+    for w in range(s.core.n_loads):
+        idx = s.core.plan_loads[w]
+        s.io_state[idx] = IO_QUEUED
+        if queue_push(s, idx, False) < 0:
+            read_popped(s, idx, 0)
+    pthread_cond_broadcast(&s.lanes.work)
     pthread_mutex_unlock(&s.lanes.mu)
 
 
@@ -412,6 +517,7 @@ cdef int start_lanes(stream_t * s) noexcept nogil:
 
 
 cdef void stop_lanes(stream_t * s) noexcept nogil:
+    """Join the workers (reads queued and not started are abandoned)."""
     cdef int i
     if s.lanes.started == 0:
         return
@@ -424,19 +530,10 @@ cdef void stop_lanes(stream_t * s) noexcept nogil:
     s.lanes.n_workers = 0
     s.lanes.started = 0
     s.lanes.stop = 0
+    s.lanes.queue_len = 0
     pthread_cond_destroy(&s.lanes.work)
     pthread_cond_destroy(&s.lanes.done)
     pthread_mutex_destroy(&s.lanes.mu)
-
-
-cdef void fill_job(stream_t * s, job_t * job, int layer, int expert, int p) noexcept nogil:
-    cdef proj_t * pr = &s.projs[layer * s.n_proj + p]
-    job.dest = pr.base + expert * pr.slice_bytes
-    job.fd = s.fds[pr.file_index]
-    job.file_index = pr.file_index
-    job.offset = pr.file_offset + expert * pr.slice_bytes
-    job.size = pr.slice_bytes
-    job.result = 0
 
 
 # -- the fast path -----------------------------------------------------------------------
@@ -457,13 +554,32 @@ cdef int gather_ids(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     return 0
 
 
-cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
-    cdef int n_jobs = 0
-    cdef int n_loads, w, p, m
-    cdef int32_t idx
+cdef void prefetch_after(stream_t * s, int layer) noexcept nogil:
+    """Decode only: remember this token's routing of ``layer``, then read ahead the next
+    ``prefetch_k`` MoE layers' experts as the previous token routed them."""
+    cdef int w, m = 0
+    cdef int l = layer + 1
     cdef int n_expert = s.core.n_expert
+    for w in range(s.core.n_wanted):
+        s.last_route[layer * n_expert + w] = s.core.order[w]
+    s.last_route_n[layer] = s.core.n_wanted
+    while l < s.core.n_layer and m < s.prefetch_k:
+        if s.core.entry_bytes[l] > 0:
+            m += 1
+            if s.last_route_n[l] > 0:
+                core_begin(s.core)
+                for w in range(s.last_route_n[l]):
+                    core_want(s.core, s.last_route[l * n_expert + w])
+                core_prefetch(s.core, l)
+                drop_planned_evictions(s)
+                issue_reads(s)
+        l += 1
+
+
+cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    cdef int n_loads
     cdef double t0 = now()
-    cdef double t_io = 0.0
+    cdef double stall0 = s.stall_s
     if gather_ids(s, t, layer) < 0:
         return
     n_loads = core_plan(s.core, layer)
@@ -471,22 +587,11 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
         graph_fault(s, layer, GRAPH_NO_EXPERTS)
         return
     drop_planned_evictions(s)
-    if n_loads > 0:
-        for w in range(n_loads):
-            idx = s.core.plan_loads[w]
-            for p in range(s.n_proj):
-                if s.projs[layer * s.n_proj + p].base != NULL:
-                    fill_job(s, &s.jobs[n_jobs], layer, idx % n_expert, p)
-                    n_jobs += 1
-        t_io = now()
-        run_jobs(s, n_jobs)
-        t_io = now() - t_io
-        s.io_s += t_io
-        for m in range(n_jobs):
-            if s.jobs[m].result != 0:
-                read_fault(s, -s.jobs[m].result, s.jobs[m].file_index, s.jobs[m].offset)
-                break
-    s.mgmt_s += now() - t0 - t_io
+    if n_loads > 0 or s.core.n_adopted > 0:
+        load_and_wait(s, layer)
+    if s.prefetch_k > 0 and t.ne[1] == 1 and not s.fault:
+        prefetch_after(s, layer)
+    s.mgmt_s += (now() - t0) - (s.stall_s - stall0)
 
 
 # -- the reference path ------------------------------------------------------------------
@@ -505,7 +610,7 @@ cdef void reference(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
                 for j in range(t.ne[1])
                 for i in range(t.ne[0])
             ]
-            ok = True if (<object> s.hook)(layer, ids) else False
+            ok = True if (<object> s.hook)(layer, ids, t.ne[1]) else False
         except BaseException:
             ok = False
     if not ok:
@@ -634,9 +739,14 @@ cdef class ExpertStreamer:
         s.n_proj = n_proj
         s.core = core_new(n_layer, n_expert)
         s.projs = <proj_t *> calloc(n_layer * n_proj, sizeof(proj_t))
-        s.jobs = <job_t *> calloc(n_expert * n_proj, sizeof(job_t))
         s.captured = <capture_t *> calloc(MAX_CAPTURE, sizeof(capture_t))
-        if s.core == NULL or s.projs == NULL or s.jobs == NULL or s.captured == NULL:
+        s.io_state = <uint8_t *> calloc(n_layer * n_expert, 1)
+        s.last_route = <int32_t *> calloc(n_layer * n_expert, sizeof(int32_t))
+        s.last_route_n = <int *> calloc(n_layer, sizeof(int))
+        s.lanes.queue_cap = 4 * n_layer * n_expert + 16
+        s.lanes.queue = <int32_t *> calloc(s.lanes.queue_cap, sizeof(int32_t))
+        if (s.core == NULL or s.projs == NULL or s.captured == NULL or s.io_state == NULL
+                or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL):
             raise MemoryError()
         s.fault_flag = <int *> fault_flag_address
         self._hook = None
@@ -647,8 +757,11 @@ cdef class ExpertStreamer:
         self._release_files()
         core_free(self.s.core)
         free(self.s.projs)
-        free(self.s.jobs)
         free(self.s.captured)
+        free(self.s.io_state)
+        free(self.s.last_route)
+        free(self.s.last_route_n)
+        free(self.s.lanes.queue)
         free(self.s)
         self.s = NULL
 
@@ -710,6 +823,18 @@ cdef class ExpertStreamer:
         if value == MODE_REFERENCE and self._hook is None:
             raise ValueError("set the reference hook first")
         self.s.mode = value
+
+    @property
+    def prefetch_k(self) -> int:
+        return self.s.prefetch_k
+
+    @prefetch_k.setter
+    def prefetch_k(self, int k):
+        """Read ahead the next ``k`` MoE layers' experts as the previous decode token routed
+        them (0: off). Between decodes only."""
+        if k < 0:
+            raise ValueError("prefetch depth must be >= 0")
+        self.s.prefetch_k = k
 
     def set_reference_hook(self, hook):
         """``hook(layer, ids) -> bool`` serves a layer in ``MODE_REFERENCE``: True once
@@ -828,24 +953,17 @@ cdef class ExpertStreamer:
         """Read every projection of one entry into its memory, on ``lane``'s bounce buffer
         (one caller per lane at a time), without the GIL. Returns True, or False after
         recording a read fault (sticky; the fault flag is raised)."""
-        cdef int p
         cdef int result = 0
-        cdef job_t job
+        cdef int32_t idx
         if self.s.fds == NULL:
             raise ValueError("the streamer is closed")
         if not (0 <= layer < self.s.core.n_layer and 0 <= expert < self.s.core.n_expert):
             raise ValueError("entry out of range")
         if not 0 <= lane < self.s.n_lanes:
             raise ValueError("lane out of range")
+        idx = layer * self.s.core.n_expert + expert
         with nogil:
-            for p in range(self.s.n_proj):
-                if self.s.projs[layer * self.s.n_proj + p].base == NULL:
-                    continue
-                fill_job(self.s, &job, layer, expert, p)
-                result = run_job(self.s, &job, lane)
-                if result != 0:
-                    read_fault(self.s, -result, job.file_index, job.offset)
-                    break
+            result = read_entry_now(self.s, idx, lane)
         return result == 0
 
     def release_entry(self, int layer, int expert):
@@ -861,7 +979,8 @@ cdef class ExpertStreamer:
         return self.s.core.budget_bytes
 
     def set_budget(self, int64_t budget_bytes):
-        """Change the byte budget between decodes; evicts LRU-first down to it."""
+        """Change the byte budget between decodes; evicts LRU-first down to it (waiting for
+        reads ahead still running on an evicted entry)."""
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
         core_set_budget(self.s.core, budget_bytes)
@@ -893,7 +1012,11 @@ cdef class ExpertStreamer:
             "rereads": c.rereads,
             "bytes_read": c.bytes_read,
             "io_s": s.io_s,
+            "stall_s": s.stall_s,
             "mgmt_s": s.mgmt_s,
+            "prefetch_issued": c.prefetch_issued,
+            "prefetch_hits": c.prefetch_hits,
+            "prefetch_wasted": c.prefetch_wasted,
             "resident_bytes": c.resident_bytes,
             "budget_bytes": c.budget_bytes,
             "odirect": s.odirect != 0,

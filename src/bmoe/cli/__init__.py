@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="fast (default: the C engine) or reference (the Python policy through the expert-source "
         "port; slow, identical output, for checking the fast path)",
     )
+    m.add_argument(
+        "--prefetch",
+        type=int,
+        default=0,
+        metavar="K",
+        help="in decode, read ahead the next K MoE layers' experts as the previous token routed them, "
+        "while llama.cpp computes (lossless; needs the cache; default: 0 = off)",
+    )
     s = p.add_argument_group("session mode (docs/protocol.md)")
     s.add_argument(
         "--session",
@@ -161,6 +169,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
             io_threads=args.io_threads,
             odirect=not args.no_odirect,
             policy=args.stream_policy,
+            prefetch=args.prefetch,
         ),
     )
 

@@ -41,10 +41,20 @@ def stream_lines(result: RunResult) -> list[str]:
     resident, budget = d.resident_bytes / 1048576, d.budget_bytes / 1048576
     evictions = report.prefill.evictions + d.evictions
     rereads = report.prefill.rereads + d.rereads
-    return [
+    lines = [
         f"moe-stream: {total:.1f} MiB read ({report.read_mib_tok:.2f} MiB/token), "
         f"decode {per_tok:.4f} s/token (compute {report.compute_s_tok:.4f} + cache mgmt "
-        f"{report.mgmt_s_tok:.4f} + flash I/O {report.io_s_tok:.4f})",
+        f"{report.mgmt_s_tok:.4f} + waiting for reads {report.stall_s_tok:.4f}; "
+        f"the lanes read for {report.io_s_tok:.4f})",
         f"moe-cache: {hit}, {resident:.1f} MiB resident of {budget:.1f} MiB budget; "
         f"{evictions} evictions, {rereads} re-reads",
     ]
+    issued = report.prefill.prefetch_issued + d.prefetch_issued
+    if issued:
+        used = report.prefill.prefetch_hits + d.prefetch_hits
+        wasted = report.prefill.prefetch_wasted + d.prefetch_wasted
+        lines.append(
+            f"moe-prefetch: {issued} experts read ahead, {used} used ({100.0 * used / issued:.1f}%), "
+            f"{wasted} evicted unused"
+        )
+    return lines

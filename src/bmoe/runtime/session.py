@@ -141,7 +141,7 @@ class Session:
         except BaseException:
             ctx.close()
             raise
-        control = StreamingControl(streaming, config.stream.policy)
+        control = StreamingControl(streaming, config.stream)
         ctx.decode_lock = control.lock
         ctx.explain_abort = control.check
         if config.stream.policy == "reference":

@@ -19,16 +19,17 @@ import threading
 from bmoe.adapters.expert_source import LaneExpertSource
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingInfo
 from bmoe.cext import expert_stream
-from bmoe.domain.streaming import Entry, StreamCounters, StreamFault
+from bmoe.domain.streaming import Entry, StreamConfig, StreamCounters, StreamFault
 from bmoe.errors import StreamingFaultError
 from bmoe.service.expert_streaming import PolicyStreaming
 
 
 class StreamingControl:
-    def __init__(self, streaming: ExpertStreaming, policy: str) -> None:
+    def __init__(self, streaming: ExpertStreaming, config: StreamConfig) -> None:
         self.streaming = streaming
         self.info: StreamingInfo = streaming.info
-        self.policy = policy
+        self.policy = policy = config.policy
+        self.prefetch = config.prefetch
         self.lock = threading.Lock()
         self._closed = False
         self._reference: PolicyStreaming | None = None
@@ -37,17 +38,18 @@ class StreamingControl:
             self._source = LaneExpertSource(
                 streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
             )
-            self._reference = PolicyStreaming(self._source, self.info.budget.bytes)
+            self._reference = PolicyStreaming(self._source, self.info.budget.bytes, config.prefetch)
             streamer.set_reference_hook(self._serve)
             streamer.mode = expert_stream.MODE_REFERENCE
         else:
+            streamer.prefetch_k = config.prefetch
             streamer.mode = expert_stream.MODE_STREAM
 
-    def _serve(self, layer: int, ids: list[int]) -> bool:
+    def _serve(self, layer: int, ids: list[int], n_tokens: int) -> bool:
         """The C callback's reference hook: True once every routed expert is in memory."""
         assert self._reference is not None
         try:
-            self._reference.route(layer, ids)
+            self._reference.route(layer, ids, n_tokens)
         except StreamingFaultError:
             return False
         return True

@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="fast",
         help="fast (default: the C engine) or reference (the Python policy; slow, identical output)",
     )
+    m.add_argument(
+        "--prefetch",
+        type=int,
+        default=0,
+        metavar="K",
+        help="in decode, read ahead the next K MoE layers' experts as the previous token routed them "
+        "(lossless; needs the cache; default: 0 = off)",
+    )
     d = p.add_argument_group("decisions (docs/decide.md)")
     d.add_argument("--decide", action="store_true", help="accept POST /v1/decide")
     d.add_argument(
@@ -141,6 +149,7 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
             io_threads=args.io_threads,
             odirect=not args.no_odirect,
             policy=args.stream_policy,
+            prefetch=args.prefetch,
         ),
     )
 

@@ -23,6 +23,9 @@ class StreamConfig:
       or ``"reference"`` (each MoE layer's routing goes to the Python policy,
       ``ExpertCachePolicy``, and its plan is executed through the expert-source port: slow,
       for checking that the C engine follows the policy; the output is identical).
+    - ``prefetch``: in decode, after each MoE layer, read ahead the next ``prefetch`` MoE
+      layers' experts as the previous token routed them, on the lanes while llama.cpp
+      computes; they enter the cache at its cold end (lossless; needs the cache).
     """
 
     enabled: bool = False
@@ -31,6 +34,7 @@ class StreamConfig:
     io_threads: int = 4
     odirect: bool = True
     policy: str = "fast"
+    prefetch: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.cache_mb is not None and self.cache_mb < 0:
@@ -39,6 +43,10 @@ class StreamConfig:
             raise ConfigError(f"cache_ceil_mb must be >= 0, not {self.cache_ceil_mb}")
         if self.policy not in STREAM_POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(STREAM_POLICIES)}, not {self.policy!r}")
+        if self.prefetch < 0:
+            raise ConfigError(f"prefetch must be >= 0 layers, not {self.prefetch}")
+        if self.prefetch and self.cache_mb == 0:
+            raise ConfigError("--prefetch needs the cache (reads ahead land in it): not with --cache-mb 0")
         if self.io_threads < 1:
             raise ConfigError(f"io_threads must be >= 1, not {self.io_threads}")
 

@@ -17,10 +17,14 @@ class StreamCounters:
     evictions: int = 0
     rereads: int = 0
     bytes_read: int = 0
-    io_s: float = 0.0
+    io_s: float = 0.0  # the read lanes' busy time (summed over lanes)
     mgmt_s: float = 0.0
     resident_bytes: int = 0
     budget_bytes: int = 0
+    stall_s: float = 0.0  # time the compute waited for reads
+    prefetch_issued: int = 0
+    prefetch_hits: int = 0
+    prefetch_wasted: int = 0
 
     def __sub__(self, before: StreamCounters) -> StreamCounters:
         """The activity between two snapshots (sizes are those of the later one)."""
@@ -35,6 +39,10 @@ class StreamCounters:
             mgmt_s=self.mgmt_s - before.mgmt_s,
             resident_bytes=self.resident_bytes,
             budget_bytes=self.budget_bytes,
+            stall_s=self.stall_s - before.stall_s,
+            prefetch_issued=self.prefetch_issued - before.prefetch_issued,
+            prefetch_hits=self.prefetch_hits - before.prefetch_hits,
+            prefetch_wasted=self.prefetch_wasted - before.prefetch_wasted,
         )
 
     @property
@@ -65,12 +73,17 @@ class StreamReport:
         return self.per_token(self.decode.io_s)
 
     @property
+    def stall_s_tok(self) -> float:
+        return self.per_token(self.decode.stall_s)
+
+    @property
     def mgmt_s_tok(self) -> float:
         return self.per_token(self.decode.mgmt_s)
 
     @property
     def compute_s_tok(self) -> float:
-        return max(0.0, self.per_token(self.decode_wall_s) - self.io_s_tok - self.mgmt_s_tok)
+        """Wall time not spent waiting for reads nor managing the cache."""
+        return max(0.0, self.per_token(self.decode_wall_s) - self.stall_s_tok - self.mgmt_s_tok)
 
     @property
     def read_mib_tok(self) -> float:
