@@ -16,6 +16,7 @@ import queue
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -34,6 +35,7 @@ from bmoe.adapters.protocol import (
 from bmoe.errors import BmoeError
 
 _EOF = object()
+_STDERR_LINES = 20  # the child's last stderr lines kept for an error message
 
 
 class SessionClientError(BmoeError, RuntimeError):
@@ -49,8 +51,15 @@ class SessionClient:
         *,
         python: str = sys.executable,
         timeout: float = 300.0,
-        stderr: int | None = subprocess.DEVNULL,
+        stderr: int | None = subprocess.PIPE,
     ) -> None:
+        """``timeout``: the most seconds to wait for any response, ``BMOE_READY`` included.
+        ``stderr``: where the child's stderr goes; by default its last lines are kept
+        (``stderr_tail``) and quoted in the error raised when the child ends or hangs.
+
+        If ``BMOE_READY`` does not come (the child fails to open the model, dies, or says
+        nothing within ``timeout``), the child is killed and reaped and
+        ``SessionClientError`` says why, with the child's last stderr lines."""
         self.timeout = timeout
         self.process = subprocess.Popen(
             [python, "-m", "bmoe.cli", "--session", *args],
@@ -58,14 +67,52 @@ class SessionClient:
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
+        self._stderr: deque[str] = deque(maxlen=_STDERR_LINES)
+        self._stderr_thread: threading.Thread | None = None
+        if stderr == subprocess.PIPE:
+            self._stderr_thread = threading.Thread(
+                target=self._drain_stderr, name="bmoe-client-err", daemon=True
+            )
+            self._stderr_thread.start()
         self._responses: queue.Queue[object] = queue.Queue()
         self._thread = threading.Thread(target=self._read, name="bmoe-client", daemon=True)
         self._thread.start()
-        first = self.next_response()
-        if not isinstance(first, Ready):
-            raise SessionClientError(f"the session did not start: {first}")
+        try:
+            first = self.next_response()
+            if not isinstance(first, Ready):
+                why = first.msg if isinstance(first, Error) else str(first)
+                raise SessionClientError(f"the session did not start: {why}")
+        except BaseException as exc:
+            self._kill()
+            if isinstance(exc, SessionClientError | ProtocolError):
+                raise SessionClientError(f"{exc}{self._stderr_note()}") from exc
+            raise
         self.ready: Ready = first
         self._next_id = 0
+
+    def _drain_stderr(self) -> None:
+        stream = self.process.stderr
+        assert stream is not None
+        for raw in stream:
+            self._stderr.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+    @property
+    def stderr_tail(self) -> list[str]:
+        """The child's last stderr lines (when its stderr is captured, the default)."""
+        return list(self._stderr)
+
+    def _stderr_note(self) -> str:
+        if self._stderr_thread is not None:
+            self._stderr_thread.join(timeout=1.0)
+        if not self._stderr:
+            return ""
+        return "; its last stderr lines:\n" + "\n".join(self._stderr)
+
+    def _kill(self) -> None:
+        """Kill and reap the child (nothing if it already ended)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
 
     def _read(self) -> None:
         reader = ResponseReader()
@@ -86,17 +133,21 @@ class SessionClient:
 
     def send(self, request: dict[str, Any]) -> None:
         """Write one request line."""
-        stdin = self.process.stdin
-        if stdin is None or stdin.closed:
-            raise SessionClientError("the session's input is closed")
-        stdin.write(json.dumps(request).encode() + b"\n")
-        stdin.flush()
+        self.send_raw(json.dumps(request).encode() + b"\n")
 
     def send_raw(self, line: bytes) -> None:
         """Write bytes as they are (for testing malformed input)."""
-        assert self.process.stdin is not None
-        self.process.stdin.write(line)
-        self.process.stdin.flush()
+        stdin = self.process.stdin
+        if stdin is None or stdin.closed:
+            raise SessionClientError("the session's input is closed")
+        try:
+            stdin.write(line)
+            stdin.flush()
+        except BrokenPipeError as exc:
+            status = self.process.wait()
+            raise SessionClientError(
+                f"the session process ended (exit status {status}){self._stderr_note()}"
+            ) from exc
 
     def next_response(self) -> Response:
         """The next response line, parsed; raises if the process ended."""
@@ -106,7 +157,8 @@ class SessionClient:
             raise SessionClientError(f"no response within {self.timeout} s") from exc
         if item is _EOF:
             self._responses.put(_EOF)
-            raise SessionClientError(f"the session process ended (exit status {self.process.wait()})")
+            status = self.process.wait()
+            raise SessionClientError(f"the session process ended (exit status {status}){self._stderr_note()}")
         if isinstance(item, ProtocolError):
             raise item
         assert isinstance(item, Ready | Begin | Progress | Done | DecideDone | Error)
