@@ -284,3 +284,14 @@ def test_bench_model_size_sets_the_layers_and_is_written_once(tmp_path: Path) ->
     stamp = path.stat().st_mtime_ns
     assert cached_bench_model(shape, root=tmp_path) == path and path.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_prefetch_depths_run_beside_each_cache_budget_but_not_with_the_cache_off() -> None:
+    experts = 4096 * cf.MIB
+    configs = cf.build_configs(["stream"], [cf.Budget(mib=0), cf.Budget(mib=1024)], experts, (1, 2))
+    keys = [c.key for c in configs]
+    assert keys == ["stream-0", "stream-1024", "stream-1024-prefetch1", "stream-1024-prefetch2"]
+    assert [c.prefetch for c in configs] == [0, 0, 1, 2]
+    assert cf.parse_prefetch("2,1,2") == (2, 1)
+    with pytest.raises(cf.BenchConfigError):
+        cf.parse_prefetch("0")

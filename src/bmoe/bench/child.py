@@ -76,7 +76,10 @@ class BmoeStepper:
         from bmoe.runtime.session import Session, SessionConfig
 
         stream = StreamConfig(
-            enabled=spec["kind"] == "stream", cache_mb=spec.get("cache_mib"), io_threads=spec["io_threads"]
+            enabled=spec["kind"] == "stream",
+            cache_mb=spec.get("cache_mib"),
+            io_threads=spec["io_threads"],
+            prefetch=spec.get("prefetch", 0),
         )
         config = SessionConfig(
             model_path=Path(spec["model"]),
@@ -109,6 +112,10 @@ class BmoeStepper:
             "bytes_read": c.bytes_read,
             "io_s": c.io_s,
             "mgmt_s": c.mgmt_s,
+            "stall_s": c.stall_s,
+            "prefetch_issued": c.prefetch_issued,
+            "prefetch_hits": c.prefetch_hits,
+            "prefetch_wasted": c.prefetch_wasted,
         }
 
     def stream_info(self) -> dict[str, Any] | None:

@@ -84,6 +84,7 @@ class BenchConfig:
     kind: str
     cache_mib: int | None = None
     expert_percent: float | None = None  # the budget as a share of the experts
+    prefetch: int = 0  # --prefetch K (streaming with a cache only)
 
     @property
     def is_stock(self) -> bool:
@@ -94,10 +95,13 @@ class BenchConfig:
         return self.kind == "stream"
 
 
-def build_configs(kinds: list[str], budgets: list[Budget], expert_bytes: int) -> list[BenchConfig]:
+def build_configs(
+    kinds: list[str], budgets: list[Budget], expert_bytes: int, prefetch: tuple[int, ...] = ()
+) -> list[BenchConfig]:
     """The configurations in run order: stock ones first, then bmoe resident, then streaming
     by increasing budget. Streaming always includes the routing probe's budget (25% of the
-    experts), and each budget (in MiB) runs once."""
+    experts), and each budget (in MiB) runs once, then once more per ``prefetch`` depth
+    (budgets with a cache only)."""
     out: list[BenchConfig] = []
     labels = {
         "stock": "stock llama-cpp-python (mmap, its defaults: repacking on)",
@@ -124,7 +128,29 @@ def build_configs(kinds: list[str], budgets: list[Budget], expert_bytes: int) ->
                     expert_percent=share,
                 )
             )
+            for k in prefetch if mib else ():
+                out.append(
+                    BenchConfig(
+                        key=f"stream-{mib}-prefetch{k}",
+                        label=f"bmoe stream, {what}, --prefetch {k}",
+                        kind="stream",
+                        cache_mib=mib,
+                        expert_percent=share,
+                        prefetch=k,
+                    )
+                )
     return out
+
+
+def parse_prefetch(text: str) -> tuple[int, ...]:
+    """``"1,2"`` -> (1, 2): the ``--prefetch`` depths to run beside each cache budget."""
+    try:
+        depths = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BenchConfigError(f"--prefetch takes depths like 1,2, not {text!r}") from None
+    if any(k < 1 for k in depths):
+        raise BenchConfigError("--prefetch depths must be >= 1")
+    return tuple(dict.fromkeys(depths))
 
 
 def routing_probe(configs: list[BenchConfig], expert_bytes: int) -> BenchConfig | None:

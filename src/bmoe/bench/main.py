@@ -62,6 +62,11 @@ def parser() -> argparse.ArgumentParser:
         "25%% is always added (the routing check). Default 0,25%%,50%%",
     )
     p.add_argument(
+        "--prefetch",
+        default="",
+        help="also run each cache budget with --prefetch K for these depths (e.g. 1,2; default: none)",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="interleaved rounds over the configurations (median)"
     )
     p.add_argument("--warmup", type=int, default=16, help="fed tokens before the measure")
@@ -98,6 +103,7 @@ class Plan:
     kinds: list[str]
     budgets: list[cf.Budget]
     n_ctx: int
+    prefetch: tuple[int, ...] = ()
 
 
 def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Plan:
@@ -116,7 +122,7 @@ def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Pla
     n_ctx = args.ctx or max(256, fed)
     if n_ctx < fed:
         raise cf.BenchConfigError(f"--ctx {n_ctx} cannot hold {fed} fed tokens")
-    return Plan(kinds=kinds, budgets=budgets, n_ctx=n_ctx)
+    return Plan(kinds=kinds, budgets=budgets, n_ctx=n_ctx, prefetch=cf.parse_prefetch(args.prefetch))
 
 
 def _resolve_model(args: argparse.Namespace) -> Path:
@@ -167,7 +173,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             print(f"bench: {exc}", file=sys.stderr)
             return 2
     experts = expert_bytes(model)
-    configs = cf.build_configs(plan.kinds, plan.budgets, experts)
+    configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch)
     schedule = cf.interleave(configs, args.rounds)
     for c in configs:
         if args.mem_limit_mb and c.cache_mib and c.cache_mib >= args.mem_limit_mb:
@@ -196,6 +202,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 "key": config.key,
                 "kind": config.kind,
                 "cache_mib": config.cache_mib,
+                "prefetch": config.prefetch,
                 "model": str(model),
                 "tokens": tokens[:fed],
                 "warmup": args.warmup,
