@@ -98,7 +98,10 @@ class SessionClient:
 
     @property
     def stderr_tail(self) -> list[str]:
-        """The child's last stderr lines (when its stderr is captured, the default)."""
+        """The child's last stderr lines (when its stderr is captured, the default); once
+        the child has ended, all it wrote is in."""
+        if self._stderr_thread is not None and self.process.poll() is not None:
+            self._stderr_thread.join(timeout=1.0)
         return list(self._stderr)
 
     def _stderr_note(self) -> str:

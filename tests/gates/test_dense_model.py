@@ -84,12 +84,11 @@ def test_one_shot_cli_with_moe_stream_prints_the_resident_answer_and_one_note(de
 
 def _client(dense: Path, *extra: str) -> SessionClient:
     args = ["-m", str(dense), "-c", "256", "-n", "4", "--moe-stream", *extra]
-    return SessionClient(args, stderr=subprocess.PIPE)
+    return SessionClient(args)
 
 
 def _stderr(client: SessionClient) -> str:
-    assert client.process.stderr is not None
-    return client.process.stderr.read().decode()
+    return "\n".join(client.stderr_tail)
 
 
 def test_the_session_protocol_with_moe_stream_is_ready_and_generates(dense: Path) -> None:
