@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -149,7 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = _resolve_model(args)
     except (cf.BenchConfigError, ValueError) as exc:
         p.error(str(exc))
+    # a SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the memory group is removed
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     return run_bench(args, model, list(argv) if argv is not None else sys.argv[1:])
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
