@@ -11,12 +11,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.protocol import Error, encode_response
 from bmoe.cli.session_loop import SessionLoop
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.domain.metrics import MemorySample, parse_proc_status, preamble, row_line, run_summary, token_row
+from bmoe.domain.metrics import trailer as metrics_trailer
 from bmoe.domain.perplexity import PplAccumulator, PplWindow
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB, STREAM_POLICIES, StreamConfig, prompt_batch
@@ -71,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="perplexity of FILE's text in windows of -c tokens, as llama.cpp's perplexity tool "
         "computes it (needs at least 2 windows of text)",
     )
+    p.add_argument(
+        "--csv",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write per-token metrics to FILE (bmoe_metrics v2 CSV: configuration, one row per token, "
+        "summary; read it with python -m bmoe.report FILE)",
+    )
     m = p.add_argument_group("expert streaming (docs/streaming.md)")
     m.add_argument("--moe-stream", action="store_true", help="keep experts on flash, read them when routed")
     m.add_argument(
@@ -106,7 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load once, then serve JSON requests from stdin with BMOE_* lines on stdout",
     )
-    s.add_argument("--progress", action="store_true", help="with --session: a BMOE_PROGRESS line per token")
+    s.add_argument(
+        "--progress",
+        action="store_true",
+        help="with --session: a BMOE_PROGRESS line per token; one-shot: a live display on stderr "
+        "(tokens, tok/s, hit rate, MiB read)",
+    )
     s.add_argument(
         "--decide", action="store_true", help="with --session: accept decide requests (docs/decide.md)"
     )
@@ -231,22 +247,100 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.ppl is not None:
         return _perplexity(args)
+    csv_file: TextIO | None = None
+    if args.csv is not None:
+        try:
+            csv_file = args.csv.open("w", encoding="utf-8", newline="")
+        except OSError as exc:
+            print(f"bmoe: error: cannot write {args.csv}: {exc.strerror}", file=sys.stderr)
+            return 1
+    try:
+        return _one_shot(args, csv_file)
+    finally:
+        if csv_file is not None:
+            csv_file.close()
+
+
+def _memory() -> MemorySample:
+    """This process's resident memory (``/proc/self/status``; -1 where there is none)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            return parse_proc_status(f.read())
+    except OSError:
+        return MemorySample()
+
+
+def _metrics_config(args: argparse.Namespace, config: SessionConfig, session: Session) -> dict[str, object]:
+    """The ``--csv`` preamble: what the run was."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        bmoe_version = version("bmoe")
+    except PackageNotFoundError:
+        bmoe_version = "unknown"
+    items: dict[str, object] = {
+        "bmoe_version": bmoe_version,
+        "model": str(config.model_path),
+        "arch": session.arch,
+        "n_expert": session.n_expert,
+        "n_expert_used": session.n_expert_used,
+        "n_ctx": session.n_ctx,
+        "prompt_batch": config.context.n_batch,
+        "threads": config.context.n_threads,
+        "n_predict": args.n_predict,
+        "chatml": args.chatml,
+        "temp": args.temp,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "moe_stream_requested": args.moe_stream,
+        "streaming": session.streaming is not None,
+    }
+    if session.streaming is not None:
+        info = session.streaming.info
+        items.update(
+            cache_budget_mib=info.budget.bytes / MIB,
+            cache_budget_auto=info.budget.auto,
+            lanes=info.lanes,
+            odirect=info.odirect,
+            prefetch=config.stream.prefetch,
+            policy=config.stream.policy,
+        )
+    return items
+
+
+def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
     try:
         config = _config(args)
         request = GenerateRequest(
             prompt=args.prompt,
             sampling=_sampling(args),
         )
+        display = None
+        if args.progress:
+            from bmoe.cli.live import make_display
+
+            display = make_display()
 
         def echo(progress: Progress) -> None:
             if progress.delta_text:
                 sys.stdout.write(progress.delta_text)
                 sys.stdout.flush()
+            if csv_file is not None:
+                csv_file.write(row_line(token_row(progress, _memory())))
+            if display is not None:
+                display.update(progress)
 
         with Session.open(config) as session:
             for note in session.notes:
                 print(f"bmoe: {note}", file=sys.stderr)
-            result = session.generate(request, on_progress=echo)
+            if csv_file is not None:
+                csv_file.write(preamble(_metrics_config(args, config, session)))
+            try:
+                result = session.generate(request, on_progress=echo)
+            finally:
+                if display is not None:
+                    display.close()
             if session.streaming is not None:
                 info = session.streaming.info
                 mode = stream_mode_line(
@@ -261,8 +355,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if session.n_expert:
                 mode += f"; {session.arch}, {session.n_expert} experts, top-{session.n_expert_used}"
             load_s = session.load_s
+            if csv_file is not None:
+                csv_file.write(metrics_trailer(run_summary(result, load_s)))
     except BmoeError as exc:
         print(f"\nbmoe: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if csv_file is None:
+            raise
+        print(f"\nbmoe: error: while writing {args.csv}: {exc}", file=sys.stderr)
         return 1
     print()
     if result.reasoning:

@@ -1,0 +1,93 @@
+"""``--progress`` in one-shot mode: tokens, tok/s, hit rate and MiB read, live on stderr.
+
+With ``rich`` (``pip install 'bmoe[bench]'``) and a terminal on stderr, a live bar that
+is cleared at the end; otherwise a plain ``progress:`` line about once a second and a last
+one at the end. When stdout is the same terminal, the answer goes through rich's console
+(above the bar) a line at a time.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TextIO
+
+from bmoe.domain.generation import Progress
+from bmoe.domain.metrics import RunningTotals
+
+
+class LiveDisplay(Protocol):
+    def update(self, p: Progress) -> None: ...
+    def close(self) -> None: ...
+
+
+class PlainDisplay:
+    """A ``progress:`` line every ``every`` seconds, and the last one on ``close``."""
+
+    def __init__(self, out: TextIO, every: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.out = out
+        self.every = every
+        self.clock = clock
+        self.totals = RunningTotals()
+        self.last = clock()
+        self.shown = -1  # the token count of the last line written
+
+    def update(self, p: Progress) -> None:
+        self.totals.add(p)
+        now = self.clock()
+        if now - self.last >= self.every:
+            self._show()
+            self.last = now
+
+    def _show(self) -> None:
+        print(self.totals.line(), file=self.out, flush=True)
+        self.shown = self.totals.tokens
+
+    def close(self) -> None:
+        if self.totals.tokens != self.shown:
+            self._show()
+
+
+class RichDisplay:
+    """A rich live bar on stderr: tokens out of -n, then the running figures."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+        from rich.progress import Progress as Bars
+
+        self.totals = RunningTotals()
+        self.console = Console(stderr=True, highlight=False)
+        self.bars = Bars(
+            TextColumn("generating"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[figures]}"),
+            console=self.console,
+            transient=True,
+            redirect_stdout=sys.stdout.isatty(),
+            redirect_stderr=False,
+        )
+        self.task: Any = self.bars.add_task("", total=None, figures="")
+        self.bars.start()
+
+    def update(self, p: Progress) -> None:
+        self.totals.add(p)
+        figures = self.totals.line().removeprefix("progress: ").split(", ", 1)[-1]
+        self.bars.update(self.task, completed=p.step, total=p.steps, figures=figures)
+
+    def close(self) -> None:
+        self.bars.stop()
+        self.console.print(self.totals.line())
+
+
+def make_display(stderr: TextIO | None = None) -> LiveDisplay:
+    """Rich on a terminal when rich is installed, plain lines otherwise."""
+    out = stderr if stderr is not None else sys.stderr
+    if out is sys.stderr and out.isatty():
+        try:
+            return RichDisplay()
+        except ImportError:
+            pass
+    return PlainDisplay(out)
