@@ -7,6 +7,7 @@ import io
 import attrs
 import pytest
 
+from bmoe.cli import main as cli_main
 from bmoe.cli.live import PlainDisplay
 from bmoe.cli.session_loop import done_response, progress_response
 from bmoe.domain.generation import Progress, RunResult
@@ -173,3 +174,13 @@ def test_plain_display_writes_a_line_a_second_and_the_last_one_on_close() -> Non
     display.close()
     lines = out.getvalue().splitlines()
     assert lines == ["progress: 2/4 tokens, 1.7 tok/s", "progress: 4/4 tokens, 1.7 tok/s"]
+
+
+@pytest.mark.parametrize("other", [["--session"], ["--ppl", "text.txt"]])
+def test_csv_is_refused_outside_one_shot_generation(
+    other: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["--csv", "m.csv", *other])
+    assert exit_.value.code == 2
+    assert "--csv is for one-shot generation" in capsys.readouterr().err

@@ -243,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.decide and not args.session:
         parser.error("--decide needs --session")
+    if args.csv is not None and (args.session or args.ppl is not None):
+        parser.error("--csv is for one-shot generation (not --session nor --ppl)")
     if args.session:
         return _serve(args)
     if args.ppl is not None:
