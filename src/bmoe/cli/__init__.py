@@ -327,7 +327,8 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
         def echo(progress: Progress) -> None:
             if progress.delta_text:
                 sys.stdout.write(progress.delta_text)
-                sys.stdout.flush()
+                if display is None or not display.holds_stdout:
+                    sys.stdout.flush()
             if csv_file is not None:
                 csv_file.write(row_line(token_row(progress, _memory())))
             if display is not None:

@@ -2,8 +2,8 @@
 
 With ``rich`` (``pip install 'bmoe[bench]'``) and a terminal on stderr, a live bar that
 is cleared at the end; otherwise a plain ``progress:`` line about once a second and a last
-one at the end. When stdout is the same terminal, the answer goes through rich's console
-(above the bar) a line at a time.
+one at the end. When stdout is a terminal too, the answer goes through rich's console
+(above the bar) a whole line at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from bmoe.domain.metrics import RunningTotals
 
 
 class LiveDisplay(Protocol):
+    # True while the display owns sys.stdout (rich, stdout on the terminal): the answer is
+    # then written a whole line at a time, so callers should not flush after each token
+    holds_stdout: bool
+
     def update(self, p: Progress) -> None: ...
     def close(self) -> None: ...
 
@@ -26,6 +30,7 @@ class PlainDisplay:
     """A ``progress:`` line every ``every`` seconds, and the last one on ``close``."""
 
     def __init__(self, out: TextIO, every: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.holds_stdout = False
         self.out = out
         self.every = every
         self.clock = clock
@@ -58,6 +63,7 @@ class RichDisplay:
         from rich.progress import Progress as Bars
 
         self.totals = RunningTotals()
+        self.holds_stdout = sys.stdout.isatty()
         self.console = Console(stderr=True, highlight=False)
         self.bars = Bars(
             TextColumn("generating"),
@@ -66,7 +72,7 @@ class RichDisplay:
             TextColumn("{task.fields[figures]}"),
             console=self.console,
             transient=True,
-            redirect_stdout=sys.stdout.isatty(),
+            redirect_stdout=self.holds_stdout,
             redirect_stderr=False,
         )
         self.task: Any = self.bars.add_task("", total=None, figures="")
@@ -78,7 +84,10 @@ class RichDisplay:
         self.bars.update(self.task, completed=p.step, total=p.steps, figures=figures)
 
     def close(self) -> None:
+        if self.holds_stdout:
+            sys.stdout.flush()  # the answer's last partial line, above the bar
         self.bars.stop()
+        self.holds_stdout = False
         self.console.print(self.totals.line())
 
 
