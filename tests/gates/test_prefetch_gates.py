@@ -73,3 +73,31 @@ def test_prefetch_changes_what_is_read_not_what_is_computed(tiny_model_path: Tin
 def test_prefetch_needs_the_cache() -> None:
     with pytest.raises(ConfigError, match="--prefetch needs the cache"):
         StreamConfig(enabled=True, cache_mb=0, prefetch=1)
+
+
+LONG = GenerateRequest(" ".join(["the quick brown fox jumps over a lazy dog"] * 14), n_predict=6)
+LONG_PARAMS = ContextParams(n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2)
+
+
+def run_long(path: Path, *, ahead: bool, policy: str = "fast") -> tuple:
+    stream = StreamConfig(enabled=True, cache_mb=None, prefill_ahead=ahead, policy=policy)
+    with Session.open(SessionConfig(model_path=path, context=LONG_PARAMS, stream=stream)) as s:
+        s.streaming.set_budget(40 * s.streaming.info.entry_bytes)  # type: ignore[union-attr]
+        result = s.generate(LONG)
+        return result.tokens, s.last_logits(), s.streaming.counters(), s.streaming.resident_entries()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_reading_the_next_layer_ahead_in_prefill_is_lossless_and_decided_alike(
+    name: str, tiny_model_path: TinyModel
+) -> None:
+    path = tiny_model_path(name)
+    without = run_long(path, ahead=False)
+    fast = run_long(path, ahead=True)
+    ref = run_long(path, ahead=True, policy="reference")
+    for got in (fast, ref):
+        assert got[0] == without[0]
+        assert np.array_equal(got[1], without[1])
+    assert no_timers(fast[2]) == no_timers(ref[2]) and fast[3] == ref[3]
+    assert fast[2].prefetch_issued > 0 and fast[2].prefetch_hits > 0  # the prefill read ahead
+    assert without[2].prefetch_issued == 0

@@ -34,9 +34,14 @@ def resident(path: Path) -> tuple[tuple[int, ...], np.ndarray]:
 
 
 def streamed(
-    path: Path, *, cache_mb: int | None, budget_entries: int | None = None, policy: str = "fast"
+    path: Path,
+    *,
+    cache_mb: int | None,
+    budget_entries: int | None = None,
+    policy: str = "fast",
+    prefill_ahead: bool = True,
 ) -> Session:
-    stream = StreamConfig(enabled=True, cache_mb=cache_mb, policy=policy)
+    stream = StreamConfig(enabled=True, cache_mb=cache_mb, policy=policy, prefill_ahead=prefill_ahead)
     session = Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream))
     assert session.streaming is not None, session.notes
     if budget_entries is not None:
@@ -176,7 +181,8 @@ def test_the_c_cache_follows_the_python_policy_step_for_step(model_path: Path, b
     """Replay: the resident run's recorded routing through the domain policy ends where the
     fast path's C core ends, counter for counter, entry for entry."""
     trace = routing_trace(model_path)
-    with streamed(model_path, cache_mb=None, budget_entries=budget_entries) as s:
+    # the replay models the requests alone: no reads ahead
+    with streamed(model_path, cache_mb=None, budget_entries=budget_entries, prefill_ahead=False) as s:
         s.generate(REQUEST)
         c_counters = s.streaming.counters()
         c_resident = s.streaming.resident_entries()

@@ -8,7 +8,7 @@ import errno
 import pytest
 
 from bmoe.domain.streaming import GraphFault, ReadFault
-from bmoe.domain.streaming.prefetch import PreviousTokenPrefetch
+from bmoe.domain.streaming.prefetch import PreviousTokenPrefetch, next_moe_layer, prefill_reads_ahead
 from bmoe.errors import ExpertGraphError, ExpertReadError, StreamingFaultError
 from bmoe.service.expert_streaming import PolicyStreaming
 from bmoe.testing.fake_expert_source import FakeExpertSource
@@ -149,3 +149,16 @@ def test_a_read_ahead_is_waited_for_not_read_again_and_hides_behind_compute() ->
     assert source.read_back((1, 2)) == source.file_bytes((1, 2))
     assert s.counters().prefetch_hits == 1
     s.policy.check_valid()
+
+
+def test_a_prefill_batch_that_routes_most_experts_reads_the_next_layer_ahead() -> None:
+    assert prefill_reads_ahead(n_tokens=512, n_routed=64, n_expert=128)
+    assert not prefill_reads_ahead(n_tokens=512, n_routed=63, n_expert=128)
+    assert not prefill_reads_ahead(n_tokens=1, n_routed=128, n_expert=128)  # decode
+    assert next_moe_layer(0, [64, 0, 64]) == 2 and next_moe_layer(2, [64, 0, 64]) is None
+    source = FakeExpertSource([64, 0, 64], 4, latency=0.010, lanes=2)
+    s = PolicyStreaming(source, budget_bytes=64 * 8, prefill_ahead=True)
+    s.route(0, [0, 1, 2, 0], n_tokens=2)  # 3 of 4 experts: read all of layer 2 ahead
+    assert source.in_flight() == [(2, 0), (2, 1), (2, 2), (2, 3)]
+    plan = s.route(2, [3, 1], n_tokens=2)
+    assert plan.loads == () and plan.adopted == ((2, 3), (2, 1))

@@ -209,6 +209,7 @@ cdef struct stream_t:
     double stall_s                 # the callback's time waiting for reads
     # reads ahead (--prefetch K): the previous decode token's routing of each layer
     int prefetch_k
+    int prefill_ahead              # read the whole next layer ahead in a prefill batch
     int32_t * last_route           # [n_layer * n_expert]
     int * last_route_n             # [n_layer]
     worker_arg_t * worker_args     # [n_lanes]
@@ -576,6 +577,23 @@ cdef void prefetch_after(stream_t * s, int layer) noexcept nogil:
         l += 1
 
 
+cdef void read_layer_ahead(stream_t * s, int layer) noexcept nogil:
+    """A prefill batch that routed to at least half of ``layer``'s experts: read every expert
+    of the next MoE layer ahead, in file order, while this layer computes."""
+    cdef int e
+    cdef int l = layer + 1
+    while l < s.core.n_layer and s.core.entry_bytes[l] == 0:
+        l += 1
+    if l >= s.core.n_layer:
+        return
+    core_begin(s.core)
+    for e in range(s.core.n_expert):
+        core_want(s.core, e)
+    core_prefetch(s.core, l)
+    drop_planned_evictions(s)
+    issue_reads(s)
+
+
 cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     cdef int n_loads
     cdef double t0 = now()
@@ -589,8 +607,11 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     drop_planned_evictions(s)
     if n_loads > 0 or s.core.n_adopted > 0:
         load_and_wait(s, layer)
-    if s.prefetch_k > 0 and t.ne[1] == 1 and not s.fault:
-        prefetch_after(s, layer)
+    if not s.fault:
+        if t.ne[1] == 1 and s.prefetch_k > 0:
+            prefetch_after(s, layer)
+        elif t.ne[1] > 1 and s.prefill_ahead and 2 * s.core.n_wanted >= s.core.n_expert:
+            read_layer_ahead(s, layer)
     s.mgmt_s += (now() - t0) - (s.stall_s - stall0)
 
 
@@ -835,6 +856,16 @@ cdef class ExpertStreamer:
         if k < 0:
             raise ValueError("prefetch depth must be >= 0")
         self.s.prefetch_k = k
+
+    @property
+    def prefill_ahead(self) -> bool:
+        return self.s.prefill_ahead != 0
+
+    @prefill_ahead.setter
+    def prefill_ahead(self, bint on):
+        """In a prefill batch that routes to at least half of a layer's experts, read the
+        whole next layer ahead. Between decodes only."""
+        self.s.prefill_ahead = 1 if on else 0
 
     def set_reference_hook(self, hook):
         """``hook(layer, ids) -> bool`` serves a layer in ``MODE_REFERENCE``: True once

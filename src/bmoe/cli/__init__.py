@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="in decode, read ahead the next K MoE layers' experts as the previous token routed them, "
         "while llama.cpp computes (lossless; needs the cache; default: 0 = off)",
     )
+    m.add_argument(
+        "--no-prefill-ahead",
+        action="store_true",
+        help="in a prefill batch that routes most of a layer's experts, do not read the whole next "
+        "layer ahead (default: read it ahead, behind the compute)",
+    )
     s = p.add_argument_group("session mode (docs/protocol.md)")
     s.add_argument(
         "--session",
@@ -186,6 +192,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
             odirect=not args.no_odirect,
             policy=args.stream_policy,
             prefetch=args.prefetch,
+            prefill_ahead=not args.no_prefill_ahead,
         ),
     )
 

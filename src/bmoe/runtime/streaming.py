@@ -38,11 +38,14 @@ class StreamingControl:
             self._source = LaneExpertSource(
                 streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
             )
-            self._reference = PolicyStreaming(self._source, self.info.budget.bytes, config.prefetch)
+            self._reference = PolicyStreaming(
+                self._source, self.info.budget.bytes, config.prefetch, config.prefill_ahead
+            )
             streamer.set_reference_hook(self._serve)
             streamer.mode = expert_stream.MODE_REFERENCE
         else:
             streamer.prefetch_k = config.prefetch
+            streamer.prefill_ahead = config.prefill_ahead
             streamer.mode = expert_stream.MODE_STREAM
 
     def _serve(self, layer: int, ids: list[int], n_tokens: int) -> bool:

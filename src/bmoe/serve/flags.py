@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="in decode, read ahead the next K MoE layers' experts as the previous token routed them "
         "(lossless; needs the cache; default: 0 = off)",
     )
+    m.add_argument(
+        "--no-prefill-ahead",
+        action="store_true",
+        help="in a prefill batch that routes most of a layer's experts, do not read the whole next "
+        "layer ahead (default: read it ahead, behind the compute)",
+    )
     d = p.add_argument_group("decisions (docs/decide.md)")
     d.add_argument("--decide", action="store_true", help="accept POST /v1/decide")
     d.add_argument(
@@ -150,6 +156,7 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
             odirect=not args.no_odirect,
             policy=args.stream_policy,
             prefetch=args.prefetch,
+            prefill_ahead=not args.no_prefill_ahead,
         ),
     )
 

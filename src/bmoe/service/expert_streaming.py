@@ -26,18 +26,21 @@ from bmoe.domain.streaming import (
     StreamCounters,
     StreamFault,
 )
-from bmoe.domain.streaming.prefetch import PreviousTokenPrefetch
+from bmoe.domain.streaming.prefetch import PreviousTokenPrefetch, next_moe_layer, prefill_reads_ahead
 from bmoe.ports.expert_source import IExpertSource
 
 
 class PolicyStreaming:
     """Owns the policy; borrows the source (the caller closes it)."""
 
-    def __init__(self, source: IExpertSource, budget_bytes: int, prefetch_depth: int = 0) -> None:
+    def __init__(
+        self, source: IExpertSource, budget_bytes: int, prefetch_depth: int = 0, prefill_ahead: bool = False
+    ) -> None:
         self.source = source
         sizes = [source.entry_bytes(layer) for layer in range(source.n_layer)]
         self.policy = ExpertCachePolicy(budget_bytes, sizes, source.n_expert)
         self.prefetcher = PreviousTokenPrefetch(prefetch_depth, sizes)
+        self.prefill_ahead = prefill_ahead
         self._graph_fault: GraphFault | None = None
         self.stall_s = 0.0
         self.mgmt_s = 0.0
@@ -64,8 +67,18 @@ class PolicyStreaming:
         try:
             self.source.release(plan.evictions)
             wait = self.source.load([*plan.adopted, *plan.loads])
-            for ahead, ahead_ids in self.prefetcher.after_request(layer, ids, n_tokens):
-                early = self.policy.prefetch(ahead, ahead_ids)
+            targets = self.prefetcher.after_request(layer, ids, n_tokens)
+            n_routed = len(set(ids))
+            if self.prefill_ahead and prefill_reads_ahead(n_tokens, n_routed, self.policy.n_expert):
+                ahead = next_moe_layer(layer, self.policy.entry_bytes)
+                if ahead is not None:
+                    targets = [(ahead, list(range(self.policy.n_expert)))]
+            for ahead, ahead_ids in targets:
+                try:
+                    early = self.policy.prefetch(ahead, ahead_ids)
+                except ValueError as exc:
+                    self._graph_fault = GraphFault(ahead, str(exc))
+                    raise self._graph_fault.error() from exc
                 self.source.release(early.evictions)
                 self.source.issue(early.issued)
         finally:

@@ -26,6 +26,9 @@ class StreamConfig:
     - ``prefetch``: in decode, after each MoE layer, read ahead the next ``prefetch`` MoE
       layers' experts as the previous token routed them, on the lanes while llama.cpp
       computes; they enter the cache at its cold end (lossless; needs the cache).
+    - ``prefill_ahead``: in a prefill batch that routes to at least half of a layer's
+      experts, read the whole next layer ahead while this one computes (lossless; needs the
+      cache to hold it).
     """
 
     enabled: bool = False
@@ -35,6 +38,7 @@ class StreamConfig:
     odirect: bool = True
     policy: str = "fast"
     prefetch: int = 0
+    prefill_ahead: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.cache_mb is not None and self.cache_mb < 0:

@@ -1,4 +1,5 @@
-"""``--prefetch K``: which experts to read ahead, from the previous decode token's routing.
+"""Which experts to read ahead: the previous decode token's routing (``--prefetch K``), and
+the whole next layer during a prefill that routes to most experts (``prefill_ahead``).
 
 After a decode token's MoE layer L is served, the next ``K`` MoE layers (layers without
 routed experts are skipped) are read ahead with the experts the *previous* token routed
@@ -38,3 +39,18 @@ class PreviousTokenPrefetch:
             if self._last.get(ahead):
                 targets.append((ahead, self._last[ahead]))
         return targets
+
+
+def next_moe_layer(layer: int, entry_bytes: Sequence[int]) -> int | None:
+    """The first layer after ``layer`` with routed experts, or None."""
+    for ahead in range(layer + 1, len(entry_bytes)):
+        if entry_bytes[ahead] > 0:
+            return ahead
+    return None
+
+
+def prefill_reads_ahead(n_tokens: int, n_routed: int, n_expert: int) -> bool:
+    """A prefill batch (more than one token) that routed at least half of a layer's experts
+    will route to most of the next layer's too: read that whole layer ahead, in file order,
+    while this one computes. A short batch (a decision's suffix) reads only what it routes."""
+    return n_tokens > 1 and 2 * n_routed >= n_expert
