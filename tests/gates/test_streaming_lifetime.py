@@ -16,6 +16,7 @@ import pytest
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB, StreamConfig
 from bmoe.errors import ConfigError
 from bmoe.runtime import Session, SessionConfig
@@ -25,9 +26,11 @@ PARAMS = ContextParams(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
 PROMPT = "The quick brown fox jumps over the lazy dog"
 
 
-def config(path: Path, policy: str = "fast", cache_mb: int | None = 1024) -> SessionConfig:
+def config(path: Path, policy: str = "fast", cache_mb: int | None = 1024, prefetch: int = 0) -> SessionConfig:
     return SessionConfig(
-        model_path=path, context=PARAMS, stream=StreamConfig(enabled=True, cache_mb=cache_mb, policy=policy)
+        model_path=path,
+        context=PARAMS,
+        stream=StreamConfig(enabled=True, cache_mb=cache_mb, policy=policy, prefetch=prefetch),
     )
 
 
@@ -39,11 +42,11 @@ def os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-@pytest.mark.parametrize("policy", ["fast", "reference"])
+@pytest.mark.parametrize(("policy", "prefetch"), [("fast", 0), ("reference", 0), ("fast", 2)])
 def test_close_from_another_thread_cancels_waits_and_frees_the_streamer(
-    tiny_model_path: TinyModel, policy: str
+    tiny_model_path: TinyModel, policy: str, prefetch: int
 ) -> None:
-    s = Session.open(config(tiny_model_path("qwen3moe"), policy))
+    s = Session.open(config(tiny_model_path("qwen3moe"), policy, cache_mb=1, prefetch=prefetch))
     fds_open = open_fds()
     started = threading.Event()
     closer_done = threading.Event()
@@ -60,7 +63,8 @@ def test_close_from_another_thread_cancels_waits_and_frees_the_streamer(
 
     t = threading.Thread(target=closer)
     t.start()
-    result = s.generate(GenerateRequest(PROMPT, n_predict=400), on_progress=on_progress)
+    request = GenerateRequest(PROMPT, n_predict=400, sampling=SamplingParams(temp=1.0, seed=3))
+    result = s.generate(request, on_progress=on_progress)
     t.join(30)
     assert closer_done.is_set()
     assert result.cancelled and 5 <= len(result.tokens) < 400
@@ -71,16 +75,20 @@ def test_close_from_another_thread_cancels_waits_and_frees_the_streamer(
     s.close()  # idempotent
 
 
-@pytest.mark.parametrize("policy", ["fast", "reference"])
+@pytest.mark.parametrize(
+    ("policy", "prefetch"), [("fast", 0), ("reference", 0), ("fast", 2), ("reference", 2)]
+)
 def test_budget_changes_from_another_thread_during_a_decode_keep_the_output_exact(
-    tiny_model_path: TinyModel, policy: str
+    tiny_model_path: TinyModel, policy: str, prefetch: int
 ) -> None:
+    """With reads ahead, evictions by the other thread meet reads queued or running on the
+    lanes (cancelled or waited for): the output stays exact."""
     path = tiny_model_path("qwen3moe")
-    request = GenerateRequest(PROMPT, n_predict=120)
+    request = GenerateRequest(PROMPT, n_predict=120, sampling=SamplingParams(temp=1.0, seed=11))
     with Session.open(SessionConfig(model_path=path, context=PARAMS)) as resident:
         expected = resident.generate(request).tokens
         logits = resident.last_logits()
-    with Session.open(config(path, policy)) as s:
+    with Session.open(config(path, policy, prefetch=prefetch)) as s:
         assert s.streaming is not None
         entry = s.streaming.info.entry_bytes
         stop = threading.Event()
@@ -103,6 +111,8 @@ def test_budget_changes_from_another_thread_during_a_decode_keep_the_output_exac
         assert result.tokens == expected
         assert np.array_equal(s.last_logits(), logits)
         assert s.streaming.counters().evictions > 0
+        assert result.stream is not None  # decode's reads ahead did run (prefill reads ahead anyway)
+        assert (result.stream.decode.prefetch_issued > 0) == (prefetch > 0)
 
 
 def test_a_hundred_open_close_cycles_leave_descriptors_and_threads_at_their_baseline(
