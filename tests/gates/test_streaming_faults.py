@@ -16,7 +16,8 @@ import pytest
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.decide import DecideConfig, DecideRequest
-from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import DecodeAbortedError, ExpertGraphError, ExpertReadError
 from bmoe.runtime import Session, SessionConfig
@@ -187,3 +188,30 @@ def test_a_read_that_fails_inside_a_request_fails_it_and_every_later_one(
             with pytest.raises(ExpertReadError) as again:
                 request(s)
             assert str(again.value) == str(e.value)
+
+
+def test_a_read_ahead_that_fails_in_the_background_is_the_same_fatal_fault(model_copy: Path) -> None:
+    """With reads ahead on the worker lanes, the file is truncated mid-generation: whichever
+    read meets it first (on demand or ahead), the request and every later one fail with the
+    read error; no token computed after it is returned."""
+    cfg = SessionConfig(
+        model_path=model_copy,
+        context=PARAMS,
+        stream=StreamConfig(enabled=True, cache_mb=1, prefetch=2),
+        decide=DecideConfig(enabled=True),
+    )
+    with Session.open(cfg) as s:
+        assert s.streaming is not None
+        s.streaming.set_budget(3 * s.streaming.info.entry_bytes)
+
+        def cut(p: Progress) -> None:
+            if p.step == 3:
+                truncate_half(model_copy)
+
+        request = GenerateRequest(PROMPT, n_predict=40, sampling=SamplingParams(temp=1.0, seed=5))
+        with pytest.raises(ExpertReadError, match=r"expert read failed: .* at offset \d+") as e:
+            s.generate(request, on_progress=cut)
+        for again in REQUESTS.values():
+            with pytest.raises(ExpertReadError) as later:
+                again(s)
+            assert str(later.value) == str(e.value)
