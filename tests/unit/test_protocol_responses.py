@@ -62,6 +62,7 @@ DONE = Done(
     cache_budget_mib=4000.0,
     prefill_read_mib=512.0,
     prefill_io_s=0.75,
+    prefill_stall_s=0.25,
     text='Hi\n"there"',
     reasoning="hm",
 )
@@ -79,6 +80,7 @@ DECIDE = DecideDone(
     prefill_tps=4.6875,
     prefill_read_mib=-1.0,
     prefill_io_s=-1.0,
+    prefill_stall_s=-1.0,
     prefix_state_mib=63.0,
     choice_p_renorm=(0.75, 0.25, 0.0),
 )
@@ -99,13 +101,13 @@ EXPECTED_LINES = {
         b'BMOE_DONE {"id":"a","cancelled":false,"tokens":48,"tok_s":5.25,"prefill_s":1.5,"prefill_tps":40.0,'
         b'"load_s":12.5,"n_prompt":60,"n_past":108,"cache_hit_pct":76.0,"read_mib":10822.0,"io_s_tok":0.0625,'
         b'"compute_s_tok":0.125,"mgmt_s_tok":0.0078125,"stall_s_tok":0.0,"cache_resident_mib":3998.0,'
-        b'"cache_budget_mib":4000.0,"prefill_read_mib":512.0,"prefill_io_s":0.75,"text":"Hi\\n\\"there\\"",'
+        b'"cache_budget_mib":4000.0,"prefill_read_mib":512.0,"prefill_io_s":0.75,"prefill_stall_s":0.25,"text":"Hi\\n\\"there\\"",'
         b'"reasoning":"hm"}\n'
     ),
     DECIDE: (
         b'BMOE_DECIDE {"id":1,"cancelled":false,"best":0,"choice_logp":[-0.015625,-6.75,null],"n_tokens":69,'
         b'"n_reused":31,"n_prefilled":38,"restore_s":0.0078125,"store_s":0.03125,"prefill_s":8.125,'
-        b'"prefill_tps":4.6875,"prefill_read_mib":-1.0,"prefill_io_s":-1.0,"prefix_state_mib":63.0,'
+        b'"prefill_tps":4.6875,"prefill_read_mib":-1.0,"prefill_io_s":-1.0,"prefill_stall_s":-1.0,"prefix_state_mib":63.0,'
         b'"choice_p_renorm":[0.75,0.25,0.0]}\n'
     ),
     ERROR: (
@@ -122,9 +124,9 @@ PROTOCOL_KEYS = {
         delta_text delta_reasoning""",
     "BMOE_DONE": """id cancelled tokens tok_s prefill_s prefill_tps load_s n_prompt n_past cache_hit_pct
         read_mib io_s_tok compute_s_tok mgmt_s_tok stall_s_tok cache_resident_mib cache_budget_mib
-        prefill_read_mib prefill_io_s text reasoning""",
+        prefill_read_mib prefill_io_s prefill_stall_s text reasoning""",
     "BMOE_DECIDE": """id cancelled best choice_logp n_tokens n_reused n_prefilled restore_s store_s prefill_s
-        prefill_tps prefill_read_mib prefill_io_s prefix_state_mib choice_p_renorm""",
+        prefill_tps prefill_read_mib prefill_io_s prefill_stall_s prefix_state_mib choice_p_renorm""",
     "BMOE_ERROR": "id fatal msg",
 }
 
@@ -167,6 +169,7 @@ def test_figures_that_are_not_measured_default_to_minus_one() -> None:
         "cache_budget_mib",
         "prefill_read_mib",
         "prefill_io_s",
+        "prefill_stall_s",
     )
     assert all(getattr(done, name) == -1 for name in streaming)
     assert done.reasoning == ""

@@ -279,6 +279,7 @@ def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
         cache_budget_mib=report.decode.budget_bytes / MIB,
         prefill_read_mib=report.prefill.read_mib,
         prefill_io_s=report.prefill.io_s,
+        prefill_stall_s=report.prefill.stall_s,
     )
 
 
@@ -286,7 +287,11 @@ def decide_response(rid: RequestId, result: DecideResult) -> DecideDone:
     """``BMOE_DECIDE`` for one decision (streaming figures -1 when not streaming)."""
     extra = {}
     if result.stream is not None:
-        extra = {"prefill_read_mib": result.stream.read_mib, "prefill_io_s": result.stream.io_s}
+        extra = {
+            "prefill_read_mib": result.stream.read_mib,
+            "prefill_io_s": result.stream.io_s,
+            "prefill_stall_s": result.stream.stall_s,
+        }
     return DecideDone(
         id=rid,
         cancelled=result.cancelled,

@@ -145,6 +145,7 @@ def run_summary(result: RunResult, load_s: float) -> dict[str, float | int | boo
         "cache_budget_mib": r.decode.budget_bytes / MIB if r else NOT_MEASURED,
         "prefill_read_mib": r.prefill.read_mib if r else NOT_MEASURED,
         "prefill_io_s": r.prefill.io_s if r else NOT_MEASURED,
+        "prefill_stall_s": r.prefill.stall_s if r else NOT_MEASURED,
     }
     out.update(streamed)
     return out

@@ -14,11 +14,16 @@ def generation_line(result: RunResult) -> str:
 
 
 def timing_line(result: RunResult, load_s: float) -> str:
-    """``timing:`` model load and prompt prefill."""
-    return (
+    """``timing:`` model load and prompt prefill (streaming: what it read, and how long the
+    compute waited for those reads)."""
+    line = (
         f"timing: load {load_s:.2f} s, prefill {result.n_prompt} tokens in {result.prefill_s:.3f} s "
         f"({result.prefill_tps:.1f} tok/s)"
     )
+    if result.stream is not None:
+        p = result.stream.prefill
+        line += f"; prefill read {p.read_mib:.1f} MiB, waited {p.stall_s:.3f} s for reads"
+    return line
 
 
 def stream_mode_line(budget_mib: float, auto: bool, lanes: int, odirect: bool, prompt_batch: int) -> str:

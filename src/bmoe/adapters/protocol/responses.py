@@ -112,7 +112,8 @@ class Done:
       ``compute_s_tok``, ``mgmt_s_tok``, ``stall_s_tok``: per-token seconds of reading,
       computing, cache management and waiting for reads.
     - ``cache_resident_mib``, ``cache_budget_mib``: the expert cache's fill and budget.
-    - ``prefill_read_mib``, ``prefill_io_s``: what the prompt phase read, and the time it took.
+    - ``prefill_read_mib``, ``prefill_io_s``, ``prefill_stall_s``: what the prompt phase read,
+      the lanes' busy time reading it, and the time the compute waited for it.
     - ``text``: the answer; ``reasoning``: the reasoning span, kept apart from it.
     """
 
@@ -137,6 +138,7 @@ class Done:
     cache_budget_mib: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     prefill_read_mib: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     prefill_io_s: float = attrs.field(converter=as_float, default=NOT_MEASURED)
+    prefill_stall_s: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     text: str = attrs.field(validator=_is_str)
     reasoning: str = attrs.field(validator=_is_str, default="")
 
@@ -152,8 +154,8 @@ class DecideDone:
     - ``n_tokens`` = ``n_reused`` (restored from the kept prefix state) + ``n_prefilled``.
     - ``restore_s``: time to put the kept state back (0 when none was used); ``store_s``:
       time to copy the state after the prefix (not part of ``prefill_s``).
-    - ``prefill_s``, ``prefill_tps``, ``prefill_read_mib``, ``prefill_io_s``: the prompt
-      phase, as in ``BMOE_DONE``.
+    - ``prefill_s``, ``prefill_tps``, ``prefill_read_mib``, ``prefill_io_s``,
+      ``prefill_stall_s``: the prompt phase, as in ``BMOE_DONE``.
     - ``prefix_state_mib``: the size of the state kept after this decision (0 when none).
       A cancelled decision stores nothing.
     - ``choice_p_renorm`` (beyond the C++ engine's keys): the choices' probabilities
@@ -175,6 +177,7 @@ class DecideDone:
     prefill_tps: float = attrs.field(converter=as_float)
     prefill_read_mib: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     prefill_io_s: float = attrs.field(converter=as_float, default=NOT_MEASURED)
+    prefill_stall_s: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     prefix_state_mib: float = attrs.field(converter=as_float)
     choice_p_renorm: tuple[float | None, ...] = attrs.field(converter=as_float_or_none_tuple, default=())
 
