@@ -18,6 +18,7 @@ from bmoe.adapters.llama.status import check_decode
 from bmoe.errors import ConfigError, ContextInitError, ContextOverflowError, DecodeAbortedError
 
 FlashAttn = Literal["auto", "on", "off"]
+MAX_THREADS = 512  # GGML_MAX_N_THREADS (ggml.h): more crashes llama.cpp's thread pool
 _FLASH_ATTN = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -55,8 +56,10 @@ class ContextParams:
             raise ConfigError(f"n_ctx must be at least 8, not {self.n_ctx}")
         if not 1 <= self.n_ubatch <= self.n_batch:
             raise ConfigError(f"need 1 <= n_ubatch <= n_batch, got {self.n_ubatch} and {self.n_batch}")
-        if self.n_threads < 1:
-            raise ConfigError(f"n_threads must be at least 1, not {self.n_threads}")
+        if not 1 <= self.n_threads <= MAX_THREADS:
+            raise ConfigError(
+                f"n_threads must be between 1 and {MAX_THREADS} (ggml's limit), not {self.n_threads}"
+            )
         if self.flash_attn not in _FLASH_ATTN:
             raise ConfigError(f"flash_attn must be one of {sorted(_FLASH_ATTN)}, not {self.flash_attn!r}")
 
