@@ -88,6 +88,11 @@ class DecideOverflowError(DecideRefusedError, ContextOverflowError):
     """A decision's rendered prompt is longer than the context."""
 
 
+class ModelFileTruncatedError(BmoeError, OSError):
+    """A resident session's model file was truncated in place: its mapped weights are gone.
+    Fatal for the session."""
+
+
 class StreamingSetupError(BmoeError, OSError):
     """Expert streaming could not be set up (a model file that cannot be opened, memory
     that cannot be mapped or allocated): the session does not open."""

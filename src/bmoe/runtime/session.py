@@ -24,6 +24,7 @@ from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.llama.model import ModelParams
+from bmoe.adapters.model_files import MappedFiles
 from bmoe.adapters.system_memory import available_bytes
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
@@ -32,7 +33,13 @@ from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
-from bmoe.errors import ConfigError, ContextOverflowError, DecideDisabledError, StreamingFaultError
+from bmoe.errors import (
+    ConfigError,
+    ContextOverflowError,
+    DecideDisabledError,
+    ModelFileTruncatedError,
+    StreamingFaultError,
+)
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
@@ -101,6 +108,7 @@ class Session:
         self.notes: list[str] = []  # lines for the user about how the session runs
         self.streaming: StreamingControl | None = None
         self.model = LlamaModel(config.model_path, ModelParams(n_expert_used=config.n_expert_used))
+        self._mapped = MappedFiles.snapshot(config.model_path)
         try:
             self.ctx, self.streaming = self._open_context(config)
         except BaseException:
@@ -346,6 +354,12 @@ class Session:
             except StreamingFaultError as exc:
                 self.engine.fail(exc)
                 raise
+        if self.streaming is None and self.engine.failed is None:
+            why = self._mapped.truncated()
+            if why is not None:
+                error = ModelFileTruncatedError(why)
+                self.engine.fail(error)
+                raise error
 
     def close(self) -> None:
         """Cancel a request in flight, wait for it to end, then free everything now (the
