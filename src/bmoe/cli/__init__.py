@@ -13,19 +13,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.protocol import Error, encode_response
 from bmoe.cli.session_loop import SessionLoop
-from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.metrics import MemorySample, parse_proc_status, preamble, row_line, run_summary, token_row
 from bmoe.domain.metrics import trailer as metrics_trailer
 from bmoe.domain.perplexity import PplAccumulator, PplWindow
 from bmoe.domain.sampling import SamplingParams
-from bmoe.domain.streaming import MIB, STREAM_POLICIES, StreamConfig, prompt_batch
+from bmoe.domain.streaming import MIB
 from bmoe.domain.summary import generation_line, stream_lines, stream_mode_line, timing_line
 from bmoe.errors import BmoeError
 from bmoe.runtime import Session, SessionConfig
+from bmoe.runtime.options import (
+    add_decide_options,
+    add_stream_options,
+    context_params,
+    decide_config,
+    stream_config,
+)
 
 DEFAULT_MODEL_FIXTURE = "qwen3moe"
 DEFAULT_PROMPT = "Hello, world"
@@ -82,41 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write per-token metrics to FILE (bmoe_metrics v2 CSV: configuration, one row per token, "
         "summary; read it with python -m bmoe.report FILE)",
     )
-    m = p.add_argument_group("expert streaming (docs/streaming.md)")
-    m.add_argument("--moe-stream", action="store_true", help="keep experts on flash, read them when routed")
-    m.add_argument(
-        "--cache-mb",
-        type=_cache_mb,
-        default=None,
-        metavar="N|auto",
-        help="expert cache budget in MiB; 0 = cache off; auto (default) = available memory minus 1 GiB",
-    )
-    m.add_argument(
-        "--cache-ceil-mb", type=int, default=None, metavar="N", help="upper bound for --cache-mb auto"
-    )
-    m.add_argument("--io-threads", type=int, default=4, metavar="N", help="read lanes (default: 4)")
-    m.add_argument("--no-odirect", action="store_true", help="buffered reads instead of O_DIRECT")
-    m.add_argument(
-        "--stream-policy",
-        choices=STREAM_POLICIES,
-        default="fast",
-        help="fast (default: the C engine) or reference (the Python policy through the expert-source "
-        "port; slow, identical output, for checking the fast path)",
-    )
-    m.add_argument(
-        "--prefetch",
-        type=int,
-        default=0,
-        metavar="K",
-        help="in decode, read ahead the next K MoE layers' experts as the previous token routed them, "
-        "while llama.cpp computes (lossless; needs the cache; default: 0 = off)",
-    )
-    m.add_argument(
-        "--no-prefill-ahead",
-        action="store_true",
-        help="in a prefill batch that routes most of a layer's experts, do not read the whole next "
-        "layer ahead (default: read it ahead, behind the compute)",
-    )
+    add_stream_options(p)
     s = p.add_argument_group("session mode (docs/protocol.md)")
     s.add_argument(
         "--session",
@@ -129,35 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --session: a BMOE_PROGRESS line per token; one-shot: a live display on stderr "
         "(tokens, tok/s, hit rate, MiB read)",
     )
-    s.add_argument(
-        "--decide", action="store_true", help="with --session: accept decide requests (docs/decide.md)"
-    )
-    s.add_argument(
-        "--decide-prefix-cache",
-        choices=PREFIX_CACHE_MODES,
-        default="auto",
-        help="keep the state after a decision's prefix: auto (default), on, off",
-    )
-    s.add_argument(
-        "--decide-prefix-slots",
-        type=int,
-        default=1,
-        metavar="K",
-        help="keep the prefix states of the K most recent prefixes (default: 1)",
-    )
+    add_decide_options(s, "with --session: accept decide requests (docs/decide.md)")
     return p
-
-
-def _cache_mb(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB or 'auto', not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("the cache budget cannot be negative")
-    return value
 
 
 def _default_model() -> Path:
@@ -172,28 +116,16 @@ def _default_model() -> Path:
 
 
 def _config(args: argparse.Namespace) -> SessionConfig:
-    batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
     return SessionConfig(
         model_path=args.model if args.model is not None else _default_model(),
-        context=ContextParams(n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=args.threads),
+        context=context_params(args),
         chat=args.chatml,
         think=not args.no_think,
         n_predict=args.n_predict,
         verbose=args.verbose,
         n_expert_used=args.n_expert_used,
-        decide=DecideConfig(
-            enabled=args.decide, prefix_cache=args.decide_prefix_cache, prefix_slots=args.decide_prefix_slots
-        ),
-        stream=StreamConfig(
-            enabled=args.moe_stream,
-            cache_mb=args.cache_mb,
-            cache_ceil_mb=args.cache_ceil_mb,
-            io_threads=args.io_threads,
-            odirect=not args.no_odirect,
-            policy=args.stream_policy,
-            prefetch=args.prefetch,
-            prefill_ahead=not args.no_prefill_ahead,
-        ),
+        decide=decide_config(args),
+        stream=stream_config(args),
     )
 
 

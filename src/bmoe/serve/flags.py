@@ -11,11 +11,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bmoe.adapters.llama import ContextParams
-from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.sampling import SamplingParams
-from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig, prompt_batch
 from bmoe.runtime import SessionConfig
+from bmoe.runtime.options import (
+    add_decide_options,
+    add_stream_options,
+    context_params,
+    decide_config,
+    stream_config,
+)
 from bmoe.serve.mapping import ServeDefaults
 
 
@@ -71,93 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (default: info: one access line per request)",
     )
-    m = p.add_argument_group("expert streaming (docs/streaming.md)")
-    m.add_argument("--moe-stream", action="store_true", help="keep experts on flash, read them when routed")
-    m.add_argument(
-        "--cache-mb",
-        type=_cache_mb,
-        default=None,
-        metavar="N|auto",
-        help="expert cache budget in MiB; 0 = cache off; auto (default) = available memory minus 1 GiB",
-    )
-    m.add_argument(
-        "--cache-ceil-mb", type=int, default=None, metavar="N", help="upper bound for --cache-mb auto"
-    )
-    m.add_argument("--io-threads", type=int, default=4, metavar="N", help="read lanes (default: 4)")
-    m.add_argument("--no-odirect", action="store_true", help="buffered reads instead of O_DIRECT")
-    m.add_argument(
-        "--stream-policy",
-        choices=STREAM_POLICIES,
-        default="fast",
-        help="fast (default: the C engine) or reference (the Python policy; slow, identical output)",
-    )
-    m.add_argument(
-        "--prefetch",
-        type=int,
-        default=0,
-        metavar="K",
-        help="in decode, read ahead the next K MoE layers' experts as the previous token routed them "
-        "(lossless; needs the cache; default: 0 = off)",
-    )
-    m.add_argument(
-        "--no-prefill-ahead",
-        action="store_true",
-        help="in a prefill batch that routes most of a layer's experts, do not read the whole next "
-        "layer ahead (default: read it ahead, behind the compute)",
-    )
+    add_stream_options(p)
     d = p.add_argument_group("decisions (docs/decide.md)")
-    d.add_argument("--decide", action="store_true", help="accept POST /v1/decide")
-    d.add_argument(
-        "--decide-prefix-cache",
-        choices=PREFIX_CACHE_MODES,
-        default="auto",
-        help="keep the state after a decision's prefix: auto (default), on, off",
-    )
-    d.add_argument(
-        "--decide-prefix-slots",
-        type=int,
-        default=1,
-        metavar="K",
-        help="keep the prefix states of the K most recent prefixes (default: 1)",
-    )
+    add_decide_options(d, "accept POST /v1/decide")
     return p
-
-
-def _cache_mb(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB or 'auto', not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("the cache budget cannot be negative")
-    return value
 
 
 def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
     """The session the server opens (chat mode; decisions when ``--decide``)."""
-    batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
     return SessionConfig(
         model_path=model_path,
-        context=ContextParams(n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=args.threads),
+        context=context_params(args),
         chat=True,
         think=not args.no_think,
         verbose=args.verbose,
         n_expert_used=args.n_expert_used,
-        decide=DecideConfig(
-            enabled=args.decide, prefix_cache=args.decide_prefix_cache, prefix_slots=args.decide_prefix_slots
-        ),
-        stream=StreamConfig(
-            enabled=args.moe_stream,
-            cache_mb=args.cache_mb,
-            cache_ceil_mb=args.cache_ceil_mb,
-            io_threads=args.io_threads,
-            odirect=not args.no_odirect,
-            policy=args.stream_policy,
-            prefetch=args.prefetch,
-            prefill_ahead=not args.no_prefill_ahead,
-        ),
+        decide=decide_config(args),
+        stream=stream_config(args),
     )
 
 

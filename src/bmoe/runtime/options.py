@@ -1,0 +1,106 @@
+"""The command-line options ``python -m bmoe.cli`` and ``python -m bmoe.serve`` share: the
+expert-streaming group, the decision settings, and how they become a session's settings.
+One definition, so the two commands cannot drift apart."""
+
+from __future__ import annotations
+
+import argparse
+
+from bmoe.adapters.llama import ContextParams
+from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
+from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig, prompt_batch
+
+
+def cache_mb(text: str) -> int | None:
+    """``--cache-mb``: a number of MiB, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB or 'auto', not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("the cache budget cannot be negative")
+    return value
+
+
+def add_stream_options(p: argparse.ArgumentParser) -> None:
+    """The ``expert streaming`` group."""
+    m = p.add_argument_group("expert streaming (docs/streaming.md)")
+    m.add_argument("--moe-stream", action="store_true", help="keep experts on flash, read them when routed")
+    m.add_argument(
+        "--cache-mb",
+        type=cache_mb,
+        default=None,
+        metavar="N|auto",
+        help="expert cache budget in MiB; 0 = cache off; auto (default) = available memory minus 1 GiB",
+    )
+    m.add_argument(
+        "--cache-ceil-mb", type=int, default=None, metavar="N", help="upper bound for --cache-mb auto"
+    )
+    m.add_argument("--io-threads", type=int, default=4, metavar="N", help="read lanes (default: 4)")
+    m.add_argument("--no-odirect", action="store_true", help="buffered reads instead of O_DIRECT")
+    m.add_argument(
+        "--stream-policy",
+        choices=STREAM_POLICIES,
+        default="fast",
+        help="fast (default: the C engine) or reference (the Python policy through the expert-source "
+        "port; slow, identical output, for checking the fast path)",
+    )
+    m.add_argument(
+        "--prefetch",
+        type=int,
+        default=0,
+        metavar="K",
+        help="in decode, read ahead the next K MoE layers' experts as the previous token routed them, "
+        "while llama.cpp computes (lossless; needs the cache; default: 0 = off)",
+    )
+    m.add_argument(
+        "--no-prefill-ahead",
+        action="store_true",
+        help="in a prefill batch that routes most of a layer's experts, do not read the whole next "
+        "layer ahead (default: read it ahead, behind the compute)",
+    )
+
+
+def add_decide_options(group: argparse._ArgumentGroup, decide_help: str) -> None:
+    """``--decide`` and the kept prefix state's settings."""
+    group.add_argument("--decide", action="store_true", help=decide_help)
+    group.add_argument(
+        "--decide-prefix-cache",
+        choices=PREFIX_CACHE_MODES,
+        default="auto",
+        help="keep the state after a decision's prefix: auto (default), on, off",
+    )
+    group.add_argument(
+        "--decide-prefix-slots",
+        type=int,
+        default=1,
+        metavar="K",
+        help="keep the prefix states of the K most recent prefixes (default: 1)",
+    )
+
+
+def stream_config(args: argparse.Namespace) -> StreamConfig:
+    return StreamConfig(
+        enabled=args.moe_stream,
+        cache_mb=args.cache_mb,
+        cache_ceil_mb=args.cache_ceil_mb,
+        io_threads=args.io_threads,
+        odirect=not args.no_odirect,
+        policy=args.stream_policy,
+        prefetch=args.prefetch,
+        prefill_ahead=not args.no_prefill_ahead,
+    )
+
+
+def decide_config(args: argparse.Namespace) -> DecideConfig:
+    return DecideConfig(
+        enabled=args.decide, prefix_cache=args.decide_prefix_cache, prefix_slots=args.decide_prefix_slots
+    )
+
+
+def context_params(args: argparse.Namespace) -> ContextParams:
+    """``-c``, ``-b`` (streaming's default prompt batch when unsaid) and ``-t``."""
+    batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
+    return ContextParams(n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=args.threads)
