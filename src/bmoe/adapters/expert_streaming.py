@@ -26,6 +26,7 @@ from bmoe.adapters.expert_source import streamer_fault
 from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation, read_layout
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.model_files import MappedFiles
 from bmoe.adapters.native_errors import native_call
 from bmoe.cext import expert_stream
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
@@ -125,7 +126,7 @@ class ExpertStreaming:
         self.streamer = streamer
         self.layout = layout
         self.info = info
-        self._identity = [os.stat(p) for p in layout.paths]
+        self._files = MappedFiles.snapshot(layout.paths[0])
 
     @staticmethod
     def new_streamer(
@@ -258,16 +259,15 @@ class ExpertStreaming:
         fault = streamer_fault(self.streamer, [str(p) for p in self.layout.paths])
         if fault is not None:
             return fault
-        for path, before in zip(self.layout.paths, self._identity, strict=True):
-            try:
-                now = os.stat(path)
-            except OSError as exc:
-                return ReadFault(str(path), 0, exc.errno or errno.ENOENT, "the model file is gone")
-            if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev) or now.st_size < before.st_size:
-                return ReadFault(
-                    str(path),
-                    now.st_size,
-                    errno.ESTALE,
-                    "the model file was replaced or truncated under the session",
-                )
-        return None
+        changes = self._files.changes()
+        if not changes:
+            return None
+        change = changes[0]
+        if change.kind == "gone":
+            return ReadFault(str(change.path), 0, change.errno, "the model file is gone")
+        return ReadFault(
+            str(change.path),
+            change.size,
+            errno.ESTALE,
+            "the model file was replaced or truncated under the session",
+        )
