@@ -28,13 +28,11 @@ class StreamingControl:
     def __init__(self, streaming: ExpertStreaming, config: StreamConfig) -> None:
         self.streaming = streaming
         self.info: StreamingInfo = streaming.info
-        self.policy = policy = config.policy
-        self.prefetch = config.prefetch
         self.lock = threading.Lock()
         self._closed = False
         self._reference: PolicyStreaming | None = None
         streamer = streaming.streamer
-        if policy == "reference":
+        if config.policy == "reference":
             self._source = LaneExpertSource(
                 streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
             )

@@ -41,7 +41,6 @@ class LayerPlan:
     hits: tuple[Entry, ...]
     evictions: tuple[Entry, ...]
     loads: tuple[Entry, ...]
-    load_bytes: int
     adopted: tuple[Entry, ...] = ()  # hits on prefetched entries: their reads are waited for
 
 
@@ -138,7 +137,6 @@ class ExpertCachePolicy:
             hits=hits,
             evictions=evictions,
             loads=loads,
-            load_bytes=len(loads) * size,
             adopted=adopted,
         )
 
