@@ -25,6 +25,7 @@ from bmoe.domain.summary import generation_line, stream_lines, stream_mode_line,
 from bmoe.errors import BmoeError
 from bmoe.runtime import Session, SessionConfig
 from bmoe.runtime.options import (
+    add_context_options,
     add_decide_options,
     add_stream_options,
     context_params,
@@ -46,15 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--model", type=Path, help="GGUF file (for a split model: the first shard)")
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help="prompt text (default: %(default)r)")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default: 32)")
-    p.add_argument("-t", "--threads", type=int, default=2, help="compute threads (default: 2)")
-    p.add_argument("-c", "--ctx-size", type=int, default=512, help="context length (default: 512)")
-    p.add_argument(
-        "-b",
-        "--batch-size",
-        type=int,
-        default=None,
-        help="prompt batch and ubatch size (default: 64; 512 with --moe-stream, at most -c)",
-    )
+    add_context_options(p)
     p.add_argument(
         "--chatml", action="store_true", help="wrap the prompt as a user turn with the chat template"
     )
@@ -64,13 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=40, help="top-k when --temp > 0 (default: 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p when --temp > 0 (default: 0.95)")
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
-    p.add_argument(
-        "--n-expert-used",
-        type=int,
-        default=None,
-        metavar="K",
-        help="run a MoE model with K experts per token instead of its own top-k (lossy; 1..n_expert)",
-    )
     p.add_argument(
         "--ppl",
         type=Path,

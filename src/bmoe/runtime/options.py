@@ -24,6 +24,26 @@ def cache_mb(text: str) -> int | None:
     return value
 
 
+def add_context_options(p: argparse.ArgumentParser) -> None:
+    """``-t``, ``-c``, ``-b`` (the context ``context_params`` builds) and ``--n-expert-used``."""
+    p.add_argument("-t", "--threads", type=int, default=2, help="compute threads (default: 2)")
+    p.add_argument("-c", "--ctx-size", type=int, default=512, help="context length (default: 512)")
+    p.add_argument(
+        "-b",
+        "--batch-size",
+        type=int,
+        default=None,
+        help="prompt batch and ubatch size (default: 64; 512 with --moe-stream, at most -c)",
+    )
+    p.add_argument(
+        "--n-expert-used",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run a MoE model with K experts per token instead of its own top-k (lossy; 1..n_expert)",
+    )
+
+
 def add_stream_options(p: argparse.ArgumentParser) -> None:
     """The ``expert streaming`` group."""
     m = p.add_argument_group("expert streaming (docs/streaming.md)")

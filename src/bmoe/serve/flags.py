@@ -14,6 +14,7 @@ from pathlib import Path
 from bmoe.domain.sampling import SamplingParams
 from bmoe.runtime import SessionConfig
 from bmoe.runtime.options import (
+    add_context_options,
     add_decide_options,
     add_stream_options,
     context_params,
@@ -45,15 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="max_tokens of a request that sets none (default: until the context is full)",
     )
-    p.add_argument("-t", "--threads", type=int, default=2, help="compute threads (default: 2)")
-    p.add_argument("-c", "--ctx-size", type=int, default=512, help="context length (default: 512)")
-    p.add_argument(
-        "-b",
-        "--batch-size",
-        type=int,
-        default=None,
-        help="prompt batch and ubatch size (default: 64; 512 with --moe-stream, at most -c)",
-    )
+    add_context_options(p)
     p.add_argument("--no-think", action="store_true", help="render chat turns with thinking off by default")
     p.add_argument("--seed", type=int, default=0, help="default sampling seed (default: 0)")
     p.add_argument("--temp", type=float, default=0.0, help="default temperature; 0 = greedy (default: 0)")
@@ -62,13 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--top-p", type=float, default=0.95, help="default top-p when temperature > 0 (default: 0.95)"
     )
     p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
-    p.add_argument(
-        "--n-expert-used",
-        type=int,
-        default=None,
-        metavar="K",
-        help="run a MoE model with K experts per token instead of its own top-k (lossy; 1..n_expert)",
-    )
     p.add_argument(
         "--log-level",
         default="info",
