@@ -55,15 +55,16 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
     @rule(
         layer=st.integers(0, N_LAYER - 1),
         ids=st.lists(st.integers(0, N_EXPERT - 1), min_size=1, max_size=10),
+        hot=st.booleans(),
     )
-    def prefetch(self, layer: int, ids: list[int]) -> None:
+    def prefetch(self, layer: int, ids: list[int], hot: bool) -> None:
         try:
-            plan = self.policy.prefetch(layer, ids)
+            plan = self.policy.prefetch(layer, ids, hot=hot)
         except ValueError:
             with pytest.raises(ValueError):
-                self.core.prefetch(layer, ids)
+                self.core.prefetch(layer, ids, hot=hot)
             return
-        assert self.core.prefetch(layer, ids) == (plan.evictions, plan.issued)
+        assert self.core.prefetch(layer, ids, hot=hot) == (plan.evictions, plan.issued)
 
     @rule(layer=st.integers(0, N_LAYER - 1), bad=st.sampled_from([-1, N_EXPERT, 10**6]))
     def request_out_of_range(self, layer: int, bad: int) -> None:

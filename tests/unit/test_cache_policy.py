@@ -118,6 +118,27 @@ def test_a_prefetch_enters_cold_never_evicts_what_is_in_use_and_is_adopted_once(
     lru.check_valid()
 
 
+def test_a_prefetch_never_evicts_an_entry_of_its_own_list() -> None:
+    lru = ExpertCachePolicy(budget_bytes=3 * 10, entry_bytes=[10, 10], n_expert=8)
+    lru.request(0, [1, 2])
+    lru.request(1, [1])  # in use now; (0,1) is the oldest
+    plan = lru.prefetch(0, [1, 3])  # (0,1) is on the list: (0,2) goes instead
+    assert plan.evictions == ((0, 2),) and plan.issued == ((0, 3),)
+    lru.check_valid()
+
+
+def test_a_committed_prefetch_touches_its_residents_and_enters_hot() -> None:
+    lru = ExpertCachePolicy(budget_bytes=4 * 10, entry_bytes=[10, 10], n_expert=8)
+    lru.request(0, [1, 2])
+    lru.request(1, [1])
+    plan = lru.prefetch(0, [1, 3], hot=True)
+    assert plan.evictions == () and plan.issued == ((0, 3),)
+    assert lru.resident() == [(0, 2), (1, 1), (0, 1), (0, 3)]  # most recent last
+    lru.request(1, [2, 3])  # needs room: the cold (0,2) goes, never the committed ones
+    assert lru.resident()[:2] == [(0, 1), (0, 3)]
+    lru.check_valid()
+
+
 def test_a_prefetch_with_no_room_issues_nothing_more() -> None:
     lru = ExpertCachePolicy(budget_bytes=2 * 10, entry_bytes=[10, 10], n_expert=8)
     lru.request(1, [0, 1])  # fills the budget with entries in use

@@ -14,8 +14,10 @@
 #
 # Reads ahead: ``core_begin``, ``core_want`` for each id, then ``core_prefetch``: each id not
 # resident enters at the cold end (the list's head) after room is made oldest first without
-# evicting the last request's entries (``protected``) nor this prefetch's; when no room can be
-# made the rest is not issued. The issued entries are left in ``plan_loads``.
+# evicting the last request's entries (``protected``) nor any wanted entry of this prefetch's
+# layer; when no room can be made the rest is not issued. ``hot`` (a committed routing):
+# wanted residents are touched and the reads enter at the hot end (the tail) instead. The
+# issued entries are left in ``plan_loads``.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free
@@ -34,7 +36,6 @@ cdef struct core_t:
     uint8_t * wanted               # scratch [n_expert]
     uint8_t * prefetched           # [n_layer * n_expert]: issued ahead, not yet routed to
     uint8_t * protected            # [n_expert]: the last request's ids (of protect_layer)
-    uint8_t * issuing              # scratch [n_expert]: ids issued by the current prefetch
     int protect_layer
     int32_t * order                # [n_expert]: wanted ids of the request, first-seen order
     int n_wanted
@@ -85,13 +86,11 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
     c.plan_adopted = <int32_t *> calloc(n_expert, sizeof(int32_t))
     c.prefetched = <uint8_t *> calloc(n, 1)
     c.protected = <uint8_t *> calloc(n_expert, 1)
-    c.issuing = <uint8_t *> calloc(n_expert, 1)
     c.protect_layer = -1
     if (c.entry_bytes == NULL or c.prev == NULL or c.next == NULL or c.resident == NULL
             or c.evicted_once == NULL or c.wanted == NULL or c.order == NULL
             or c.plan_hits == NULL or c.plan_loads == NULL or c.plan_evictions == NULL
-            or c.plan_adopted == NULL or c.prefetched == NULL or c.protected == NULL
-            or c.issuing == NULL):
+            or c.plan_adopted == NULL or c.prefetched == NULL or c.protected == NULL):
         core_free(c)
         return NULL
     for i in range(n):
@@ -118,7 +117,6 @@ cdef inline void core_free(core_t * c) noexcept nogil:
     free(c.plan_adopted)
     free(c.prefetched)
     free(c.protected)
-    free(c.issuing)
     free(c)
 
 
@@ -261,9 +259,10 @@ cdef inline void core_evict_all(core_t * c) noexcept nogil:
         core_evict(c, c.head)
 
 
-cdef inline int core_prefetch(core_t * c, int layer) noexcept nogil:
-    """Plan reads ahead for ``layer`` (the ids given with ``core_want``); returns the number
-    issued (left in ``plan_loads``), or -1 when the layer has no routed experts."""
+cdef inline int core_prefetch(core_t * c, int layer, bint hot) noexcept nogil:
+    """Plan reads ahead for ``layer`` (the ids given with ``core_want``); ``hot`` for a
+    committed routing. Returns the number issued (left in ``plan_loads``), or -1 when the
+    layer has no routed experts."""
     cdef int w
     cdef int32_t idx, i, nxt
     cdef int64_t size
@@ -273,12 +272,15 @@ cdef inline int core_prefetch(core_t * c, int layer) noexcept nogil:
     for w in range(c.n_wanted):
         idx = layer * c.n_expert + c.order[w]
         if c.resident[idx]:
+            if hot:
+                lru_unlink(c, idx)
+                lru_append(c, idx)
             continue
         i = c.head
         while i >= 0 and c.resident_bytes + size > c.budget_bytes:
             nxt = c.next[i]
             if not ((i // c.n_expert == c.protect_layer and c.protected[i % c.n_expert])
-                    or (i // c.n_expert == layer and c.issuing[i % c.n_expert])):
+                    or (i // c.n_expert == layer and c.wanted[i % c.n_expert])):
                 core_evict(c, i)
             i = nxt
         if c.resident_bytes + size > c.budget_bytes:
@@ -286,14 +288,14 @@ cdef inline int core_prefetch(core_t * c, int layer) noexcept nogil:
         if c.evicted_once[idx]:
             c.rereads += 1
         c.resident[idx] = 1
-        lru_prepend(c, idx)
+        if hot:
+            lru_append(c, idx)
+        else:
+            lru_prepend(c, idx)
         c.resident_bytes += size
         c.prefetched[idx] = 1
-        c.issuing[c.order[w]] = 1
         c.plan_loads[c.n_loads] = idx
         c.n_loads += 1
-    for w in range(c.n_loads):
-        c.issuing[c.plan_loads[w] % c.n_expert] = 0
     c.prefetch_issued += c.n_loads
     c.bytes_read += c.n_loads * size
     return c.n_loads

@@ -571,7 +571,7 @@ cdef void prefetch_after(stream_t * s, int layer) noexcept nogil:
                 core_begin(s.core)
                 for w in range(s.last_route_n[l]):
                     core_want(s.core, s.last_route[l * n_expert + w])
-                core_prefetch(s.core, l)
+                core_prefetch(s.core, l, False)
                 drop_planned_evictions(s)
                 issue_reads(s)
         l += 1
@@ -589,7 +589,7 @@ cdef void read_layer_ahead(stream_t * s, int layer) noexcept nogil:
     core_begin(s.core)
     for e in range(s.core.n_expert):
         core_want(s.core, e)
-    core_prefetch(s.core, l)
+    core_prefetch(s.core, l, False)
     drop_planned_evictions(s)
     issue_reads(s)
 

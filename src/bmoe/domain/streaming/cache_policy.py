@@ -18,9 +18,14 @@ a higher precision than others.
 Reads ahead (``prefetch(layer, experts)``): each expert not resident is read in the
 background and enters the cache at the *cold* end (the next eviction's first candidate),
 after making room LRU-first without evicting the entries the last request is computing
-with, nor the ones this prefetch just issued; when no room can be made the rest is not
-issued. A prefetched entry that a later request routes to is a hit, *adopted* (the caller
-waits for its read if it is still in flight); one evicted unused is counted as wasted.
+with, nor any entry of this prefetch's own list (resident or just issued); when no room can
+be made the rest is not issued. A prefetched entry that a later request routes to is a hit,
+*adopted* (the caller waits for its read if it is still in flight); one evicted unused is
+counted as wasted. Guesses (the previous token's routing, the stale gate's prediction) enter
+cold: a wrong one is the first to go. A *committed* routing (``hot=True``: route-ahead, whose
+layer will use exactly these experts) is kept instead: its resident entries are touched
+(most recent, in the list's order) and its reads enter at the hot end, so the layers in
+between do not evict them before their layer comes.
 """
 
 from __future__ import annotations
@@ -140,17 +145,19 @@ class ExpertCachePolicy:
             adopted=adopted,
         )
 
-    def prefetch(self, layer: int, experts: Iterable[int]) -> PrefetchPlan:
-        """Plan reads ahead of need for ``layer`` (see the module docstring). Raises
-        ``ValueError`` like ``request`` (the state is then unchanged)."""
+    def prefetch(self, layer: int, experts: Iterable[int], *, hot: bool = False) -> PrefetchPlan:
+        """Plan reads ahead of need for ``layer`` (see the module docstring); ``hot`` for a
+        committed routing. Raises ``ValueError`` like ``request`` (the state is then unchanged)."""
         ids = self._checked_ids(layer, experts)
         size = self.entry_bytes[layer]
         evictions: list[Entry] = []
         issued: list[Entry] = []
+        keep = self._protected | {(layer, e) for e in ids}
         for entry in ((layer, e) for e in ids):
             if entry in self._resident:
+                if hot:
+                    self._resident.move_to_end(entry)
                 continue
-            keep = self._protected | set(issued)
             for old in list(self._resident):
                 if self.resident_bytes + size <= self.budget_bytes:
                     break
@@ -162,7 +169,8 @@ class ExpertCachePolicy:
             if entry in self._evicted_once:
                 self.counters.rereads += 1
             self._resident[entry] = None
-            self._resident.move_to_end(entry, last=False)  # the cold end
+            if not hot:
+                self._resident.move_to_end(entry, last=False)  # the cold end
             self.resident_bytes += size
             self._prefetched.add(entry)
             issued.append(entry)
