@@ -1,0 +1,5 @@
+import sys
+
+from bmoe.bench.trained.main import main
+
+sys.exit(main())

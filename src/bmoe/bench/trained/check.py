@@ -1,0 +1,85 @@
+"""llama.cpp's logits on the exported file, held against a reference forward pass.
+
+llama.cpp runs through bmoe's own owner classes with what makes an oracle comparable (see
+:mod:`bmoe.adapters.llama.model`): the file memory-mapped, weight repacking off, flash
+attention off, nothing offloaded. Its KV cache stays F16 (llama.cpp's default, what a
+user runs), which alone moves logits by about 1e-3; a wrong layout, norm or rope moves them
+by whole units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel, ModelParams
+
+F32 = npt.NDArray[np.float32]
+
+DEFAULT_TOLERANCE = 2e-2
+"""Largest absolute logit difference accepted between llama.cpp and a float32/float64
+reference on the same weights."""
+
+
+def llama_logits(path: Path, windows: Sequence[Sequence[int]], *, n_threads: int = 2) -> list[F32]:
+    """Every token's logits, ``[len(window), n_vocab]`` per window, each window a fresh
+    sequence from position 0."""
+    n_ctx = max(len(w) for w in windows)
+    params = ContextParams(
+        n_ctx=max(n_ctx, 8), n_batch=n_ctx, n_ubatch=n_ctx, n_threads=n_threads, flash_attn="off"
+    )
+    out: list[F32] = []
+    with LlamaModel(path, ModelParams()) as model, LlamaContext(model, params) as ctx:
+        for window in windows:
+            ctx.clear()
+            out.append(ctx.decode_all_rows(list(window), 0))
+    return out
+
+
+@attrs.frozen
+class LogitCheck:
+    """How far llama.cpp's logits are from the reference's."""
+
+    max_abs_diff: float
+    mean_abs_diff: float
+    argmax_agreement: float
+    """Fraction of tokens whose most likely next token is the same on both sides."""
+    n_tokens: int
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+    def text(self) -> str:
+        verdict = "ok" if self.ok else "FAILED"
+        return (
+            f"llama.cpp vs reference logits on {self.n_tokens} tokens: max |diff| {self.max_abs_diff:.2e}, "
+            f"mean {self.mean_abs_diff:.2e}, argmax agree {self.argmax_agreement:.2%} "
+            f"(tolerance {self.tolerance:.0e}): {verdict}"
+        )
+
+
+def compare(
+    reference: Sequence[F32], llama: Sequence[F32], tolerance: float = DEFAULT_TOLERANCE
+) -> LogitCheck:
+    """Compare two lists of per-window logits of the same shapes."""
+    if len(reference) != len(llama) or not reference:
+        raise ValueError(f"need the same non-zero number of windows, got {len(reference)} and {len(llama)}")
+    for a, b in zip(reference, llama, strict=True):
+        if a.shape != b.shape:
+            raise ValueError(f"logit shapes differ: {a.shape} vs {b.shape}")
+    ref = np.concatenate([np.asarray(r, dtype=np.float64) for r in reference])
+    got = np.concatenate([np.asarray(g, dtype=np.float64) for g in llama])
+    diff = np.abs(ref - got)
+    return LogitCheck(
+        max_abs_diff=float(diff.max()),
+        mean_abs_diff=float(diff.mean()),
+        argmax_agreement=float(np.mean(ref.argmax(axis=-1) == got.argmax(axis=-1))),
+        n_tokens=int(ref.shape[0]),
+        tolerance=tolerance,
+    )

@@ -1,0 +1,81 @@
+"""Given weight arrays, write a ``qwen3moe`` GGUF llama.cpp loads like a real one.
+
+The tiny models' conventions (:mod:`bmoe.tinymodel.writer`): their byte-level BPE
+tokenizer and chat template, their hyper-parameter keys, gguf-py's tensor names. Every
+tensor is F32, so llama.cpp computes with the exact trained values and its logits can be
+compared with a float32 forward pass. The file is written under a temporary name and
+renamed into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, LlamaFileType
+
+from bmoe.bench.trained.layout import TrainedDims, Weights, check_weights, expected_shapes
+from bmoe.tinymodel.archs.common import add_common_hparams
+from bmoe.tinymodel.archs.qwen3moe import ARCH
+from bmoe.tinymodel.tokenizer import build_vocab
+from bmoe.tinymodel.writer import add_tokenizer
+
+Meta = Mapping[str, str | int | float]
+"""Extra ``bmoe.trained.*`` keys (provenance: seed, steps, corpus bytes ...)."""
+
+KEY_PREFIX = "bmoe.trained."
+
+
+def write_gguf(
+    path: Path,
+    dims: TrainedDims,
+    weights: Weights,
+    *,
+    name: str = "trained-moe",
+    description: str = "qwen3moe trained by python -m bmoe.bench.trained",
+    meta: Meta | None = None,
+) -> Path:
+    """Write ``weights`` (checked against ``dims``) as ``path``; returns ``path``."""
+    check_weights(dims, weights)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        writer = GGUFWriter(tmp, ARCH)
+        writer.add_name(name)
+        writer.add_description(description)
+        writer.add_file_type(LlamaFileType.ALL_F32)
+        for key, value in (meta or {}).items():
+            _add_meta(writer, KEY_PREFIX + key, value)
+        add_tokenizer(writer, build_vocab())
+        add_common_hparams(writer, dims.moe_dims())
+        for tensor in expected_shapes(dims):
+            writer.add_tensor(tensor, np.ascontiguousarray(weights[tensor], dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file(progress=False)
+        writer.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return path
+
+
+def _add_meta(writer: GGUFWriter, key: str, value: str | int | float) -> None:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise TypeError(f"{key}: metadata must be str, int or float, not {type(value).__name__}")
+    if isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, int) and value >= 0:
+        writer.add_uint64(key, value)
+    elif isinstance(value, int):
+        writer.add_int64(key, value)
+    else:
+        writer.add_float64(key, value)

@@ -1,0 +1,34 @@
+"""torch, imported on demand: it is an optional extra (``pip install 'bmoe[train]'``).
+
+The numpy parts of this package never import it. Where it is used it comes through
+:func:`load_torch` as a plain module object, so mypy neither needs torch installed (CI has
+none) nor reads its stubs: the tensors of the torch modules are typed ``Any``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from bmoe.errors import BmoeError
+
+Tensor = Any
+"""A ``torch.Tensor`` (untyped here: see the module docstring)."""
+
+INSTALL_HINT = (
+    "python -m bmoe.bench.trained needs torch: pip install 'bmoe[train]', or for the smaller "
+    "CPU-only build: pip install torch --index-url https://download.pytorch.org/whl/cpu"
+)
+
+
+class TorchMissingError(BmoeError, ImportError):
+    """torch is not installed."""
+
+
+def load_torch() -> ModuleType:
+    """The ``torch`` module; ``TorchMissingError`` saying how to install it when absent."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError as exc:
+        raise TorchMissingError(INSTALL_HINT) from exc
