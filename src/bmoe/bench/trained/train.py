@@ -29,7 +29,7 @@ torch = tm.torch
 class TrainConfig:
     minutes: float = 6.0
     seed: int = 0
-    batch: int = 16
+    batch: int = 8
     lr: float = 3e-3
     min_lr_share: float = 0.1
     warmup_steps: int = 30
