@@ -28,6 +28,7 @@ from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.model_files import MappedFiles
 from bmoe.adapters.native_errors import native_call
+from bmoe.adapters.router_gates import RouterGates
 from bmoe.cext import expert_stream
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
 from bmoe.domain.streaming import Budget, ReadFault, StreamConfig, StreamCounters, StreamFault, resolve_budget
@@ -115,17 +116,23 @@ class StreamingInfo:
     expert_bytes: int  # all routed experts, all layers
     dense_copied_bytes: int
     entry_bytes: int  # one (layer, expert) cache entry: all its projections (the largest layer's)
+    routers: bool = False  # the decode routing policies can evaluate the routers
 
 
 class ExpertStreaming:
     """The streaming state of one session: the C streamer plus what Python needs to know."""
 
     def __init__(
-        self, streamer: expert_stream.ExpertStreamer, layout: ModelLayout, info: StreamingInfo
+        self,
+        streamer: expert_stream.ExpertStreamer,
+        layout: ModelLayout,
+        info: StreamingInfo,
+        gates: RouterGates | None = None,
     ) -> None:
         self.streamer = streamer
         self.layout = layout
         self.info = info
+        self._gates = gates  # owns the routers' F32 copies the streamer reads
         self._files = MappedFiles.snapshot(layout.paths[0])
 
     @staticmethod
@@ -219,8 +226,29 @@ class ExpertStreaming:
         for layer, _, loc in found:
             per_expert[layer] = per_expert.get(layer, 0) + loc.n_bytes // model.n_expert
         cycle = sum(v * n_used for v in per_expert.values())
-        budget = resolve_budget(config, available_bytes=available_bytes(), token_cycle_bytes=cycle)
+        budget = resolve_budget(
+            config,
+            available_bytes=available_bytes(),
+            token_cycle_bytes=cycle,
+            compute_buffer_bytes=ctx.compute_buffer_bytes,
+        )
         streamer.set_budget(budget.bytes)
+        # 4. the routers, for the decode routing policies that evaluate them
+        gates = None
+        if config.routing_policies:
+            gates = RouterGates()
+            if not gates.attach(
+                streamer,
+                layout,
+                bases,
+                sorted(per_expert),
+                arch=model.arch,
+                n_expert=model.n_expert,
+                n_expert_used=n_used,
+            ):
+                raise StreamingUnavailable(
+                    "the routers (ffn_gate_inp) are not where the routing policies need them"
+                )
         info = StreamingInfo(
             budget=budget,
             odirect=odirect,
@@ -229,15 +257,29 @@ class ExpertStreaming:
             expert_bytes=sum(loc.n_bytes for _, _, loc in found),
             dense_copied_bytes=dense,
             entry_bytes=max(per_expert.values()),
+            routers=gates is not None,
         )
-        return cls(streamer, layout, info)
+        return cls(streamer, layout, info, gates)
 
     # -- between requests ------------------------------------------------------------------
 
     def counters(self) -> StreamCounters:
         """The fast path's counters (the C cache core and its timers)."""
         s = self.streamer.stats()
+        r = self.streamer.routing_stats()
         return StreamCounters(
+            decode_slots=r["decode_slots"],
+            predict_layers=tuple(zip(r["predict_slots"], r["predict_agree"], strict=True)),
+            route_ahead_committed=r["route_ahead_committed"],
+            route_ahead_passed=r["route_ahead_passed"],
+            route_ahead_slots=r["route_ahead_slots"],
+            route_ahead_agree=r["route_ahead_agree"],
+            dropped=r["dropped"],
+            substituted=r["substituted"],
+            rank_s=r["rank_s"],
+            issue_s=r["issue_s"],
+            watchdog_checks=r["watchdog_checks"],
+            watchdog_trips=r["watchdog_trips"],
             requests=s["requests"],
             hits=s["hits"],
             misses=s["misses"],

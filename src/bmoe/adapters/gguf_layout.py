@@ -29,6 +29,7 @@ class TensorLocation:
     offset: int  # absolute byte offset of the data in its file
     n_bytes: int
     shape: tuple[int, ...]  # ggml order: ne[0], ne[1], ...
+    ggml_type: int = -1  # ggml's type id (0 = F32); -1 when not read
 
 
 @attrs.frozen
@@ -78,6 +79,8 @@ def _libggml_base() -> ctypes.CDLL:
     lib.gguf_get_tensor_size.restype = ctypes.c_size_t
     lib.gguf_get_tensor_ne.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.gguf_get_tensor_ne.restype = ctypes.POINTER(ctypes.c_int64)
+    lib.gguf_get_tensor_type.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_get_tensor_type.restype = ctypes.c_int
     lib.gguf_find_key.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.gguf_find_key.restype = ctypes.c_int64
     lib.gguf_get_kv_type.argtypes = [ctypes.c_void_p, ctypes.c_int64]
@@ -149,6 +152,7 @@ def _read_file(lib: ctypes.CDLL, path: Path, index: int, into: dict[str, TensorL
                 offset=base + int(lib.gguf_get_tensor_offset(ctx, i)),
                 n_bytes=int(lib.gguf_get_tensor_size(ctx, i)),
                 shape=_trim_shape([int(ne[d]) for d in range(4)]),
+                ggml_type=int(lib.gguf_get_tensor_type(ctx, i)),
             )
     finally:
         lib.gguf_free(ctx)

@@ -63,8 +63,17 @@ from bmoe.cext.cache_core cimport (
     core_t,
     core_want,
 )
-from bmoe.cext.graph_names cimport TOPK_PREFIX_LEN, parse_layer
-from bmoe.cext.ggml cimport GGML_OP_NONE, GGML_TYPE_I32, bool, ggml_tensor
+from bmoe.cext.graph_names cimport PROBS_PREFIX_LEN, TOPK_PREFIX_LEN, parse_layer
+from bmoe.cext.ggml cimport GGML_OP_MUL_MAT, GGML_OP_NONE, GGML_TYPE_F32, GGML_TYPE_I32, bool, ggml_tensor
+from bmoe.cext.route_policy cimport (
+    rp_agreement,
+    rp_drop,
+    rp_rank,
+    rp_substitute,
+    rp_weights,
+    rp_worth_reading,
+)
+from libc.math cimport INFINITY, exp, log1p, sqrt
 
 cdef extern from "fcntl.h" nogil:
     enum:
@@ -190,6 +199,59 @@ cdef struct worker_arg_t:
     int lane
 
 
+cdef struct routing_t:
+    # What the decode-time routing policies need and count. Rankings are made on the eval
+    # thread at a layer's topk from that layer's router input (``x``) and the gate matrix of
+    # a layer ahead, and are only used within the same decode (``token`` stamps them).
+    int ready                      # set_router called: the buffers below exist
+    int n_embd
+    int k                          # the model's experts per token
+    int gating                     # llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid,
+                                   # 3 softmax over the selected logits, 4 sqrt(softplus)
+    const float ** gate_w          # [n_layer]: F32 [n_expert][n_embd] router rows, or NULL
+    const float ** gate_b          # [n_layer]: router bias [n_expert] (gpt-oss), or NULL
+    const float ** sel_b           # [n_layer]: selection bias [n_expert] (exp_probs_b), or NULL
+    int predict                    # bit 1: log the prediction's agreement; bit 2: read ahead
+    int spec_max                   # predicted misses read per layer
+    int route_ahead                # N: commit the ranking made N MoE layers earlier
+    double drop_f                  # > 0: drop cold misses below drop_f / k
+    double subst_l                 # >= 0: substitute within this score margin; < 0 off
+    int disarmed                   # the watchdog stopped prediction and route-ahead
+    # per decode
+    int64_t token
+    int last_layer
+    const float * x                # this layer's router input (valid during its callback)
+    int32_t * ranked               # [n_layer * k]
+    double * ranked_w              # [n_layer * k]
+    int64_t * ranked_token         # [n_layer]
+    float * logits                 # scratch [n_expert]
+    float * sel                    # scratch [n_expert]
+    float * vals                   # scratch [n_expert]
+    uint8_t * flags                # scratch [n_expert]
+    uint8_t * taken                # scratch [n_expert], kept zeroed
+    int32_t * ids                  # scratch [n_expert]
+    int32_t * ids2                 # scratch [n_expert]
+    double * w                     # scratch [n_expert]
+    uint8_t * dropped              # [n_expert]: the slots the current layer dropped
+    # counters
+    int64_t * pred_slots           # [n_layer]
+    int64_t * pred_agree           # [n_layer]
+    int64_t ra_committed
+    int64_t ra_passed
+    int64_t ra_slots
+    int64_t ra_agree
+    int64_t decode_slots
+    int64_t n_dropped
+    int64_t n_substituted
+    int64_t checks
+    int64_t trips
+    int trip_layer
+    int trip_agree
+    int64_t trip_token
+    double rank_s                  # ranking: GEMV + top-k (eval thread)
+    double issue_s                 # issuing the reads of a ranking
+
+
 cdef struct stream_t:
     int mode
     core_t * core
@@ -213,6 +275,8 @@ cdef struct stream_t:
     int32_t * last_route           # [n_layer * n_expert]
     int * last_route_n             # [n_layer]
     worker_arg_t * worker_args     # [n_lanes]
+    # decode routing (stale-gate prediction, route-ahead, dropping, substitution)
+    routing_t r
     # faults (the first one wins; never cleared)
     int fault
     int fault_kind
@@ -539,8 +603,9 @@ cdef void stop_lanes(stream_t * s) noexcept nogil:
 
 # -- the fast path -----------------------------------------------------------------------
 
-cdef int gather_ids(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
-    """Start a core request with the node's ids; -1 (after a graph fault) when it cannot."""
+cdef int gather_ids(stream_t * s, ggml_tensor * t, int layer, const uint8_t * skip) noexcept nogil:
+    """Start a core request with the node's ids (a decode token's ``skip``ped slots left
+    out: dropped); -1 (after a graph fault) when it cannot."""
     cdef int64_t i, j
     cdef char * base = <char *> t.data
     if t.type != GGML_TYPE_I32:
@@ -549,6 +614,8 @@ cdef int gather_ids(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     core_begin(s.core)
     for j in range(t.ne[1]):
         for i in range(t.ne[0]):
+            if skip != NULL and skip[i]:
+                continue
             if core_want(s.core, (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]) < 0:
                 graph_fault(s, layer, GRAPH_ID_RANGE)
                 return -1
@@ -593,12 +660,334 @@ cdef void read_layer_ahead(stream_t * s, int layer) noexcept nogil:
     drop_planned_evictions(s)
     issue_reads(s)
 
+# -- decode routing: prediction, route-ahead, dropping, substitution -----------------------
+
+cdef inline float dot(const float * a, const float * b, int n) noexcept nogil:
+    """A dot product with eight independent sums (the compiler can vectorise it)."""
+    cdef float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0, tail = 0
+    cdef int i = 0
+    while i + 8 <= n:
+        s0 += a[i] * b[i]
+        s1 += a[i + 1] * b[i + 1]
+        s2 += a[i + 2] * b[i + 2]
+        s3 += a[i + 3] * b[i + 3]
+        s4 += a[i + 4] * b[i + 4]
+        s5 += a[i + 5] * b[i + 5]
+        s6 += a[i + 6] * b[i + 6]
+        s7 += a[i + 7] * b[i + 7]
+        i += 8
+    while i < n:
+        tail += a[i] * b[i]
+        i += 1
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) + tail
+
+
+cdef inline double gate_value(int gating, double v) noexcept nogil:
+    """The router's elementwise gating (softmax ones are handled by the caller)."""
+    if gating == 2:
+        return 1.0 / (1.0 + exp(-v))
+    if gating == 4:
+        return sqrt(v if v > 20.0 else log1p(exp(v)))
+    return v
+
+
+cdef bint routing_on(stream_t * s) noexcept nogil:
+    cdef routing_t * r = &s.r
+    return r.ready and (r.predict or r.route_ahead or r.drop_f > 0.0 or r.subst_l >= 0.0)
+
+
+cdef int moe_layer_ahead(stream_t * s, int layer, int n) noexcept nogil:
+    """The ``n``-th layer after ``layer`` with routed experts and a known router, or -1."""
+    cdef int l = layer + 1
+    cdef int seen = 0
+    while l < s.core.n_layer:
+        if s.core.entry_bytes[l] > 0 and s.r.gate_w[l] != NULL:
+            seen += 1
+            if seen == n:
+                return l
+        l += 1
+    return -1
+
+
+cdef void router_scores(stream_t * s, int layer, const float * x) noexcept nogil:
+    """``r.logits`` = layer's router on ``x`` (+ its bias); ``r.sel`` = the selection score
+    (the logits, or the gated probabilities plus the selection bias where there is one)."""
+    cdef routing_t * r = &s.r
+    cdef int e, n = s.core.n_expert
+    cdef const float * W = r.gate_w[layer]
+    cdef const float * b = r.gate_b[layer]
+    cdef const float * sb = r.sel_b[layer]
+    cdef double top, total
+    for e in range(n):
+        r.logits[e] = dot(W + <int64_t> e * r.n_embd, x, r.n_embd)
+        if b != NULL:
+            r.logits[e] += b[e]
+    if sb == NULL:
+        for e in range(n):
+            r.sel[e] = r.logits[e]
+        return
+    if r.gating == 1:
+        top = r.logits[0]
+        for e in range(1, n):
+            if r.logits[e] > top:
+                top = r.logits[e]
+        total = 0.0
+        for e in range(n):
+            total += exp(<double> r.logits[e] - top)
+        for e in range(n):
+            r.sel[e] = <float> (exp(<double> r.logits[e] - top) / total) + sb[e]
+        return
+    for e in range(n):
+        r.sel[e] = <float> gate_value(r.gating, r.logits[e]) + sb[e]
+
+
+cdef void make_ranking(stream_t * s, int target) noexcept nogil:
+    """Rank ``target``'s experts on this layer's router input; keep ids and weights."""
+    cdef routing_t * r = &s.r
+    cdef int j
+    cdef int32_t * ranked = &r.ranked[target * r.k]
+    router_scores(s, target, r.x)
+    rp_rank(r.sel, s.core.n_expert, r.k, ranked, r.flags)
+    if r.gating == 1 or r.gating == 3:
+        for j in range(r.k):
+            r.vals[j] = r.logits[ranked[j]]
+        rp_weights(r.vals, r.k, True, &r.ranked_w[target * r.k])
+    else:
+        for j in range(r.k):
+            r.vals[j] = <float> gate_value(r.gating, r.logits[ranked[j]])
+        rp_weights(r.vals, r.k, False, &r.ranked_w[target * r.k])
+    r.ranked_token[target] = r.token
+
+
+cdef void find_router(ggml_tensor * t, int layer, ggml_tensor ** probs, ggml_tensor ** x) noexcept nogil:
+    """From the topk node, walk back (a bounded search over sources) to the router's
+    probabilities (``ffn_moe_probs-L``) and the router matmul's input."""
+    cdef ggml_tensor * stack[64]
+    cdef ggml_tensor * n
+    cdef ggml_tensor * w
+    cdef int top = 0, visits = 0, j
+    stack[top] = t
+    top += 1
+    while top > 0 and visits < 64:
+        top -= 1
+        n = stack[top]
+        visits += 1
+        if probs[0] == NULL and strncmp(n.name, b"ffn_moe_probs-", PROBS_PREFIX_LEN) == 0 \
+                and parse_layer(n.name, PROBS_PREFIX_LEN) == layer:
+            probs[0] = n
+        if x[0] == NULL and n.op == GGML_OP_MUL_MAT:
+            w = n.src[0]
+            if w != NULL and w.op == GGML_OP_NONE and is_gate_inp(w.name, layer):
+                x[0] = n.src[1]
+        if probs[0] != NULL and x[0] != NULL:
+            return
+        for j in range(10):
+            if n.src[j] != NULL and top < 64:
+                stack[top] = n.src[j]
+                top += 1
+
+
+cdef bint is_gate_inp(const char * name, int layer) noexcept nogil:
+    """``name`` is ``blk.<layer>.ffn_gate_inp.weight``."""
+    cdef int i = 4
+    cdef int value = 0
+    cdef int digits = 0
+    if strncmp(name, b"blk.", 4) != 0:
+        return False
+    while name[i] >= 48 and name[i] <= 57 and digits < 9:
+        value = value * 10 + (name[i] - 48)
+        i += 1
+        digits += 1
+    return digits > 0 and value == layer and strncmp(name + i, b".ffn_gate_inp.weight", 21) == 0
+
+
+cdef void write_ids(ggml_tensor * t, const int32_t * ids, int k) noexcept nogil:
+    cdef int i
+    cdef char * base = <char *> t.data
+    for i in range(k):
+        (<int32_t *> (base + i * t.nb[0]))[0] = ids[i]
+
+
+cdef void watchdog(stream_t * s, int layer, int k) noexcept nogil:
+    """Sampled check: this layer's own router, evaluated here on its input, must name the
+    experts the graph's router chose (up to near ties); otherwise what the rankings read
+    is not what the graph computes, and prediction and route-ahead are disarmed."""
+    cdef routing_t * r = &s.r
+    cdef int agree
+    cdef int tolerated = k // 4 if k >= 4 else 1
+    router_scores(s, layer, r.x)
+    rp_rank(r.sel, s.core.n_expert, k, r.ids2, r.flags)
+    agree = rp_agreement(r.ids2, k, r.ids, k)
+    r.checks += 1
+    if agree < k - tolerated:
+        r.disarmed = 1
+        r.trips += 1
+        r.trip_layer = layer
+        r.trip_agree = agree
+        r.trip_token = r.token
+
+
+cdef void drop_weights(routing_t * r, float * probs, int k) noexcept nogil:
+    """Zero the dropped slots' weights in the router's probabilities (before the graph
+    gathers them) and renormalise the survivors to the selection's total."""
+    cdef int i
+    cdef double s_all = 0.0, s_surv = 0.0, scale
+    if r.gating == 3:  # weights = softmax over the selected logits
+        for i in range(k):
+            if r.dropped[i]:
+                probs[r.ids[i]] = -INFINITY
+        return
+    for i in range(k):
+        s_all += probs[r.ids[i]]
+        if not r.dropped[i]:
+            s_surv += probs[r.ids[i]]
+    if s_surv <= 0.0:
+        return
+    scale = s_all / s_surv
+    for i in range(k):
+        if r.dropped[i]:
+            probs[r.ids[i]] = 0.0
+        else:
+            probs[r.ids[i]] = <float> (probs[r.ids[i]] * scale)
+
+
+cdef int route_decode(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    """A decode token's layer, before its load: count the prediction's agreement, commit
+    route-ahead's ranking, substitute, drop. Returns the number of dropped slots (marked in
+    ``r.dropped``: they are not read)."""
+    cdef routing_t * r = &s.r
+    cdef int i, e, changed, n_drop = 0
+    cdef int k = <int> t.ne[0]
+    cdef int n = s.core.n_expert
+    cdef char * base = <char *> t.data
+    cdef ggml_tensor * pn = NULL
+    cdef ggml_tensor * xn = NULL
+    cdef float * probs = NULL
+    cdef int32_t * committed
+    if layer <= r.last_layer:
+        r.token += 1
+    r.last_layer = layer
+    r.x = NULL
+    if k <= 0 or k > n:
+        return 0
+    for i in range(k):
+        r.dropped[i] = 0
+        r.ids[i] = (<int32_t *> (base + i * t.nb[0]))[0]
+        if r.ids[i] < 0 or r.ids[i] >= n:
+            return 0  # the load reports the graph fault
+    find_router(t, layer, &pn, &xn)
+    if (xn != NULL and xn.type == GGML_TYPE_F32 and xn.ne[0] == r.n_embd and xn.nb[0] == 4
+            and xn.data != NULL):
+        r.x = <const float *> xn.data
+    if pn != NULL and pn.type == GGML_TYPE_F32 and pn.ne[0] == n and pn.nb[0] == 4 and pn.data != NULL:
+        probs = <float *> pn.data
+    r.decode_slots += k
+    if k != r.k:  # a top-k the rankings were not made for
+        r.x = NULL
+    if ((r.predict or r.route_ahead) and not r.disarmed and r.x != NULL and r.gate_w[layer] != NULL
+            and r.token % 16 == 1):
+        watchdog(s, layer, k)
+    if r.predict and r.ranked_token[layer] == r.token:
+        r.pred_slots[layer] += k
+        r.pred_agree[layer] += rp_agreement(&r.ranked[layer * r.k], k, r.ids, k)
+    if r.route_ahead:
+        if not r.disarmed and r.ranked_token[layer] == r.token and k == r.k:
+            committed = &r.ranked[layer * r.k]
+            r.ra_agree += rp_agreement(committed, k, r.ids, k)
+            r.ra_slots += k
+            r.ra_committed += 1
+            for i in range(k):
+                r.ids[i] = committed[i]
+            write_ids(t, r.ids, k)
+        else:
+            r.ra_passed += 1
+    if r.subst_l >= 0.0 and probs != NULL:
+        for e in range(n):
+            r.flags[e] = s.core.resident[layer * n + e]
+        for i in range(k):
+            r.vals[i] = probs[r.ids[i]]
+        changed = rp_substitute(r.ids, k, probs, n, r.flags, r.subst_l, r.vals, r.taken)
+        for e in range(n):
+            r.flags[e] = 0
+        if changed:
+            write_ids(t, r.ids, k)
+            r.n_substituted += changed
+    if r.drop_f > 0.0 and probs != NULL:
+        for i in range(k):
+            r.vals[i] = probs[r.ids[i]]
+            r.flags[i] = s.core.resident[layer * n + r.ids[i]]
+        rp_weights(r.vals, k, r.gating == 3, r.w)
+        n_drop = rp_drop(r.w, r.flags, k, r.drop_f, r.dropped)
+        for i in range(k):
+            r.flags[i] = 0
+        if n_drop:
+            drop_weights(r, probs, k)
+            r.n_dropped += n_drop
+    return n_drop
+
+
+cdef void issue_ranking(stream_t * s, int target, bint committed) noexcept nogil:
+    """Read a ranking's experts ahead: drop-aware; a guess reads at most ``spec_max`` misses
+    and enters cold, a committed routing reads them all and enters hot."""
+    cdef routing_t * r = &s.r
+    cdef int j, n_worth, misses = 0
+    cdef int32_t e
+    cdef int n = s.core.n_expert
+    n_worth = rp_worth_reading(&r.ranked[target * r.k], &r.ranked_w[target * r.k], r.k, r.drop_f, r.ids2)
+    core_begin(s.core)
+    for j in range(n_worth):
+        e = r.ids2[j]
+        if committed or s.core.resident[target * n + e]:
+            core_want(s.core, e)
+        elif misses < r.spec_max:
+            core_want(s.core, e)
+            misses += 1
+    core_prefetch(s.core, target, committed)
+    drop_planned_evictions(s)
+    issue_reads(s)
+
+
+cdef void rank_ahead(stream_t * s, int layer) noexcept nogil:
+    """After a decode layer's load: rank the layers ahead on its router input (the stale
+    gate for the next MoE layer; route-ahead's commitment N MoE layers on) and read ahead."""
+    cdef routing_t * r = &s.r
+    cdef int target
+    cdef double t0, t1
+    if r.x == NULL or r.disarmed:
+        return
+    if r.predict:
+        target = moe_layer_ahead(s, layer, 1)
+        if target >= 0:
+            t0 = now()
+            make_ranking(s, target)
+            t1 = now()
+            r.rank_s += t1 - t0
+            if r.predict & 2 and s.core.budget_bytes > 0:
+                issue_ranking(s, target, False)
+                r.issue_s += now() - t1
+    if r.route_ahead:
+        target = moe_layer_ahead(s, layer, r.route_ahead)
+        if target >= 0:
+            t0 = now()
+            make_ranking(s, target)
+            t1 = now()
+            r.rank_s += t1 - t0
+            if s.core.budget_bytes > 0:
+                issue_ranking(s, target, True)
+                r.issue_s += now() - t1
+
+
 
 cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     cdef int n_loads
     cdef double t0 = now()
     cdef double stall0 = s.stall_s
-    if gather_ids(s, t, layer) < 0:
+    cdef double rank0 = s.r.rank_s
+    cdef const uint8_t * skip = NULL
+    cdef bint routed = t.ne[1] == 1 and t.type == GGML_TYPE_I32 and routing_on(s)
+    if routed and route_decode(s, t, layer) > 0:
+        skip = s.r.dropped
+    if gather_ids(s, t, layer, skip) < 0:
         return
     n_loads = core_plan(s.core, layer)
     if n_loads < 0:
@@ -608,11 +997,14 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     if n_loads > 0 or s.core.n_adopted > 0:
         load_and_wait(s, layer)
     if not s.fault:
-        if t.ne[1] == 1 and s.prefetch_k > 0:
-            prefetch_after(s, layer)
-        elif t.ne[1] > 1 and s.prefill_ahead and 2 * s.core.n_wanted >= s.core.n_expert:
+        if t.ne[1] == 1:
+            if s.prefetch_k > 0:
+                prefetch_after(s, layer)
+            if routed:
+                rank_ahead(s, layer)
+        elif s.prefill_ahead and 2 * s.core.n_wanted >= s.core.n_expert:
             read_layer_ahead(s, layer)
-    s.mgmt_s += (now() - t0) - (s.stall_s - stall0)
+    s.mgmt_s += (now() - t0) - (s.stall_s - stall0) - (s.r.rank_s - rank0)
 
 
 # -- the reference path ------------------------------------------------------------------
@@ -766,8 +1158,15 @@ cdef class ExpertStreamer:
         s.last_route_n = <int *> calloc(n_layer, sizeof(int))
         s.lanes.queue_cap = 4 * n_layer * n_expert + 16
         s.lanes.queue = <int32_t *> calloc(s.lanes.queue_cap, sizeof(int32_t))
+        s.r.gate_w = <const float **> calloc(n_layer, sizeof(float *))
+        s.r.gate_b = <const float **> calloc(n_layer, sizeof(float *))
+        s.r.sel_b = <const float **> calloc(n_layer, sizeof(float *))
+        s.r.subst_l = -1.0
+        s.r.spec_max = 2
+        s.r.last_layer = 1 << 30
         if (s.core == NULL or s.projs == NULL or s.captured == NULL or s.io_state == NULL
-                or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL):
+                or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL
+                or s.r.gate_w == NULL or s.r.gate_b == NULL or s.r.sel_b == NULL):
             raise MemoryError()
         s.fault_flag = <int *> fault_flag_address
         self._hook = None
@@ -783,8 +1182,44 @@ cdef class ExpertStreamer:
         free(self.s.last_route)
         free(self.s.last_route_n)
         free(self.s.lanes.queue)
+        self._free_routing()
+        free(self.s.r.gate_w)
+        free(self.s.r.gate_b)
+        free(self.s.r.sel_b)
         free(self.s)
         self.s = NULL
+
+    cdef void _free_routing(self):
+        cdef routing_t * r = &self.s.r
+        r.ready = 0
+        free(r.ranked)
+        free(r.ranked_w)
+        free(r.ranked_token)
+        free(r.logits)
+        free(r.sel)
+        free(r.vals)
+        free(r.flags)
+        free(r.taken)
+        free(r.ids)
+        free(r.ids2)
+        free(r.w)
+        free(r.dropped)
+        free(r.pred_slots)
+        free(r.pred_agree)
+        r.ranked = NULL
+        r.ranked_w = NULL
+        r.ranked_token = NULL
+        r.logits = NULL
+        r.sel = NULL
+        r.vals = NULL
+        r.flags = NULL
+        r.taken = NULL
+        r.ids = NULL
+        r.ids2 = NULL
+        r.w = NULL
+        r.dropped = NULL
+        r.pred_slots = NULL
+        r.pred_agree = NULL
 
     cdef void _release_files(self):
         cdef int i
@@ -866,6 +1301,102 @@ cdef class ExpertStreamer:
         """In a prefill batch that routes to at least half of a layer's experts, read the
         whole next layer ahead. Between decodes only."""
         self.s.prefill_ahead = 1 if on else 0
+
+    # -- decode routing (prediction, route-ahead, dropping, substitution) -------------------
+
+    def set_router(self, int n_embd, int k, int gating):
+        """Make the routing policies possible: the router input's width, the experts per
+        token and llama.cpp's gating function (1 softmax, 2 sigmoid, 3 softmax over the
+        selected logits, 4 sqrt(softplus)). Then give each MoE layer's router with
+        ``set_gate``. Between decodes only."""
+        cdef routing_t * r = &self.s.r
+        cdef int n_layer = self.s.core.n_layer
+        cdef int n = self.s.core.n_expert
+        cdef int i
+        if n_embd <= 0 or not 0 < k <= n or gating not in (1, 2, 3, 4):
+            raise ValueError("need n_embd > 0, 0 < k <= n_expert and a gating function in 1..4")
+        self._free_routing()
+        r.n_embd = n_embd
+        r.k = k
+        r.gating = gating
+        r.ranked = <int32_t *> calloc(n_layer * k, sizeof(int32_t))
+        r.ranked_w = <double *> calloc(n_layer * k, sizeof(double))
+        r.ranked_token = <int64_t *> calloc(n_layer, sizeof(int64_t))
+        r.logits = <float *> calloc(n, sizeof(float))
+        r.sel = <float *> calloc(n, sizeof(float))
+        r.vals = <float *> calloc(n, sizeof(float))
+        r.flags = <uint8_t *> calloc(n, 1)
+        r.taken = <uint8_t *> calloc(n, 1)
+        r.ids = <int32_t *> calloc(n, sizeof(int32_t))
+        r.ids2 = <int32_t *> calloc(n, sizeof(int32_t))
+        r.w = <double *> calloc(n, sizeof(double))
+        r.dropped = <uint8_t *> calloc(n, 1)
+        r.pred_slots = <int64_t *> calloc(n_layer, sizeof(int64_t))
+        r.pred_agree = <int64_t *> calloc(n_layer, sizeof(int64_t))
+        if (r.ranked == NULL or r.ranked_w == NULL or r.ranked_token == NULL or r.logits == NULL
+                or r.sel == NULL or r.vals == NULL or r.flags == NULL or r.taken == NULL
+                or r.ids == NULL or r.ids2 == NULL or r.w == NULL or r.dropped == NULL
+                or r.pred_slots == NULL or r.pred_agree == NULL):
+            self._free_routing()
+            raise MemoryError()
+        for i in range(n_layer):
+            r.ranked_token[i] = -1
+        r.ready = 1
+
+    def set_gate(self, int layer, uintptr_t weights, uintptr_t bias=0, uintptr_t selection_bias=0):
+        """Layer ``layer``'s router: F32 rows ``[n_expert][n_embd]`` at ``weights``, an
+        optional F32 router bias and selection bias (``[n_expert]`` each). The memory must
+        outlive the streamer's use of it."""
+        if not 0 <= layer < self.s.core.n_layer:
+            raise ValueError("layer out of range")
+        if weights == 0:
+            raise ValueError("no router weights")
+        self.s.r.gate_w[layer] = <const float *> weights
+        self.s.r.gate_b[layer] = <const float *> bias
+        self.s.r.sel_b[layer] = <const float *> selection_bias
+
+    def configure_routing(self, *, int predict=0, int spec_max=2, int route_ahead=0,
+                          double drop_cold=0.0, substitute=None):
+        """``predict``: bit 1 logs the stale gate's agreement, bit 2 reads its predicted
+        misses ahead (at most ``spec_max`` per layer); ``route_ahead`` N > 0 commits each
+        decode layer to the ranking made N MoE layers earlier; ``drop_cold`` F > 0 drops
+        cold misses below F / k; ``substitute`` L (None: off) replaces a miss by a resident
+        expert within L. Between decodes only."""
+        if (predict or route_ahead) and not self.s.r.ready:
+            raise ValueError("set_router first")
+        if predict < 0 or predict > 3 or spec_max < 1 or route_ahead < 0 or drop_cold < 0:
+            raise ValueError("invalid routing settings")
+        if substitute is not None and substitute < 0:
+            raise ValueError("the substitution margin must be >= 0")
+        if (drop_cold > 0 or substitute is not None) and not self.s.r.ready:
+            raise ValueError("set_router first")
+        self.s.r.predict = predict
+        self.s.r.spec_max = spec_max
+        self.s.r.route_ahead = route_ahead
+        self.s.r.drop_f = drop_cold
+        self.s.r.subst_l = -1.0 if substitute is None else substitute
+
+    def routing_stats(self):
+        """The routing policies' counters (cumulative)."""
+        cdef routing_t * r = &self.s.r
+        cdef int n_layer = self.s.core.n_layer
+        return {
+            "predict_slots": [r.pred_slots[i] for i in range(n_layer)] if r.ready else [],
+            "predict_agree": [r.pred_agree[i] for i in range(n_layer)] if r.ready else [],
+            "route_ahead_committed": r.ra_committed,
+            "route_ahead_passed": r.ra_passed,
+            "route_ahead_slots": r.ra_slots,
+            "route_ahead_agree": r.ra_agree,
+            "decode_slots": r.decode_slots,
+            "dropped": r.n_dropped,
+            "substituted": r.n_substituted,
+            "watchdog_checks": r.checks,
+            "watchdog_trips": r.trips,
+            "watchdog_trip": (r.trip_token, r.trip_layer, r.trip_agree) if r.trips else None,
+            "disarmed": r.disarmed != 0,
+            "rank_s": r.rank_s,
+            "issue_s": r.issue_s,
+        }
 
     def set_reference_hook(self, hook):
         """``hook(layer, ids) -> bool`` serves a layer in ``MODE_REFERENCE``: True once

@@ -22,6 +22,7 @@ cdef extern from "ggml.h" nogil:
 
     enum ggml_op:
         GGML_OP_NONE
+        GGML_OP_MUL_MAT
         GGML_OP_MUL_MAT_ID
         GGML_OP_ARGSORT
         GGML_OP_VIEW

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bmoe.domain.generation import RunResult
+from bmoe.domain.streaming import StreamReport
 
 
 def generation_line(result: RunResult) -> str:
@@ -26,9 +27,16 @@ def timing_line(result: RunResult, load_s: float) -> str:
     return line
 
 
-def stream_mode_line(budget_mib: float, auto: bool, lanes: int, odirect: bool, prompt_batch: int) -> str:
-    """``mode:`` of a streaming run."""
-    how = "auto" if auto else "set"
+def stream_mode_line(
+    budget_mib: float,
+    auto: bool,
+    lanes: int,
+    odirect: bool,
+    prompt_batch: int,
+    compute_buffer_mib: float = 0.0,
+) -> str:
+    """``mode:`` of a streaming run (``auto``: with the compute buffer it set aside)."""
+    how = f"auto, compute buffer {compute_buffer_mib:.1f} MiB subtracted" if auto else "set"
     reads = "O_DIRECT" if odirect else "buffered reads"
     cache = "cache off" if budget_mib == 0 else f"cache {budget_mib:.0f} MiB ({how})"
     return f"mode: expert streaming, {cache}, {lanes} lanes, {reads}, prompt batch {prompt_batch}"
@@ -58,8 +66,55 @@ def stream_lines(result: RunResult) -> list[str]:
     if issued:
         used = report.prefill.prefetch_hits + d.prefetch_hits
         wasted = report.prefill.prefetch_wasted + d.prefetch_wasted
+        tag = " [route-ahead]" if d.route_ahead_committed + d.route_ahead_passed else ""
         lines.append(
-            f"moe-prefetch: {issued} experts read ahead, {used} used ({100.0 * used / issued:.1f}%), "
+            f"moe-prefetch:{tag} {issued} experts read ahead, {used} used ({100.0 * used / issued:.1f}%), "
             f"{wasted} evicted unused"
+        )
+    lines.extend(routing_lines(report))
+    return lines
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "n/a"
+
+
+def routing_lines(report: StreamReport) -> list[str]:
+    """``moe-predict:``, ``moe-route-ahead:``, ``moe-drop:``, ``moe-substitute:`` and
+    ``moe-watchdog:`` for the decode routing policies that ran."""
+    d = report.decode
+    lines = []
+    steps = max(1, report.decode_steps)
+    cost = (
+        f"ranking {1e3 * d.rank_s / steps:.2f} ms/token, "
+        f"issuing reads {1e3 * d.issue_s / steps:.2f} ms/token"
+    )
+    if d.predict_slots:
+        per_layer = " ".join(_pct(a, s) for s, a in d.predict_layers if s)
+        lines.append(
+            f"moe-predict: the next layer's router on this layer's input named "
+            f"{_pct(d.predict_agree, d.predict_slots)} of {d.predict_slots} routed slots "
+            f"(per MoE layer: {per_layer}); {cost}"
+        )
+    if d.route_ahead_committed + d.route_ahead_passed:
+        lines.append(
+            f"moe-route-ahead: {d.route_ahead_committed} routings committed, {d.route_ahead_passed} passed "
+            f"through; committed selection agreed with the router on "
+            f"{_pct(d.route_ahead_agree, d.route_ahead_slots)} of slots; {cost}"
+        )
+    if d.dropped:
+        lines.append(
+            f"moe-drop: {d.dropped} of {d.decode_slots} decode slots not read "
+            f"({_pct(d.dropped, d.decode_slots)}), weights zeroed and the survivors renormalised"
+        )
+    if d.substituted:
+        lines.append(
+            f"moe-substitute: {d.substituted} of {d.decode_slots} decode slots served by a resident "
+            f"expert instead ({_pct(d.substituted, d.decode_slots)})"
+        )
+    if d.watchdog_trips:
+        lines.append(
+            f"moe-watchdog: the router evaluated here disagreed with the graph's ({d.watchdog_checks} "
+            "checks): prediction and route-ahead are disarmed for this session"
         )
     return lines

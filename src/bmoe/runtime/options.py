@@ -76,6 +76,50 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         "while llama.cpp computes (lossless; needs the cache; default: 0 = off)",
     )
     m.add_argument(
+        "--predict-prefetch",
+        action="store_true",
+        help="in decode, apply the next MoE layer's router to this layer's router input (the stale gate) "
+        "and read its predicted misses ahead (lossless; needs the cache; excludes --prefetch)",
+    )
+    m.add_argument(
+        "--predict-spec-max",
+        type=int,
+        default=2,
+        metavar="N",
+        help="with --predict-prefetch: predicted misses read ahead per layer (default: 2)",
+    )
+    m.add_argument(
+        "--predict-log",
+        action="store_true",
+        help="evaluate the stale-gate prediction without reading anything: its agreement per layer "
+        "(the moe-predict: line)",
+    )
+    m.add_argument(
+        "--route-ahead",
+        type=int,
+        default=0,
+        metavar="N",
+        help="LOSSY: in decode, replace each layer's expert selection with the ranking its router gave "
+        "the input N MoE layers earlier, and read those experts that early (default: 0 = off; "
+        "excludes --prefetch, --predict-prefetch and --predict-log)",
+    )
+    m.add_argument(
+        "--drop-cold-experts",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="LOSSY: in decode, do not read a selected expert that is not cached and whose weight is "
+        "below F / top-k; its weight becomes 0 (never the top expert; needs the cache; default: 0 = off)",
+    )
+    m.add_argument(
+        "--expert-substitute",
+        type=float,
+        default=None,
+        metavar="L",
+        help="LOSSY: in decode, serve a selected expert that is not cached with a cached one whose "
+        "router score is within L of it (never the top expert; needs the cache; default: off)",
+    )
+    m.add_argument(
         "--no-prefill-ahead",
         action="store_true",
         help="in a prefill batch that routes most of a layer's experts, do not read the whole next "
@@ -111,6 +155,12 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         policy=args.stream_policy,
         prefetch=args.prefetch,
         prefill_ahead=not args.no_prefill_ahead,
+        predict_prefetch=args.predict_prefetch,
+        predict_spec_max=args.predict_spec_max,
+        predict_log=args.predict_log,
+        route_ahead=args.route_ahead,
+        drop_cold=args.drop_cold_experts,
+        substitute=args.expert_substitute,
     )
 
 

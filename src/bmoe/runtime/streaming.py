@@ -44,6 +44,15 @@ class StreamingControl:
         else:
             streamer.prefetch_k = config.prefetch
             streamer.prefill_ahead = config.prefill_ahead
+            if config.routing_policies:
+                streamer.configure_routing(
+                    predict=(1 if config.predict_log or config.predict_prefetch else 0)
+                    | (2 if config.predict_prefetch else 0),
+                    spec_max=config.predict_spec_max,
+                    route_ahead=config.route_ahead,
+                    drop_cold=config.drop_cold,
+                    substitute=config.substitute,
+                )
             streamer.mode = expert_stream.MODE_STREAM
 
     def _serve(self, layer: int, ids: list[int], n_tokens: int) -> bool:

@@ -29,6 +29,16 @@ class StreamConfig:
     - ``prefill_ahead``: in a prefill batch that routes to at least half of a layer's
       experts, read the whole next layer ahead while this one computes (lossless; needs the
       cache to hold it).
+    - ``predict_prefetch``: in decode, apply the next MoE layer's router to this layer's
+      router input (the stale gate) and read its predicted misses ahead, at most
+      ``predict_spec_max`` per layer (lossless; needs the cache).
+    - ``predict_log``: the same prediction, observed only (no reads): its accuracy per layer.
+    - ``route_ahead``: N > 0 replaces each decode layer's selection with the ranking its
+      router gave the input N MoE layers earlier, and reads those experts that early (lossy).
+    - ``drop_cold``: F > 0: in decode, a selected expert that is not resident and whose
+      weight is below F / top-k is not read, its weight zeroed (lossy; needs the cache).
+    - ``substitute``: L: in decode, a selected expert that is not resident is replaced by a
+      resident one whose router score is within L of it (lossy; needs the cache).
     """
 
     enabled: bool = False
@@ -39,6 +49,19 @@ class StreamConfig:
     policy: str = "fast"
     prefetch: int = 0
     prefill_ahead: bool = True
+    predict_prefetch: bool = False
+    predict_spec_max: int = 2
+    predict_log: bool = False
+    route_ahead: int = 0
+    drop_cold: float = 0.0
+    substitute: float | None = None
+
+    @property
+    def routing_policies(self) -> bool:
+        """A decode routing policy that evaluates the routers or rewrites the selection."""
+        return bool(self.predict_prefetch or self.predict_log or self.route_ahead or self.drop_cold) or (
+            self.substitute is not None
+        )
 
     def __attrs_post_init__(self) -> None:
         if self.cache_mb is not None and self.cache_mb < 0:
@@ -53,6 +76,60 @@ class StreamConfig:
             raise ConfigError("--prefetch needs the cache (reads ahead land in it): not with --cache-mb 0")
         if self.io_threads < 1:
             raise ConfigError(f"io_threads must be >= 1, not {self.io_threads}")
+        check_read_ahead(self)
+
+
+def _routing_flags(config: StreamConfig) -> list[str]:
+    """The decode-time routing flags that are set, as the user wrote them."""
+    flags = []
+    if config.prefetch:
+        flags.append("--prefetch")
+    if config.predict_prefetch:
+        flags.append("--predict-prefetch")
+    if config.predict_log:
+        flags.append("--predict-log")
+    if config.route_ahead:
+        flags.append("--route-ahead")
+    if config.drop_cold:
+        flags.append("--drop-cold-experts")
+    if config.substitute is not None:
+        flags.append("--expert-substitute")
+    return flags
+
+
+def check_read_ahead(config: StreamConfig) -> None:
+    """The combination rules of reading ahead, dropping and substituting (ConfigError)."""
+    if config.predict_spec_max < 1:
+        raise ConfigError(f"--predict-spec-max must be >= 1, not {config.predict_spec_max}")
+    if config.route_ahead < 0:
+        raise ConfigError(f"--route-ahead must be >= 0 layers, not {config.route_ahead}")
+    if not 0.0 <= config.drop_cold <= 1.0:
+        raise ConfigError(f"--drop-cold-experts must be in [0, 1], not {config.drop_cold}")
+    if config.substitute is not None and not config.substitute >= 0.0:
+        raise ConfigError(f"--expert-substitute must be >= 0, not {config.substitute}")
+    flags = _routing_flags(config)
+    if flags and not config.enabled:
+        raise ConfigError(f"{', '.join(flags)} need(s) --moe-stream")
+    cached_only = ("--predict-prefetch", "--drop-cold-experts", "--expert-substitute")
+    needs_cache = [f for f in flags if f in cached_only]
+    if needs_cache and config.cache_mb == 0:
+        raise ConfigError(f"{', '.join(needs_cache)} need(s) the cache: not with --cache-mb 0")
+    if config.predict_prefetch and config.prefetch:
+        raise ConfigError("--predict-prefetch and --prefetch exclude each other (one prefetcher at a time)")
+    if config.route_ahead:
+        clash = [f for f in flags if f in ("--prefetch", "--predict-prefetch", "--predict-log")]
+        if clash:
+            raise ConfigError(
+                f"--route-ahead excludes {', '.join(clash)}: the routing is already fixed ahead "
+                "(a prefetcher would read it twice; the prediction log would grade the predictor "
+                "against itself)"
+            )
+    if config.policy == "reference":
+        unsupported = [f for f in flags if f != "--prefetch"]
+        if unsupported:
+            raise ConfigError(
+                f"--stream-policy reference runs the cache and --prefetch only, not {', '.join(unsupported)}"
+            )
 
 
 @attrs.frozen

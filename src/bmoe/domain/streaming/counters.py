@@ -7,6 +7,14 @@ import attrs
 from bmoe.domain.streaming.config import MIB
 
 
+def _layer_delta(
+    after: tuple[tuple[int, int], ...], before: tuple[tuple[int, int], ...]
+) -> tuple[tuple[int, int], ...]:
+    if not before:
+        return after
+    return tuple((a0 - b0, a1 - b1) for (a0, a1), (b0, b1) in zip(after, before, strict=True))
+
+
 @attrs.frozen
 class StreamCounters:
     """Cumulative counters of the streaming mechanism (a snapshot)."""
@@ -25,6 +33,27 @@ class StreamCounters:
     prefetch_issued: int = 0
     prefetch_hits: int = 0
     prefetch_wasted: int = 0
+    # decode routing (docs/read-ahead.md): slots are (token, layer, selected expert)
+    decode_slots: int = 0
+    predict_layers: tuple[tuple[int, int], ...] = ()  # per layer: (slots predicted, slots agreed)
+    route_ahead_committed: int = 0  # layer calls whose selection was the committed ranking
+    route_ahead_passed: int = 0  # layer calls that kept the router's own (no ranking ready)
+    route_ahead_slots: int = 0
+    route_ahead_agree: int = 0
+    dropped: int = 0
+    substituted: int = 0
+    rank_s: float = 0.0  # ranking on the eval thread (router GEMV + top-k)
+    issue_s: float = 0.0  # issuing a ranking's reads ahead
+    watchdog_checks: int = 0
+    watchdog_trips: int = 0
+
+    @property
+    def predict_slots(self) -> int:
+        return sum(slots for slots, _ in self.predict_layers)
+
+    @property
+    def predict_agree(self) -> int:
+        return sum(agree for _, agree in self.predict_layers)
 
     def __sub__(self, before: StreamCounters) -> StreamCounters:
         """The activity between two snapshots (sizes are those of the later one)."""
@@ -43,6 +72,18 @@ class StreamCounters:
             prefetch_issued=self.prefetch_issued - before.prefetch_issued,
             prefetch_hits=self.prefetch_hits - before.prefetch_hits,
             prefetch_wasted=self.prefetch_wasted - before.prefetch_wasted,
+            decode_slots=self.decode_slots - before.decode_slots,
+            predict_layers=_layer_delta(self.predict_layers, before.predict_layers),
+            route_ahead_committed=self.route_ahead_committed - before.route_ahead_committed,
+            route_ahead_passed=self.route_ahead_passed - before.route_ahead_passed,
+            route_ahead_slots=self.route_ahead_slots - before.route_ahead_slots,
+            route_ahead_agree=self.route_ahead_agree - before.route_ahead_agree,
+            dropped=self.dropped - before.dropped,
+            substituted=self.substituted - before.substituted,
+            rank_s=self.rank_s - before.rank_s,
+            issue_s=self.issue_s - before.issue_s,
+            watchdog_checks=self.watchdog_checks - before.watchdog_checks,
+            watchdog_trips=self.watchdog_trips - before.watchdog_trips,
         )
 
     @property
