@@ -295,3 +295,23 @@ def test_prefetch_depths_run_beside_each_cache_budget_but_not_with_the_cache_off
     assert cf.parse_prefetch("2,1,2") == (2, 1)
     with pytest.raises(cf.BenchConfigError):
         cf.parse_prefetch("0")
+
+
+def test_routing_policies_run_beside_each_cache_budget_with_their_settings() -> None:
+    experts = 4096 * cf.MIB
+    policies = cf.parse_policies("predict, route-ahead=2,drop=0.75,substitute=0.05,predict")
+    assert [p.key for p in policies] == ["predict", "route-ahead2", "drop0.75", "substitute0.05"]
+    configs = cf.build_configs(["stream"], [cf.Budget(mib=0), cf.Budget(mib=1024)], experts, (1,), policies)
+    keys = [c.key for c in configs]
+    assert keys[:3] == ["stream-0", "stream-1024", "stream-1024-prefetch1"]
+    assert [c.stream_kwargs() for c in configs[2:]] == [
+        {"prefetch": 1},
+        {"predict_prefetch": True},
+        {"route_ahead": 2},
+        {"drop_cold": 0.75},
+        {"substitute": 0.05},
+    ]
+    assert configs[4].label.endswith("--route-ahead 2")
+    for bad in ("predict=1", "route-ahead", "warp=2", "drop=x"):
+        with pytest.raises(cf.BenchConfigError):
+            cf.parse_policies(bad)

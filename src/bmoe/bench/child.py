@@ -79,7 +79,7 @@ class BmoeStepper:
             enabled=spec["kind"] == "stream",
             cache_mb=spec.get("cache_mib"),
             io_threads=spec["io_threads"],
-            prefetch=spec.get("prefetch", 0),
+            **spec.get("routing", {}),
         )
         config = SessionConfig(
             model_path=Path(spec["model"]),
@@ -116,6 +116,15 @@ class BmoeStepper:
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,
+            "decode_slots": c.decode_slots,
+            "predict_slots": c.predict_slots,
+            "predict_agree": c.predict_agree,
+            "route_ahead_slots": c.route_ahead_slots,
+            "route_ahead_agree": c.route_ahead_agree,
+            "dropped": c.dropped,
+            "substituted": c.substituted,
+            "rank_s": c.rank_s,
+            "issue_s": c.issue_s,
         }
 
     def stream_info(self) -> dict[str, Any] | None:

@@ -75,6 +75,68 @@ def parse_kinds(text: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
+POLICY_FLAGS = {
+    "prefetch": ("prefetch", int, "--prefetch"),
+    "predict": ("predict_prefetch", None, "--predict-prefetch"),
+    "route-ahead": ("route_ahead", int, "--route-ahead"),
+    "drop": ("drop_cold", float, "--drop-cold-experts"),
+    "substitute": ("substitute", float, "--expert-substitute"),
+}
+"""The decode routing policies the bench can run beside each cache budget: name ->
+(``StreamConfig`` field, value type (None: a switch), the CLI flag)."""
+
+
+@attrs.frozen
+class Policy:
+    """One decode routing policy, e.g. ``route-ahead=2`` (docs/read-ahead.md)."""
+
+    name: str
+    value: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.name not in POLICY_FLAGS:
+            raise BenchConfigError(f"unknown policy {self.name!r}: choose from {', '.join(POLICY_FLAGS)}")
+        kind = POLICY_FLAGS[self.name][1]
+        if (kind is None) != (self.value is None):
+            raise BenchConfigError(
+                f"policy {self.name} takes {'no value' if kind is None else 'a value (name=value)'}"
+            )
+        if self.value is not None and self.value < 0:
+            raise BenchConfigError(f"policy {self.name} needs a value >= 0")
+
+    def stream_kwargs(self) -> dict[str, object]:
+        field, kind, _ = POLICY_FLAGS[self.name]
+        if kind is None:
+            return {field: True}
+        assert self.value is not None
+        return {field: kind(self.value)}
+
+    @property
+    def key(self) -> str:
+        return self.name if self.value is None else f"{self.name}{self.value:g}"
+
+    @property
+    def flag(self) -> str:
+        flag = POLICY_FLAGS[self.name][2]
+        return flag if self.value is None else f"{flag} {self.value:g}"
+
+
+def parse_policies(text: str) -> tuple[Policy, ...]:
+    """``"prefetch=1,predict,route-ahead=2"`` -> the policies to run beside each budget."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, _, value = part.partition("=")
+        try:
+            out.append(Policy(name.strip(), float(value) if value.strip() else None))
+        except ValueError as exc:
+            if isinstance(exc, BenchConfigError):
+                raise
+            raise BenchConfigError(f"a policy is name or name=value, not {part!r}") from None
+    return tuple(dict.fromkeys(out))
+
+
 @attrs.frozen
 class BenchConfig:
     """One configuration: ``key`` names it in the JSON, ``label`` in the report."""
@@ -84,7 +146,17 @@ class BenchConfig:
     kind: str
     cache_mib: int | None = None
     expert_percent: float | None = None  # the budget as a share of the experts
-    prefetch: int = 0  # --prefetch K (streaming with a cache only)
+    policy: Policy | None = None  # a decode routing policy (streaming with a cache only)
+
+    @property
+    def prefetch(self) -> int:
+        """``--prefetch K``'s depth, 0 when this configuration does not run it."""
+        if self.policy is None or self.policy.name != "prefetch" or self.policy.value is None:
+            return 0
+        return int(self.policy.value)
+
+    def stream_kwargs(self) -> dict[str, object]:
+        return {} if self.policy is None else self.policy.stream_kwargs()
 
     @property
     def is_stock(self) -> bool:
@@ -96,12 +168,17 @@ class BenchConfig:
 
 
 def build_configs(
-    kinds: list[str], budgets: list[Budget], expert_bytes: int, prefetch: tuple[int, ...] = ()
+    kinds: list[str],
+    budgets: list[Budget],
+    expert_bytes: int,
+    prefetch: tuple[int, ...] = (),
+    policies: tuple[Policy, ...] = (),
 ) -> list[BenchConfig]:
     """The configurations in run order: stock ones first, then bmoe resident, then streaming
     by increasing budget. Streaming always includes the routing probe's budget (25% of the
-    experts), and each budget (in MiB) runs once, then once more per ``prefetch`` depth
-    (budgets with a cache only)."""
+    experts), and each budget (in MiB) runs once, then once more per ``prefetch`` depth and
+    per decode routing policy (budgets with a cache only)."""
+    extra = tuple(dict.fromkeys([*(Policy("prefetch", float(k)) for k in prefetch), *policies]))
     out: list[BenchConfig] = []
     labels = {
         "stock": "stock llama-cpp-python (mmap, its defaults: repacking on)",
@@ -128,15 +205,15 @@ def build_configs(
                     expert_percent=share,
                 )
             )
-            for k in prefetch if mib else ():
+            for policy in extra if mib else ():
                 out.append(
                     BenchConfig(
-                        key=f"stream-{mib}-prefetch{k}",
-                        label=f"bmoe stream, {what}, --prefetch {k}",
+                        key=f"stream-{mib}-{policy.key}",
+                        label=f"bmoe stream, {what}, {policy.flag}",
                         kind="stream",
                         cache_mib=mib,
                         expert_percent=share,
-                        prefetch=k,
+                        policy=policy,
                     )
                 )
     return out

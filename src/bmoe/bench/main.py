@@ -68,6 +68,13 @@ def parser() -> argparse.ArgumentParser:
         help="also run each cache budget with --prefetch K for these depths (e.g. 1,2; default: none)",
     )
     p.add_argument(
+        "--policies",
+        default="",
+        help="also run each cache budget with these decode routing policies, comma separated: "
+        "prefetch=K, predict, route-ahead=N, drop=F, substitute=L (e.g. predict,route-ahead=2,drop=0.75; "
+        "docs/read-ahead.md; default: none)",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="interleaved rounds over the configurations (median)"
     )
     p.add_argument("--warmup", type=int, default=16, help="fed tokens before the measure")
@@ -105,6 +112,7 @@ class Plan:
     budgets: list[cf.Budget]
     n_ctx: int
     prefetch: tuple[int, ...] = ()
+    policies: tuple[cf.Policy, ...] = ()
 
 
 def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Plan:
@@ -123,7 +131,13 @@ def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Pla
     n_ctx = args.ctx or max(256, fed)
     if n_ctx < fed:
         raise cf.BenchConfigError(f"--ctx {n_ctx} cannot hold {fed} fed tokens")
-    return Plan(kinds=kinds, budgets=budgets, n_ctx=n_ctx, prefetch=cf.parse_prefetch(args.prefetch))
+    return Plan(
+        kinds=kinds,
+        budgets=budgets,
+        n_ctx=n_ctx,
+        prefetch=cf.parse_prefetch(args.prefetch),
+        policies=cf.parse_policies(args.policies),
+    )
 
 
 def _resolve_model(args: argparse.Namespace) -> Path:
@@ -180,7 +194,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             print(f"bench: {exc}", file=sys.stderr)
             return 2
     experts = expert_bytes(model)
-    configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch)
+    configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch, plan.policies)
     schedule = cf.interleave(configs, args.rounds)
     for c in configs:
         if args.mem_limit_mb and c.cache_mib and c.cache_mib >= args.mem_limit_mb:
@@ -209,7 +223,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 "key": config.key,
                 "kind": config.kind,
                 "cache_mib": config.cache_mib,
-                "prefetch": config.prefetch,
+                "routing": config.stream_kwargs(),
                 "model": str(model),
                 "tokens": tokens[:fed],
                 "warmup": args.warmup,

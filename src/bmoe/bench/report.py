@@ -42,6 +42,10 @@ class Summary:
     mib_per_tok: float | None  # bmoe's counters (streaming only)
     kernel_mib_per_tok: float | None  # /proc/<pid>/io read_bytes
     hit_rate: float | None
+    stall_ms_tok: float | None  # the compute's wait for reads, per measured token
+    early_used: float | None  # reads ahead a layer then used / reads ahead issued
+    agreement: float | None  # prediction (or committed selection) slots the router agreed with
+    dropped: float | None  # decode slots not read (drop) or served by a substitute
     peak_rss_bytes: int | None
     group_peak_bytes: int | None
     other_cpu_cores: float | None
@@ -58,19 +62,34 @@ class Summary:
         return self.tok_s is not None
 
 
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
 def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
     """Median tok/s and step, per-token reads, hit rate and peaks of one configuration."""
     ok = [r for r in runs if "tok_s" in r and not r.get("error")]
     per_tok: list[float] = []
     kernel: list[float] = []
     hits = misses = 0
+    stall: list[float] = []
+    sums = dict.fromkeys(
+        ("prefetch_issued", "prefetch_hits", "slots", "agree", "decode_slots", "changed"), 0
+    )
     for r in ok:
         n = max(1, int(r["measured_tokens"]))
         c = r.get("counters")
         if c is not None:
             per_tok.append(c["bytes_read"] / MIB / n)
+            stall.append(1e3 * float(c.get("stall_s", 0.0)) / n)
             hits += int(c["hits"])
             misses += int(c["misses"])
+            sums["prefetch_issued"] += int(c.get("prefetch_issued", 0))
+            sums["prefetch_hits"] += int(c.get("prefetch_hits", 0))
+            sums["slots"] += int(c.get("predict_slots", 0)) + int(c.get("route_ahead_slots", 0))
+            sums["agree"] += int(c.get("predict_agree", 0)) + int(c.get("route_ahead_agree", 0))
+            sums["decode_slots"] += int(c.get("decode_slots", 0))
+            sums["changed"] += int(c.get("dropped", 0)) + int(c.get("substituted", 0))
         if r.get("kernel_read_bytes") is not None:
             kernel.append(r["kernel_read_bytes"] / MIB / n)
     rss = [int(r["end"]["VmHWM"]) for r in ok if "end" in r and "VmHWM" in r["end"]]
@@ -91,6 +110,10 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
         mib_per_tok=median(per_tok),
         kernel_mib_per_tok=median(kernel),
         hit_rate=hits / (hits + misses) if hits + misses else None,
+        stall_ms_tok=median(stall),
+        early_used=_share(sums["prefetch_hits"], sums["prefetch_issued"]),
+        agreement=_share(sums["agree"], sums["slots"]),
+        dropped=_share(sums["changed"], sums["decode_slots"]) if sums["changed"] else None,
         peak_rss_bytes=max(rss) if rss else None,
         group_peak_bytes=max(group) if group else None,
         other_cpu_cores=max(other) if other else None,
@@ -216,6 +239,10 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
         "MiB read/tok (bmoe)",
         "MiB read/tok (kernel)",
         "hit %",
+        "stall ms/tok",
+        "early reads used %",
+        "slot agreement %",
+        "slots dropped/substituted %",
         "peak RSS MiB",
         "group peak MiB",
         "x stock",
@@ -235,6 +262,10 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
                 _per_tok(s.mib_per_tok),
                 _per_tok(s.kernel_mib_per_tok),
                 _f(None if s.hit_rate is None else 100 * s.hit_rate, ".1f"),
+                _f(s.stall_ms_tok, ".1f"),
+                _f(None if s.early_used is None else 100 * s.early_used, ".1f"),
+                _f(None if s.agreement is None else 100 * s.agreement, ".1f"),
+                _f(None if s.dropped is None else 100 * s.dropped, ".1f"),
                 _mib(s.peak_rss_bytes),
                 _mib(s.group_peak_bytes),
                 _f(s.x_stock, ".2f"),
@@ -251,7 +282,10 @@ LEGEND = (
     "of the rounds' median `llama_decode` times. MiB read/tok (bmoe): the streamer's counters; "
     "(kernel): `/proc/<pid>/io` read_bytes of the configuration's process over the measured tokens, "
     "what the kernel fetched from storage for it (mmap faults and read-ahead included). Hit %: "
-    "(layer, expert) lookups found in the cache. Peak RSS: `VmHWM`, reset once the model was "
+    "(layer, expert) lookups found in the cache. Stall: the compute's wait for reads. Early reads used: "
+    "reads ahead (prefill's whole next layer, --prefetch, --predict-prefetch, --route-ahead) that a "
+    "layer then used. Slot agreement: the stale gate's prediction (or route-ahead's committed "
+    "selection) against the router's own. Peak RSS: `VmHWM`, reset once the model was "
     "loaded. Group peak: the memory group's peak (page cache included). x stock: tok/s over stock "
     "llama-cpp-python's. Of disk ceiling: tok/s / (measured O_DIRECT bandwidth / MiB read per "
     "token). Other CPU load: CPUs other processes kept busy during the measure (near 1 on a "
