@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(str(exc))
         return 2
     # torch before llama_cpp: with llama.cpp's OpenMP runtime loaded first, a training step
-    # took two to ten times longer (the import order is why these imports are here)
+    # took three to twenty times longer (the import order is why these imports are here)
     from bmoe.bench.trained.check import compare, llama_logits
     from bmoe.bench.trained.held_out import run_held_out
     from bmoe.bench.trained.train import TrainConfig, train
