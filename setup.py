@@ -35,7 +35,7 @@ extensions = [
         include_dirs=[INCLUDE],
         extra_compile_args=["-O2"],
     )
-    for name in ("route_recorder", "abort_flag", "cache_core", "route_policy")
+    for name in ("route_recorder", "abort_flag", "cache_core", "route_policy", "probe")
 ] + [
     Extension(
         "bmoe.cext.expert_stream",

@@ -168,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.decide and not args.session:
         parser.error("--decide needs --session")
+    if args.decide_probe is not None and not args.decide:
+        parser.error("--decide-probe needs --decide")
     if args.csv is not None and (args.session or args.ppl is not None):
         parser.error("--csv is for one-shot generation (not --session nor --ppl)")
     if args.session:
@@ -277,6 +279,7 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
                     info.lanes,
                     info.odirect,
                     config.context.n_ubatch,
+                    info.budget.compute_buffer_bytes / MIB,
                 )
             else:
                 mode = "mode: resident" + ("" if args.moe_stream else " (expert streaming not enabled)")

@@ -5,6 +5,7 @@ One definition, so the two commands cannot drift apart."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
@@ -143,6 +144,14 @@ def add_decide_options(group: argparse._ArgumentGroup, decide_help: str) -> None
         metavar="K",
         help="keep the prefix states of the K most recent prefixes (default: 1)",
     )
+    group.add_argument(
+        "--decide-probe",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --decide: append one JSON line per decision to FILE: the choices read after each "
+        "layer (a logit lens), the routing of the prefill (docs/telemetry.md; experimental)",
+    )
 
 
 def stream_config(args: argparse.Namespace) -> StreamConfig:
@@ -166,7 +175,10 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
 
 def decide_config(args: argparse.Namespace) -> DecideConfig:
     return DecideConfig(
-        enabled=args.decide, prefix_cache=args.decide_prefix_cache, prefix_slots=args.decide_prefix_slots
+        enabled=args.decide,
+        prefix_cache=args.decide_prefix_cache,
+        prefix_slots=args.decide_prefix_slots,
+        probe=args.decide_probe,
     )
 
 

@@ -18,8 +18,10 @@ import numpy as np
 import numpy.typing as npt
 
 from bmoe.adapters.chat_template import JinjaChatTemplate
+from bmoe.adapters.decide_probe import LlamaDecideProbe
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
+from bmoe.adapters.llama.context import CCallback
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
@@ -109,9 +111,12 @@ class Session:
         self.streaming: StreamingControl | None = None
         self.model = LlamaModel(config.model_path, ModelParams(n_expert_used=config.n_expert_used))
         self._mapped = MappedFiles.snapshot(config.model_path)
+        self._decide_probe: LlamaDecideProbe | None = None  # --decide-probe
         try:
             self.ctx, self.streaming = self._open_context(config)
         except BaseException:
+            if self._decide_probe is not None:
+                self._decide_probe.close()
             self.model.close()
             raise
         self.template = JinjaChatTemplate(
@@ -132,13 +137,15 @@ class Session:
 
     def _open_context(self, config: SessionConfig) -> tuple[LlamaContext, StreamingControl | None]:
         if not config.stream.enabled:
-            return LlamaContext(self.model, config.context, abort=self._flag), None
+            ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(None))
+            return ctx, None
         try:
             streamer, layout, found = ExpertStreaming.new_streamer(self.model, self._flag.fault_address)
         except StreamingUnavailable as why:
             self.notes.append(f"moe-stream: {why}; running resident")
-            return LlamaContext(self.model, config.context, abort=self._flag), None
-        ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=streamer)
+            ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(None))
+            return ctx, None
+        ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(streamer))
         try:
             streaming = ExpertStreaming.attach(
                 self.model, ctx, streamer, layout, found, config.stream, available_bytes=available_bytes
@@ -159,6 +166,16 @@ class Session:
         if not streaming.info.odirect and config.stream.odirect:
             self.notes.append("moe-stream: the filesystem refused O_DIRECT: buffered reads")
         return ctx, control
+
+    def _hook(self, inner: CCallback | None) -> CCallback | None:
+        """The context's eval callback: ``inner`` (the streamer's, or none), wrapped by the
+        decide probe when ``--decide-probe`` asks for one (nothing is installed otherwise)."""
+        if self.config.decide.probe is None:
+            return inner
+        self._decide_probe = LlamaDecideProbe.open(
+            self.model, self.config.context.n_ubatch, self.config.decide.probe, inner
+        )
+        return self._decide_probe.callback
 
     @classmethod
     def open(cls, config: SessionConfig) -> Session:
@@ -251,11 +268,11 @@ class Session:
         self._refuse_if_faulted()
         if self._decide_backend is None or self._prefix_cache is None:
             raise DecideDisabledError(DECIDE_DISABLED)
-        backend, cache = self._decide_backend, self._prefix_cache
+        backend, cache, probe = self._decide_backend, self._prefix_cache, self._decide_probe
         streaming = self.streaming
         before = streaming.counters() if streaming is not None else None
         result = self.engine.run_exclusive(
-            lambda: run_decide(backend, cache, request, self.config.decide), on_begin
+            lambda: run_decide(backend, cache, request, self.config.decide, probe), on_begin
         )
         if streaming is not None and before is not None:
             result = attrs.evolve(result, stream=streaming.counters() - before)
@@ -373,6 +390,8 @@ class Session:
         if self.streaming is not None:
             self.streaming.close()
         self.ctx.close()
+        if self._decide_probe is not None:
+            self._decide_probe.close()
         self.model.close()
 
     def __enter__(self) -> Session:

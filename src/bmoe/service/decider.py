@@ -7,6 +7,9 @@
 4. Keep the copied state (only now: a cancelled or failed decision stores nothing), score.
 
 After any failure the memory is emptied; the kept states stay valid (they are copies).
+
+With a probe (``--decide-probe``), it observes steps 2-3 only (restoring computes nothing),
+and an answered decision appends one record; a refused, cancelled or failed one appends none.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import attrs
 
 from bmoe.domain.decide.choice_scorer import first_tokens, score_choices
 from bmoe.domain.decide.prefix_cache import IPrefixCache, StateBlob
+from bmoe.domain.decide.probe import probe_record
 from bmoe.domain.decide.prompt_split import split_prefix
 from bmoe.domain.decide.values import MIB, DecideConfig, DecidePlan, DecideRequest, DecideResult
 from bmoe.errors import DecideDisabledError, DecideOverflowError, DecideRefusedError, DecodeAbortedError
 from bmoe.ports.decide_backend import IDecideBackend
+from bmoe.ports.decide_probe import IDecideProbe
 
 DECIDE_DISABLED = "decide is not enabled in this session (start it with --decide)"
 
@@ -110,17 +115,23 @@ def _result(
 
 
 def run_decide(
-    backend: IDecideBackend, cache: IPrefixCache, request: DecideRequest, config: DecideConfig
+    backend: IDecideBackend,
+    cache: IPrefixCache,
+    request: DecideRequest,
+    config: DecideConfig,
+    probe: IDecideProbe | None = None,
 ) -> DecideResult:
     """Answer one decision. Refusals (``DecideRefusedError`` and its kinds) come before
     anything is prefilled, with memory and kept states untouched. A cancel returns a result
     with ``cancelled`` set; another failure is raised. Either way the memory is emptied and
-    nothing is stored."""
+    nothing is stored. ``probe`` observes the prefills and records an answered decision."""
     if not config.enabled:
         raise DecideDisabledError(DECIDE_DISABLED)
     keep = config.keeps_prefix and request.reuse_prefix
     run = _Run(plan_decision(backend, request, split=keep))
     n_prefix, n_tokens = run.plan.n_prefix, len(run.plan.tokens)
+    if probe is not None:
+        probe.begin()
     try:
         if keep:
             start = _restore(backend, cache, run)
@@ -138,9 +149,16 @@ def run_decide(
     except BaseException:
         backend.reset()
         raise
+    finally:
+        if probe is not None:
+            probe.end()
     stored = 0
     if run.pending is not None:
         cache.store(run.plan.tokens[:n_prefix], run.pending)
         stored = n_prefix
     scores = score_choices(backend.logits(), run.plan.choice_tokens)
-    return _result(run, cache, scores.best, scores.logp, stored=stored, cancelled=False)
+    result = _result(run, cache, scores.best, scores.logp, stored=stored, cancelled=False)
+    if probe is not None:
+        observed = probe.observation(run.plan.choice_tokens)
+        probe.write(probe_record(observed, request.choices, result))
+    return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -65,17 +66,23 @@ class DecideConfig:
       (``--decide-prefix-slots K``): whether to keep the state after a prefix, and how many.
     - ``prefill_device``: the session prefills on a device; ``auto`` then keeps nothing and
       ``on`` is refused here.
+    - ``probe`` (``--decide-probe FILE``): append one diagnostic line per decision to this
+      file (docs/telemetry.md, "Decide probe"); None (the default) installs nothing.
 
-    An unknown mode, ``prefix_slots < 1`` or ``on`` with a prefill device raise ``ConfigError``.
+    An unknown mode, ``prefix_slots < 1``, ``on`` with a prefill device or a probe without
+    decisions raise ``ConfigError``.
     """
 
     enabled: bool = False
     prefix_cache: PrefixCacheMode = "auto"
     prefix_slots: int = attrs.field(default=1, validator=_at_least_one)
     prefill_device: bool = False
+    probe: Path | None = None
 
     def __attrs_post_init__(self) -> None:
         resolve_prefix_cache(self.prefix_cache, prefill_device=self.prefill_device)
+        if self.probe is not None and not self.enabled:
+            raise ConfigError("--decide-probe needs --decide")
 
     @property
     def keeps_prefix(self) -> bool:
