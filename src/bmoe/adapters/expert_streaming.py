@@ -235,7 +235,7 @@ class ExpertStreaming:
         streamer.set_budget(budget.bytes)
         # 4. the routers, for the decode routing policies that evaluate them
         gates = None
-        if config.routing_policies:
+        if config.needs_routers:
             gates = RouterGates()
             if not gates.attach(
                 streamer,

@@ -30,8 +30,8 @@ instead of computing with a missing expert, now and on every later decode.
 
 from cpython.ref cimport PyObject
 from libc.errno cimport EINTR, EIO, errno
-from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
-from libc.stdlib cimport calloc, free
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uintptr_t
+from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcpy, strncmp, strncpy
 from posix.fcntl cimport O_RDONLY, open as c_open
 from posix.mman cimport (
@@ -107,9 +107,13 @@ cdef extern from * nogil:
     """
     static inline int bmoe_claim(int * p) { return __sync_bool_compare_and_swap(p, 0, 1); }
     static inline void bmoe_store(int * p, int v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+    static inline long long bmoe_fetch_add(long long * p, long long v) {
+        return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+    }
     """
     int bmoe_claim(int * p)
     void bmoe_store(int * p, int v)
+    long long bmoe_fetch_add(long long * p, long long v)
 
 cdef enum:
     C_MODE_OFF = 0
@@ -199,6 +203,52 @@ cdef struct worker_arg_t:
     int lane
 
 
+cdef struct route_rec_t:
+    int32_t ubatch                 # the trace's ubatch number (see trace_t.ubatch)
+    int32_t token                  # token index within the ubatch
+    int16_t layer
+    int16_t slot
+    int32_t expert
+    float weight                   # the routing weight, normalised over the token's selection
+    uint8_t residency              # 0 miss, 1 hit, 2 hit on a read ahead
+    uint8_t dropped
+
+
+cdef struct io_rec_t:
+    int32_t ubatch
+    int16_t layer
+    int16_t proj
+    int32_t expert
+    int16_t lane
+    uint8_t spec                   # read ahead of need (1) or on demand (0)
+    int64_t offset
+    int64_t req_bytes
+    int64_t read_bytes
+    int64_t latency_ns
+
+
+cdef struct trace_t:
+    # --route-trace / --io-trace: rows kept in C, drained by Python between requests.
+    int route_on
+    int io_on
+    int32_t ubatch                 # ubatches seen (a new one starts at a layer <= the last)
+    int last_layer
+    int32_t * ub_tokens            # [ub_cap]: tokens of each ubatch since the last drain
+    int32_t ub_first               # the ubatch number of ub_tokens[0]
+    int64_t ub_n
+    int64_t ub_cap
+    route_rec_t * route
+    int64_t route_n
+    int64_t route_cap
+    io_rec_t * io
+    int64_t io_n                   # appended atomically (lanes read in parallel)
+    int64_t io_cap
+    int64_t io_lost
+    uint8_t * spec_entry           # [n_layer * n_expert]: queued as a read ahead
+    uint8_t * status               # scratch [n_expert]: this request's residency per expert
+    int active_reads               # reads running outside the lanes' mutex
+
+
 cdef struct routing_t:
     # What the decode-time routing policies need and count. Rankings are made on the eval
     # thread at a layer's topk from that layer's router input (``x``) and the gate matrix of
@@ -277,6 +327,7 @@ cdef struct stream_t:
     worker_arg_t * worker_args     # [n_lanes]
     # decode routing (stale-gate prediction, route-ahead, dropping, substitution)
     routing_t r
+    trace_t tr
     # faults (the first one wins; never cleared)
     int fault
     int fault_kind
@@ -422,17 +473,48 @@ cdef void fill_job(stream_t * s, job_t * job, int layer, int expert, int p) noex
     job.result = 0
 
 
+cdef void trace_read(stream_t * s, job_t * job, int32_t idx, int p, int lane, double t0) noexcept nogil:
+    """Append one projection read to the I/O trace (any lane; lost when the buffer is full)."""
+    cdef int64_t i = bmoe_fetch_add(<long long *> &s.tr.io_n, 1)
+    cdef io_rec_t * rec
+    cdef int64_t a0, a1
+    if i >= s.tr.io_cap:
+        bmoe_fetch_add(<long long *> &s.tr.io_lost, 1)
+        return
+    rec = &s.tr.io[i]
+    rec.ubatch = s.tr.ubatch
+    rec.layer = <int16_t> (idx // s.core.n_expert)
+    rec.proj = <int16_t> p
+    rec.expert = idx % s.core.n_expert
+    rec.lane = <int16_t> lane
+    rec.spec = s.tr.spec_entry[idx]
+    rec.offset = job.offset
+    rec.req_bytes = job.size
+    if s.odirect:
+        a0 = job.offset & ~(<int64_t> (PAGE - 1))
+        a1 = (job.offset + job.size + PAGE - 1) & ~(<int64_t> (PAGE - 1))
+        rec.read_bytes = a1 - a0
+    else:
+        rec.read_bytes = job.size
+    rec.latency_ns = <int64_t> ((now() - t0) * 1e9)
+
+
 cdef int read_entry_now(stream_t * s, int32_t idx, int lane) noexcept nogil:
     """Read every projection of entry ``idx`` on ``lane``; 0, or -errno after recording the
     read fault (sticky; the fault flag is raised)."""
     cdef int p, result
     cdef job_t job
+    cdef double t0 = 0.0
     cdef int layer = idx // s.core.n_expert
     for p in range(s.n_proj):
         if s.projs[layer * s.n_proj + p].base == NULL:
             continue
         fill_job(s, &job, layer, idx % s.core.n_expert, p)
+        if s.tr.io_on:
+            t0 = now()
         result = run_job(s, &job, lane)
+        if s.tr.io_on and result == 0:
+            trace_read(s, &job, idx, p, lane, t0)
         if result != 0:
             read_fault(s, -result, job.file_index, job.offset)
             return result
@@ -468,11 +550,13 @@ cdef void read_popped(stream_t * s, int32_t idx, int lane) noexcept nogil:
     """Read a popped entry (mutex held on entry and on return)."""
     cdef double t0
     s.io_state[idx] = IO_READING
+    s.tr.active_reads += 1
     pthread_mutex_unlock(&s.lanes.mu)
     t0 = now()
     read_entry_now(s, idx, lane)
     t0 = now() - t0
     pthread_mutex_lock(&s.lanes.mu)
+    s.tr.active_reads -= 1
     s.io_s += t0
     s.io_state[idx] = IO_IDLE
     pthread_cond_broadcast(&s.lanes.done)
@@ -509,6 +593,8 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
     cdef double t0 = now()
     if s.lanes.started == 0:
         for w in range(s.core.n_loads):
+            if s.tr.io_on:
+                s.tr.spec_entry[s.core.plan_loads[w]] = 0
             read_entry_now(s, s.core.plan_loads[w], 0)
         s.stall_s += now() - t0
         return
@@ -519,6 +605,8 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
             read_popped(s, idx, 0)  # the ring is full: read it here
     for w in range(s.core.n_loads - 1, -1, -1):
         idx = s.core.plan_loads[w]
+        if s.tr.io_on:
+            s.tr.spec_entry[idx] = 0
         s.io_state[idx] = IO_QUEUED
         if queue_push(s, idx, True) < 0:
             read_popped(s, idx, 0)
@@ -548,6 +636,9 @@ cdef void issue_reads(stream_t * s) noexcept nogil:
     cdef int32_t idx
     if s.core.n_loads == 0:
         return
+    if s.tr.io_on:
+        for w in range(s.core.n_loads):
+            s.tr.spec_entry[s.core.plan_loads[w]] = 1
     if s.lanes.started == 0 or s.lanes.n_workers == 0:  # nobody to read ahead: read now
         for w in range(s.core.n_loads):
             read_entry_now(s, s.core.plan_loads[w], 0)
@@ -977,6 +1068,83 @@ cdef void rank_ahead(stream_t * s, int layer) noexcept nogil:
                 r.issue_s += now() - t1
 
 
+# -- traces ----------------------------------------------------------------------------------
+
+cdef void trace_ubatch(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    """Count ubatches (a graph's MoE layers come in increasing order) and their tokens."""
+    cdef trace_t * tr = &s.tr
+    cdef int32_t * grown
+    if layer > tr.last_layer:
+        tr.last_layer = layer
+        return
+    tr.last_layer = layer
+    tr.ubatch += 1
+    if tr.ub_n == tr.ub_cap:
+        grown = <int32_t *> realloc(tr.ub_tokens, (2 * tr.ub_cap + 64) * sizeof(int32_t))
+        if grown == NULL:
+            return
+        tr.ub_tokens = grown
+        tr.ub_cap = 2 * tr.ub_cap + 64
+    if tr.ub_n == 0:
+        tr.ub_first = tr.ubatch
+    tr.ub_tokens[tr.ub_n] = <int32_t> t.ne[1]
+    tr.ub_n += 1
+
+
+cdef void trace_route(stream_t * s, ggml_tensor * t, int layer, const uint8_t * skip) noexcept nogil:
+    """Append the layer call's routing (after any rewrite), with each slot's residency in the
+    plan just made and its normalised weight."""
+    cdef trace_t * tr = &s.tr
+    cdef routing_t * r = &s.r
+    cdef int64_t i, j, need
+    cdef int w, k = <int> t.ne[0]
+    cdef int n = s.core.n_expert
+    cdef char * base = <char *> t.data
+    cdef ggml_tensor * pn = NULL
+    cdef ggml_tensor * xn = NULL
+    cdef float * probs = NULL
+    cdef route_rec_t * grown
+    cdef route_rec_t * rec
+    cdef int32_t e
+    cdef float vals[64]
+    cdef double wts[64]
+    need = tr.route_n + t.ne[0] * t.ne[1]
+    if need > tr.route_cap:
+        grown = <route_rec_t *> realloc(tr.route, (2 * need) * sizeof(route_rec_t))
+        if grown == NULL:
+            return
+        tr.route = grown
+        tr.route_cap = 2 * need
+    for w in range(s.core.n_hits):
+        tr.status[s.core.plan_hits[w] % n] = 1
+    for w in range(s.core.n_adopted):
+        tr.status[s.core.plan_adopted[w] % n] = 2
+    find_router(t, layer, &pn, &xn)
+    if pn != NULL and pn.type == GGML_TYPE_F32 and pn.ne[0] == n and pn.nb[0] == 4 and pn.data != NULL \
+            and pn.ne[1] == t.ne[1]:
+        probs = <float *> pn.data
+    for j in range(t.ne[1]):
+        for i in range(k):
+            e = (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
+            vals[i if i < 64 else 63] = probs[e + j * (pn.nb[1] // 4)] if probs != NULL and 0 <= e < n else 0.0
+        if probs != NULL and k <= 64:
+            rp_weights(vals, k, r.gating == 3, wts)
+        for i in range(k):
+            e = (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
+            rec = &tr.route[tr.route_n]
+            tr.route_n += 1
+            rec.ubatch = tr.ubatch
+            rec.token = <int32_t> j
+            rec.layer = <int16_t> layer
+            rec.slot = <int16_t> i
+            rec.expert = e
+            rec.weight = <float> wts[i] if probs != NULL and k <= 64 else -1.0
+            rec.dropped = 1 if skip != NULL and skip[i] else 0
+            rec.residency = tr.status[e] if 0 <= e < n and not rec.dropped else 0
+    for w in range(s.core.n_hits):
+        tr.status[s.core.plan_hits[w] % n] = 0
+
+
 
 cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     cdef int n_loads
@@ -993,6 +1161,8 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     if n_loads < 0:
         graph_fault(s, layer, GRAPH_NO_EXPERTS)
         return
+    if s.tr.route_on:
+        trace_route(s, t, layer, skip)
     drop_planned_evictions(s)
     if n_loads > 0 or s.core.n_adopted > 0:
         load_and_wait(s, layer)
@@ -1073,6 +1243,10 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
         return ask == 0
     if ask:
         return 1
+    if t.ne[1] == 0:  # the last layer of a batch that wants no logits routes no token
+        return 1
+    if s.tr.route_on or s.tr.io_on:
+        trace_ubatch(s, t, layer)
     if s.mode == C_MODE_STREAM:
         demand(s, t, layer)
     else:
@@ -1164,6 +1338,7 @@ cdef class ExpertStreamer:
         s.r.subst_l = -1.0
         s.r.spec_max = 2
         s.r.last_layer = 1 << 30
+        s.tr.last_layer = 1 << 30
         if (s.core == NULL or s.projs == NULL or s.captured == NULL or s.io_state == NULL
                 or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL
                 or s.r.gate_w == NULL or s.r.gate_b == NULL or s.r.sel_b == NULL):
@@ -1183,11 +1358,28 @@ cdef class ExpertStreamer:
         free(self.s.last_route_n)
         free(self.s.lanes.queue)
         self._free_routing()
+        self._free_traces()
         free(self.s.r.gate_w)
         free(self.s.r.gate_b)
         free(self.s.r.sel_b)
         free(self.s)
         self.s = NULL
+
+    cdef void _free_traces(self):
+        cdef trace_t * tr = &self.s.tr
+        tr.route_on = 0
+        tr.io_on = 0
+        free(tr.ub_tokens)
+        free(tr.route)
+        free(tr.io)
+        free(tr.spec_entry)
+        free(tr.status)
+        tr.ub_tokens = NULL
+        tr.route = NULL
+        tr.io = NULL
+        tr.spec_entry = NULL
+        tr.status = NULL
+        tr.ub_n = tr.ub_cap = tr.route_n = tr.route_cap = tr.io_n = tr.io_cap = tr.io_lost = 0
 
     cdef void _free_routing(self):
         cdef routing_t * r = &self.s.r
@@ -1397,6 +1589,64 @@ cdef class ExpertStreamer:
             "rank_s": r.rank_s,
             "issue_s": r.issue_s,
         }
+
+    # -- traces (--route-trace, --io-trace) ----------------------------------------------
+
+    def enable_traces(self, *, bint route=False, bint io=False, int64_t io_capacity=1 << 20):
+        """Record every layer call's routing (``route``) and every projection read (``io``,
+        at most ``io_capacity`` reads between two drains; more are counted lost). Between
+        decodes only; ``drain_traces`` after each request."""
+        cdef trace_t * tr = &self.s.tr
+        cdef int64_t n = <int64_t> self.s.core.n_layer * self.s.core.n_expert
+        if io_capacity < 1:
+            raise ValueError("io_capacity must be >= 1")
+        self._free_traces()
+        tr.spec_entry = <uint8_t *> calloc(n, 1)
+        tr.status = <uint8_t *> calloc(self.s.core.n_expert, 1)
+        if io:
+            tr.io = <io_rec_t *> calloc(io_capacity, sizeof(io_rec_t))
+            tr.io_cap = io_capacity
+        if tr.spec_entry == NULL or tr.status == NULL or (io and tr.io == NULL):
+            self._free_traces()
+            raise MemoryError()
+        tr.route_on = 1 if route else 0
+        tr.io_on = 1 if io else 0
+
+    def drain_traces(self):
+        """The rows recorded since the last drain (then forgotten), once no read is running:
+        ``{"ubatches": [(number, n_tokens)], "route": [(ubatch, token, layer, slot, expert,
+        weight, residency, dropped)], "io": [(ubatch, layer, proj, expert, lane, spec,
+        offset, req_bytes, read_bytes, latency_ns)], "io_lost": n}``."""
+        cdef trace_t * tr = &self.s.tr
+        cdef int64_t i, n_io
+        cdef route_rec_t * r
+        cdef io_rec_t * o
+        if self.s.lanes.started:
+            with nogil:
+                pthread_mutex_lock(&self.s.lanes.mu)
+                while tr.active_reads > 0:
+                    pthread_cond_wait(&self.s.lanes.done, &self.s.lanes.mu)
+        try:
+            ubatches = [(tr.ub_first + i, tr.ub_tokens[i]) for i in range(tr.ub_n)]
+            route = []
+            for i in range(tr.route_n):
+                r = &tr.route[i]
+                route.append((r.ubatch, r.token, r.layer, r.slot, r.expert, r.weight, r.residency, r.dropped))
+            n_io = min(tr.io_n, tr.io_cap)
+            io = []
+            for i in range(n_io):
+                o = &tr.io[i]
+                io.append((o.ubatch, o.layer, o.proj, o.expert, o.lane, o.spec, o.offset, o.req_bytes,
+                           o.read_bytes, o.latency_ns))
+            lost = tr.io_lost
+            tr.ub_n = 0
+            tr.route_n = 0
+            tr.io_n = 0
+            tr.io_lost = 0
+        finally:
+            if self.s.lanes.started:
+                pthread_mutex_unlock(&self.s.lanes.mu)
+        return {"ubatches": ubatches, "route": route, "io": io, "io_lost": lost}
 
     def set_reference_hook(self, hook):
         """``hook(layer, ids) -> bool`` serves a layer in ``MODE_REFERENCE``: True once

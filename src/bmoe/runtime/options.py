@@ -121,6 +121,20 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         "router score is within L of it (never the top expert; needs the cache; default: off)",
     )
     m.add_argument(
+        "--route-trace",
+        metavar="FILE",
+        default=None,
+        help="write every routed slot as CSV (turn, phase, step, layer, slot, expert, weight, residency, "
+        "expert_bytes, dropped; docs/telemetry.md)",
+    )
+    m.add_argument(
+        "--io-trace",
+        metavar="FILE",
+        default=None,
+        help="write every expert read as CSV (turn, phase, step, layer, expert, proj, lane, spec, offset, "
+        "req_bytes, read_bytes, latency_ns; docs/telemetry.md)",
+    )
+    m.add_argument(
         "--no-prefill-ahead",
         action="store_true",
         help="in a prefill batch that routes most of a layer's experts, do not read the whole next "
@@ -170,6 +184,8 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         route_ahead=args.route_ahead,
         drop_cold=args.drop_cold_experts,
         substitute=args.expert_substitute,
+        route_trace=args.route_trace,
+        io_trace=args.io_trace,
     )
 
 

@@ -252,6 +252,7 @@ class Session:
 
         result = self.engine.generate(request, progress, on_begin, history=history, chat=chat)
         end = streaming.counters()
+        streaming.end_turn()
         after_prefill = marks[1] if len(marks) > 1 else end
         decode_wall = time.perf_counter() - times[1] if len(times) > 1 else 0.0
         report = StreamReport(
@@ -276,6 +277,7 @@ class Session:
         )
         if streaming is not None and before is not None:
             result = attrs.evolve(result, stream=streaming.counters() - before)
+            streaming.end_turn()
         return result
 
     def perplexity(self, text: str) -> Perplexity:

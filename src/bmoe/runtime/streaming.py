@@ -15,9 +15,11 @@ callback walks the cache.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 from bmoe.adapters.expert_source import LaneExpertSource
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingInfo
+from bmoe.adapters.stream_trace import TraceFiles
 from bmoe.cext import expert_stream
 from bmoe.domain.streaming import Entry, StreamConfig, StreamCounters, StreamFault
 from bmoe.errors import StreamingFaultError
@@ -31,6 +33,8 @@ class StreamingControl:
         self.lock = threading.Lock()
         self._closed = False
         self._reference: PolicyStreaming | None = None
+        self._traces: TraceFiles | None = None
+        self._turn = 0
         streamer = streaming.streamer
         if config.policy == "reference":
             self._source = LaneExpertSource(
@@ -53,6 +57,13 @@ class StreamingControl:
                     drop_cold=config.drop_cold,
                     substitute=config.substitute,
                 )
+            if config.route_trace is not None or config.io_trace is not None:
+                self._traces = TraceFiles(
+                    streamer,
+                    [streamer.entry_bytes(layer) for layer in range(streamer.n_layer)],
+                    None if config.route_trace is None else Path(config.route_trace),
+                    None if config.io_trace is None else Path(config.io_trace),
+                )
             streamer.mode = expert_stream.MODE_STREAM
 
     def _serve(self, layer: int, ids: list[int], n_tokens: int) -> bool:
@@ -65,6 +76,13 @@ class StreamingControl:
         return True
 
     # -- figures ---------------------------------------------------------------------------
+
+    def end_turn(self) -> None:
+        """After each request: write its rows to the trace files (if any)."""
+        self._turn += 1
+        if self._traces is not None:
+            with self.lock:
+                self._traces.drain(self._turn)
 
     def counters(self) -> StreamCounters:
         if self._reference is not None:
@@ -121,6 +139,9 @@ class StreamingControl:
             if self._closed:
                 return
             self._closed = True
+            if self._traces is not None:
+                self._traces.drain(self._turn + 1)
+                self._traces.close()
             if self._reference is not None:
                 self._source.close()
             else:

@@ -55,6 +55,8 @@ class StreamConfig:
     route_ahead: int = 0
     drop_cold: float = 0.0
     substitute: float | None = None
+    route_trace: str | None = None  # --route-trace FILE (docs/telemetry.md)
+    io_trace: str | None = None  # --io-trace FILE
 
     @property
     def routing_policies(self) -> bool:
@@ -62,6 +64,11 @@ class StreamConfig:
         return bool(self.predict_prefetch or self.predict_log or self.route_ahead or self.drop_cold) or (
             self.substitute is not None
         )
+
+    @property
+    def needs_routers(self) -> bool:
+        """The streamer must know the routers (policies, or the route trace's weights)."""
+        return self.routing_policies or self.route_trace is not None
 
     def __attrs_post_init__(self) -> None:
         if self.cache_mb is not None and self.cache_mb < 0:
@@ -108,6 +115,9 @@ def check_read_ahead(config: StreamConfig) -> None:
     if config.substitute is not None and not config.substitute >= 0.0:
         raise ConfigError(f"--expert-substitute must be >= 0, not {config.substitute}")
     flags = _routing_flags(config)
+    traces = [f for f, v in (("--route-trace", config.route_trace), ("--io-trace", config.io_trace)) if v]
+    if traces and not config.enabled:
+        raise ConfigError(f"{', '.join(traces)} need(s) --moe-stream")
     if flags and not config.enabled:
         raise ConfigError(f"{', '.join(flags)} need(s) --moe-stream")
     cached_only = ("--predict-prefetch", "--drop-cold-experts", "--expert-substitute")
@@ -126,6 +136,7 @@ def check_read_ahead(config: StreamConfig) -> None:
             )
     if config.policy == "reference":
         unsupported = [f for f in flags if f != "--prefetch"]
+        unsupported += traces
         if unsupported:
             raise ConfigError(
                 f"--stream-policy reference runs the cache and --prefetch only, not {', '.join(unsupported)}"
