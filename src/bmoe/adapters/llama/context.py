@@ -13,6 +13,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from bmoe.adapters.llama.log import capture_compute_buffers
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.status import check_decode
 from bmoe.errors import ConfigError, ContextInitError, ContextOverflowError, DecodeAbortedError
@@ -104,7 +105,9 @@ class LlamaContext:
             self._cb_ref = llama_cpp.ggml_backend_sched_eval_callback(eval_callback.callback_address)
             cparams.cb_eval = self._cb_ref
             cparams.cb_eval_user_data = ctypes.c_void_p(eval_callback.user_data_address)
-        ptr = llama_cpp.llama_init_from_model(model.ptr, cparams)
+        with capture_compute_buffers() as buffers:
+            ptr = llama_cpp.llama_init_from_model(model.ptr, cparams)
+        self.compute_buffers: dict[str, int] = buffers
         if not ptr:
             raise ContextInitError(
                 f"llama.cpp could not create a context of {params.n_ctx} tokens "
@@ -145,6 +148,13 @@ class LlamaContext:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    @property
+    def compute_buffer_bytes(self) -> int:
+        """The compute buffers llama.cpp reserved for this context, all backends together
+        (from its log, to 0.01 MiB; 0 if it logged none). It grows with ``n_ubatch``; it is
+        allocated at creation but mostly untouched until a full ubatch runs."""
+        return sum(self.compute_buffers.values())
 
     # -- memory ----------------------------------------------------------------------------
 

@@ -2,27 +2,59 @@
 
 llama.cpp logs through one process-wide callback; bmoe installs its own so that, by
 default, a run prints only what the user asked for (stdout stays clean for the protocol).
+The callback also reads one figure out of the log: the compute buffer llama.cpp reserves
+for a context (``capture_compute_buffers``), which no C function of its API reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import re
 import sys
+import threading
+from collections.abc import Iterator
 
 import llama_cpp
 
 _ERROR_LEVEL = 3  # GGML_LOG_LEVEL_ERROR
 _CONT_LEVEL = 5  # GGML_LOG_LEVEL_CONT: continues the previous line
 _state: dict[str, int] = {"verbose": 0, "last_level": 0}
+# llama_context::sched_reserve, once per backend whose buffer holds more than a byte:
+# "sched_reserve:        CPU compute buffer size =     0.25 MiB"
+_COMPUTE_BUFFER = re.compile(rb"(\S+) compute buffer size = +([0-9]+(?:\.[0-9]+)?) MiB")
+_capture = threading.local()  # .found: the dict the calling thread's capture fills, or None
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]  # ctypes CFUNCTYPE is untyped
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     effective = _state["last_level"] if level == _CONT_LEVEL else level
     _state["last_level"] = effective
+    found = getattr(_capture, "found", None)
+    if found is not None:
+        match = _COMPUTE_BUFFER.search(text)
+        if match:  # a later reservation replaces an earlier one of the same backend
+            found[match.group(1).decode("utf-8", errors="replace")] = round(float(match.group(2)) * 1048576)
     if _state["verbose"] or effective == _ERROR_LEVEL:
         sys.stderr.write(text.decode("utf-8", errors="replace"))
         sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def capture_compute_buffers() -> Iterator[dict[str, int]]:
+    """Around creating a context: the compute buffers llama.cpp logs that it reserved, in
+    bytes per backend (``{"CPU": 263680}``; empty if it logged none). Only lines logged by
+    the calling thread count (llama.cpp reserves synchronously, in the creating thread), so
+    contexts created at once in other threads do not mix in. The figure is the log's, to
+    0.01 MiB."""
+    found: dict[str, int] = {}
+    previous = getattr(_capture, "found", None)
+    set_llama_verbose(bool(_state["verbose"]))  # ours, even if something else replaced it
+    _capture.found = found
+    try:
+        yield found
+    finally:
+        _capture.found = previous
 
 
 def set_llama_verbose(verbose: bool) -> None:

@@ -1,0 +1,60 @@
+"""llama.cpp's compute buffer is found for every fixture's context, grows with the ubatch,
+and ``--cache-mb auto`` subtracts exactly that figure (and the ``mode:`` line says so)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
+from bmoe.cli import main
+from bmoe.domain.streaming import MIB, StreamConfig
+from bmoe.runtime import Session, SessionConfig
+
+TinyModel = Callable[[str], Path]
+
+
+def test_the_compute_buffer_is_found_positive_and_grows_with_the_ubatch(
+    fixture_name: str, tiny_model_path: TinyModel
+) -> None:
+    model = LlamaModel(tiny_model_path(fixture_name))
+    try:
+        sizes = {}
+        for b in (64, 512):
+            with LlamaContext(model, ContextParams(n_ctx=512, n_batch=b, n_ubatch=b)) as ctx:
+                assert "CPU" in ctx.compute_buffers, ctx.compute_buffers
+                sizes[b] = ctx.compute_buffer_bytes
+    finally:
+        model.close()
+    assert 0 < sizes[64] < sizes[512]
+
+
+@pytest.mark.parametrize("cache_mb", [None, 64], ids=["auto", "set"])
+def test_auto_subtracts_the_compute_buffer_of_the_sessions_context(
+    tiny_model_path: TinyModel, cache_mb: int | None
+) -> None:
+    stream = StreamConfig(enabled=True, cache_mb=cache_mb)
+    context = ContextParams(n_ctx=512, n_batch=512, n_ubatch=512)
+    config = SessionConfig(model_path=tiny_model_path("qwen3moe"), context=context, stream=stream)
+    with Session.open(config) as s:
+        assert s.streaming is not None
+        budget = s.streaming.info.budget
+        assert s.ctx.compute_buffer_bytes > MIB  # about 2 MiB at -b 512 for this model
+        if cache_mb is None:
+            assert budget.auto and budget.compute_buffer_bytes == s.ctx.compute_buffer_bytes
+        else:
+            assert (budget.bytes, budget.compute_buffer_bytes) == (64 * MIB, 0)
+
+
+def test_the_mode_line_says_the_compute_buffer_auto_subtracted(
+    tiny_model_path: TinyModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(tiny_model_path("qwen3moe"))
+    assert main(["-m", path, "-n", "1", "--moe-stream", "-b", "512"]) == 0
+    mode = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("mode:"))
+    found = re.search(r"cache \d+ MiB \(auto, compute buffer ([0-9.]+) MiB subtracted\)", mode)
+    assert found is not None, mode
+    assert float(found.group(1)) > 1.0
