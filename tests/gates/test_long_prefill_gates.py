@@ -65,6 +65,14 @@ class Streamed:
     resident: list[tuple[int, int]]
     n_moe_layers: int
 
+    def served_every_ubatch(self, n_ubatches: int) -> bool:
+        """The prefill's MoE layer calls: each MoE layer once per ubatch, except that an
+        architecture whose graph drops the rows without output before the last layer (most;
+        not gemma4) routes no token there but in the ubatch holding the prompt's last token,
+        and a layer call that routes none is not a request."""
+        most = n_ubatches * self.n_moe_layers
+        return most - (n_ubatches - 1) <= self.prefill.requests <= most
+
 
 @functools.cache
 def prompt_of(path: Path, n_tokens: int) -> str:
@@ -159,9 +167,9 @@ def test_a_streamed_prefill_of_several_ubatches_equals_the_resident_one(
     }
     for policy, got in runs.items():
         assert_same(got.outcome, want, f"{cache}, {policy} policy")
-        # the prefill really was several ubatches: each MoE layer served once per ubatch
+        # the prefill really was several ubatches: each MoE layer served per ubatch
         n_ubatches = -(-want.n_prompt // UBATCH)
-        assert got.prefill.requests == n_ubatches * got.n_moe_layers, policy
+        assert got.served_every_ubatch(n_ubatches), (policy, got.prefill.requests, got.n_moe_layers)
         assert got.counters.misses > 0
         if entries != "off":
             assert got.counters.evictions > 0, f"{cache}: the cache must evict"
@@ -188,7 +196,7 @@ def test_a_batch_split_into_ubatches_by_llama_cpp_streams_exactly(
     }
     for policy, got in runs.items():
         assert_same(got.outcome, want, f"{policy} policy")
-        assert got.prefill.requests == 5 * got.n_moe_layers, policy  # ubatches 16, 16, 16, 16, 6
+        assert got.served_every_ubatch(5), (policy, got.prefill.requests)  # ubatches 16, 16, 16, 16, 6
         assert got.counters.evictions > 0
         assert (got.prefill.prefetch_issued > 0) == ahead
     fast, ref = runs["fast"], runs["reference"]
