@@ -37,7 +37,8 @@ def run(
         s.streaming.set_budget(5 * entry)
         tokens = [list(s.generate(r).tokens) for r in REQUESTS]
         sizes = [s.streaming.streaming.streamer.entry_bytes(layer) for layer in range(s.model.n_layer)]
-        return tokens, s.last_logits(), s.streaming.counters(), {"budget": 5 * entry, "sizes": sizes}
+        info = {"budget": 5 * entry, "sizes": sizes, "k": s.model.n_expert_used}
+        return tokens, s.last_logits(), s.streaming.counters(), info
 
 
 @pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss", "qwen3moe-odd"])
@@ -61,7 +62,8 @@ def test_traces_observe_only_and_replay_to_the_same_counters(
     for r in rows:  # file order is execution order; a layer call is (turn, phase, step, layer)
         calls.setdefault((r["turn"], r["phase"], r["step"], r["layer"]), []).append(r)
     for (_, _, _, layer), call in calls.items():
-        plan = policy.request(int(layer), [int(r["expert"]) for r in call if r["dropped"] == "0"])
+        n_tokens = len({int(r["slot"]) // info["k"] for r in call})
+        plan = policy.request(int(layer), [int(r["expert"]) for r in call if r["dropped"] == "0"], n_tokens)
         hits = {e for _, e in plan.hits}
         assert all((r["residency"] == "1") == (int(r["expert"]) in hits) for r in call)
         assert all(int(r["expert_bytes"]) == info["sizes"][int(layer)] for r in call)

@@ -42,15 +42,21 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
     @rule(
         layer=st.integers(0, N_LAYER - 1),
         ids=st.lists(st.integers(0, N_EXPERT - 1), min_size=1, max_size=24),
+        n_tokens=st.sampled_from([1, 1, 2, 6]),
     )
-    def request(self, layer: int, ids: list[int]) -> None:
+    def request(self, layer: int, ids: list[int], n_tokens: int) -> None:
         try:
-            plan = self.policy.request(layer, ids)
+            plan = self.policy.request(layer, ids, n_tokens)
         except ValueError:
             with pytest.raises(ValueError):
-                self.core.request(layer, ids)
+                self.core.request(layer, ids, n_tokens)
             return
-        assert self.core.request(layer, ids) == (plan.hits, plan.evictions, plan.loads, plan.adopted)
+        assert self.core.request(layer, ids, n_tokens) == (
+            plan.hits,
+            plan.evictions,
+            plan.loads,
+            plan.adopted,
+        )
 
     @rule(
         layer=st.integers(0, N_LAYER - 1),

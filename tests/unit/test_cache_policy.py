@@ -144,3 +144,27 @@ def test_a_prefetch_with_no_room_issues_nothing_more() -> None:
     lru.request(1, [0, 1])  # fills the budget with entries in use
     assert lru.prefetch(0, [1, 2]) == PrefetchPlan(layer=0, evictions=(), issued=())
     lru.check_valid()
+
+
+def test_a_prefill_request_keeps_only_its_share_hot_so_a_prompt_does_not_flush_the_cache() -> None:
+    # 2 MoE layers, a budget of 6 entries: a layer's share is 3
+    lru = ExpertCachePolicy(budget_bytes=6 * 10, entry_bytes=[10, 10], n_expert=8)
+    assert lru.share(0) == 3
+    lru.request(0, [7], n_tokens=1)  # decode's hot entry
+    # a prefill batch routes 5 experts of layer 1; 4, 5 and 6 most often (then 1 and 2)
+    routed = [4, 5, 6, 4, 5, 6, 4, 5, 6, 1, 2]
+    plan = lru.request(1, routed, n_tokens=6)
+    assert plan.loads == ((1, 4), (1, 5), (1, 6), (1, 1), (1, 2)) and plan.evictions == ()
+    # the hot three are the most recent; the two others wait at the cold end
+    assert lru.resident() == [(1, 2), (1, 1), (0, 7), (1, 4), (1, 5), (1, 6)]
+    plan = lru.request(0, [0, 1], n_tokens=1)  # the next loads evict the prompt's cold ones first
+    assert plan.evictions == ((1, 2), (1, 1))
+    assert (0, 7) in lru.resident()
+    lru.check_valid()
+
+
+def test_a_decode_request_or_a_small_batch_is_plain_lru() -> None:
+    lru = ExpertCachePolicy(budget_bytes=6 * 10, entry_bytes=[10, 10], n_expert=8)
+    lru.request(1, [3, 3, 2], n_tokens=2)  # 2 experts <= share 3: all hot
+    lru.request(1, [0, 1, 4, 5], n_tokens=1)  # decode: all hot too
+    assert lru.resident() == [(1, 3), (1, 2), (1, 0), (1, 1), (1, 4), (1, 5)]

@@ -5,10 +5,13 @@
 # pages, reads the loads). Shared by ``expert_stream`` (the engine) and ``cache_core``
 # (the same code, callable from Python for the equivalence tests and benchmarks).
 #
-# A request: ``core_begin``, ``core_want`` for each routed id (duplicates ignored, first-seen
+# A request: ``core_begin``, ``core_want`` for each routed id (duplicates counted, first-seen
 # order kept), then ``core_plan``: hits are touched in wanted order, then (when there are
 # misses) least-recently-used entries this layer does not want are evicted oldest first until
-# the misses fit, then the misses become resident in wanted order. The plan is left in
+# the misses fit, then the misses become resident in wanted order. A request of several
+# tokens that routes more experts than the layer's share of the budget keeps only its
+# ``share`` most-routed ones hot: its other hits are not touched and its other loads enter at
+# the cold end (scan resistance; the policy's docstring says why). The plan is left in
 # ``plan_hits`` / ``plan_evictions`` / ``plan_loads`` (entry indices ``layer * n_expert + e``),
 # the hits on prefetched entries in ``plan_adopted``.
 #
@@ -38,6 +41,8 @@ cdef struct core_t:
     uint8_t * protected            # [n_expert]: the last request's ids (of protect_layer)
     int protect_layer
     int32_t * order                # [n_expert]: wanted ids of the request, first-seen order
+    int32_t * count                # [n_expert]: how many times the request routed each id
+    uint8_t * hot                  # scratch [n_expert]: the request's ids that stay hot
     int n_wanted
     int32_t head
     int32_t tail
@@ -80,6 +85,8 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
     c.evicted_once = <uint8_t *> calloc(n, 1)
     c.wanted = <uint8_t *> calloc(n_expert, 1)
     c.order = <int32_t *> calloc(n_expert, sizeof(int32_t))
+    c.count = <int32_t *> calloc(n_expert, sizeof(int32_t))
+    c.hot = <uint8_t *> calloc(n_expert, 1)
     c.plan_hits = <int32_t *> calloc(n_expert, sizeof(int32_t))
     c.plan_loads = <int32_t *> calloc(n_expert, sizeof(int32_t))
     c.plan_evictions = <int32_t *> calloc(n, sizeof(int32_t))
@@ -90,7 +97,8 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
     if (c.entry_bytes == NULL or c.prev == NULL or c.next == NULL or c.resident == NULL
             or c.evicted_once == NULL or c.wanted == NULL or c.order == NULL
             or c.plan_hits == NULL or c.plan_loads == NULL or c.plan_evictions == NULL
-            or c.plan_adopted == NULL or c.prefetched == NULL or c.protected == NULL):
+            or c.plan_adopted == NULL or c.prefetched == NULL or c.protected == NULL
+            or c.count == NULL or c.hot == NULL):
         core_free(c)
         return NULL
     for i in range(n):
@@ -111,6 +119,8 @@ cdef inline void core_free(core_t * c) noexcept nogil:
     free(c.evicted_once)
     free(c.wanted)
     free(c.order)
+    free(c.count)
+    free(c.hot)
     free(c.plan_hits)
     free(c.plan_loads)
     free(c.plan_evictions)
@@ -183,6 +193,7 @@ cdef inline void core_begin(core_t * c) noexcept nogil:
     cdef int w
     for w in range(c.n_wanted):
         c.wanted[c.order[w]] = 0
+        c.count[c.order[w]] = 0
     c.n_wanted = 0
     c.n_hits = 0
     c.n_loads = 0
@@ -198,12 +209,47 @@ cdef inline int core_want(core_t * c, int32_t e) noexcept nogil:
         c.wanted[e] = 1
         c.order[c.n_wanted] = e
         c.n_wanted += 1
+    c.count[e] += 1
     return 0
 
 
-cdef inline int core_plan(core_t * c, int layer) noexcept nogil:
-    """Decide the request for ``layer``; returns the number of loads, or -1 when the layer
-    has no routed experts (nothing changed)."""
+cdef inline int core_share(core_t * c, int layer) noexcept nogil:
+    """How many of a prefill request's experts stay hot at ``layer`` (at least 1)."""
+    cdef int l, n_moe = 0
+    cdef int64_t share
+    for l in range(c.n_layer):
+        if c.entry_bytes[l] > 0:
+            n_moe += 1
+    share = c.budget_bytes // c.entry_bytes[layer] // (n_moe if n_moe > 0 else 1)
+    return <int> share if share >= 1 else 1
+
+
+cdef inline void core_mark_hot(core_t * c, int layer, int n_tokens) noexcept nogil:
+    """``hot[e]`` for the wanted ids that stay hot: all of them, or for a request of several
+    tokens routing more than the share, the ``share`` most routed (ties: first routed)."""
+    cdef int w, j, best, share
+    for w in range(c.n_wanted):
+        c.hot[c.order[w]] = 1
+    if n_tokens <= 1:
+        return
+    share = core_share(c, layer)
+    if c.n_wanted <= share:
+        return
+    for w in range(c.n_wanted):
+        c.hot[c.order[w]] = 0
+    for j in range(share):
+        best = -1
+        for w in range(c.n_wanted):
+            if c.hot[c.order[w]]:
+                continue
+            if best < 0 or c.count[c.order[w]] > c.count[c.order[best]]:
+                best = w
+        c.hot[c.order[best]] = 1
+
+
+cdef inline int core_plan(core_t * c, int layer, int n_tokens) noexcept nogil:
+    """Decide the request of ``n_tokens`` tokens for ``layer``; returns the number of loads,
+    or -1 when the layer has no routed experts (nothing changed)."""
     cdef int w
     cdef int32_t idx
     cdef int64_t size
@@ -211,14 +257,16 @@ cdef inline int core_plan(core_t * c, int layer) noexcept nogil:
         return -1
     size = c.entry_bytes[layer]
     c.requests += 1
+    core_mark_hot(c, layer, n_tokens)
     for w in range(c.n_expert):  # the request's entries are in use until the next request
         c.protected[w] = c.wanted[w]
     c.protect_layer = layer
     for w in range(c.n_wanted):
         idx = layer * c.n_expert + c.order[w]
         if c.resident[idx]:
-            lru_unlink(c, idx)
-            lru_append(c, idx)
+            if c.hot[c.order[w]]:
+                lru_unlink(c, idx)
+                lru_append(c, idx)
             c.plan_hits[c.n_hits] = idx
             c.n_hits += 1
             if c.prefetched[idx]:
@@ -238,7 +286,10 @@ cdef inline int core_plan(core_t * c, int layer) noexcept nogil:
         if c.evicted_once[idx]:
             c.rereads += 1
         c.resident[idx] = 1
-        lru_append(c, idx)
+        if c.hot[idx % c.n_expert]:
+            lru_append(c, idx)
+        else:
+            lru_prepend(c, idx)
     c.resident_bytes += c.n_loads * size
     c.misses += c.n_loads
     c.bytes_read += c.n_loads * size

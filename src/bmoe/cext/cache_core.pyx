@@ -51,16 +51,17 @@ cdef class ExpertCacheCore:
             self._entries(self.c.plan_adopted, self.c.n_adopted),
         )
 
-    def request(self, int layer, ids):
-        """Plan one MoE layer call: ``(hits, evictions, loads, adopted)`` as ``(layer,
-        expert)`` tuples. Raises ``ValueError`` (state unchanged) like the domain policy does."""
+    def request(self, int layer, ids, int n_tokens=1):
+        """Plan one MoE layer call of ``n_tokens`` tokens (``ids``: every token's, repeats
+        included): ``(hits, evictions, loads, adopted)`` as ``(layer, expert)`` tuples. Raises
+        ``ValueError`` (state unchanged) like the domain policy does."""
         cdef int32_t e
         core_begin(self.c)
         for e in ids:
             if core_want(self.c, e) < 0:
                 core_begin(self.c)
                 raise ValueError(f"expert id {e} out of range [0, {self.c.n_expert}) at layer {layer}")
-        if core_plan(self.c, layer) < 0:
+        if core_plan(self.c, layer, n_tokens) < 0:
             raise ValueError(f"layer {layer} has no routed experts")
         return self._plan()
 
@@ -91,7 +92,7 @@ cdef class ExpertCacheCore:
                 core_begin(self.c)
                 for j in range(1, trace.shape[1]):
                     core_want(self.c, trace[r, j])
-                n = core_plan(self.c, trace[r, 0])
+                n = core_plan(self.c, trace[r, 0], 1)
                 if n > 0:
                     loads += n
         return loads

@@ -1157,7 +1157,7 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
         skip = s.r.dropped
     if gather_ids(s, t, layer, skip) < 0:
         return
-    n_loads = core_plan(s.core, layer)
+    n_loads = core_plan(s.core, layer, <int> t.ne[1])
     if n_loads < 0:
         graph_fault(s, layer, GRAPH_NO_EXPERTS)
         return

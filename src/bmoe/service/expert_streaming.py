@@ -59,7 +59,7 @@ class PolicyStreaming:
             raise fault.error()
         ids = list(experts)
         try:
-            plan = self.policy.request(layer, ids)
+            plan = self.policy.request(layer, ids, n_tokens)
         except ValueError as exc:
             self._graph_fault = GraphFault(layer, str(exc))
             raise self._graph_fault.error() from exc

@@ -11,6 +11,14 @@ wants) until the misses fit in the budget, and which entries must be loaded (in 
 order). When the wanted entries alone exceed the budget, everything else is evicted and the
 budget is exceeded for that request: the graph needs those experts now.
 
+A prompt must not flush decode's cache (scan resistance): a request of several tokens (a
+prefill ubatch) that routes more experts than the layer's *share* of the budget (the budget in
+entries of that layer divided by the number of MoE layers) keeps only its ``share``
+most-routed experts hot (ties: first routed first); its other hits stay where they are and
+its other loads enter at the cold end, where the next layers' loads evict them first. After a
+long prompt the cache then holds each layer's most-used experts, not the last layers' whole
+sets. A decode request (one token) is plain LRU.
+
 An entry holds all projections of one expert of one layer; its size is the layer's
 (``entry_bytes[layer]``): real Q4_K_M/Q5_K_M files store some layers' expert projections at
 a higher precision than others.
@@ -30,7 +38,7 @@ between do not evict them before their layer comes.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -110,19 +118,32 @@ class ExpertCachePolicy:
         """Evict every resident entry, oldest first, and return them."""
         return self._evict_until(0, keep=frozenset(), everything=True)
 
-    def request(self, layer: int, experts: Iterable[int]) -> LayerPlan:
-        """Plan one MoE layer call. Raises ``ValueError`` for a layer without experts or an
+    def share(self, layer: int) -> int:
+        """How many of a prefill request's experts stay hot at ``layer`` (at least 1)."""
+        n_moe = sum(1 for size in self.entry_bytes if size > 0)
+        return max(1, self.budget_bytes // self.entry_bytes[layer] // max(1, n_moe))
+
+    def request(self, layer: int, experts: Iterable[int], n_tokens: int = 1) -> LayerPlan:
+        """Plan one MoE layer call of ``n_tokens`` tokens (``experts``: every token's routed
+        ids, repeats included). Raises ``ValueError`` for a layer without experts or an
         expert id out of range (the state is then unchanged)."""
-        ids = self._checked_ids(layer, experts)
+        routed = [int(e) for e in experts]
+        ids = self._checked_ids(layer, routed)
         size = self.entry_bytes[layer]
         wanted = [(layer, e) for e in ids]
+        hot = set(wanted)
+        if n_tokens > 1 and len(ids) > self.share(layer):
+            counts = Counter(routed)
+            ranked = sorted(range(len(ids)), key=lambda i: (-counts[ids[i]], i))
+            hot = {wanted[i] for i in ranked[: self.share(layer)]}
         hits = tuple(e for e in wanted if e in self._resident)
         loads = tuple(e for e in wanted if e not in self._resident)
         adopted = tuple(e for e in hits if e in self._prefetched)
         self._prefetched.difference_update(adopted)
         self._protected = frozenset(wanted)
         for entry in hits:
-            self._resident.move_to_end(entry)
+            if entry in hot:
+                self._resident.move_to_end(entry)
         evictions = self._evict_until(len(loads) * size, keep=frozenset(wanted)) if loads else ()
         if loads:  # only a request that loads evicts: the budget may be exceeded by it alone
             self._last_request_bytes = len(wanted) * size
@@ -130,6 +151,8 @@ class ExpertCachePolicy:
             if entry in self._evicted_once:
                 self.counters.rereads += 1
             self._resident[entry] = None
+            if entry not in hot:
+                self._resident.move_to_end(entry, last=False)  # the cold end
         self.resident_bytes += len(loads) * size
         c = self.counters
         c.requests += 1
