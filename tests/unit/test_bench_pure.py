@@ -315,3 +315,17 @@ def test_routing_policies_run_beside_each_cache_budget_with_their_settings() -> 
     for bad in ("predict=1", "route-ahead", "warp=2", "drop=x"):
         with pytest.raises(cf.BenchConfigError):
             cf.parse_policies(bad)
+
+
+def test_a_routing_policy_is_checked_against_its_budget_without_it() -> None:
+    experts = 4096 * cf.MIB
+    policies = cf.parse_policies("route-ahead=1")
+    configs = cf.build_configs(["stream"], [cf.Budget(mib=1024)], experts, (), policies)
+    runs = {
+        c.key: [{"argmax": [1, 2, 3, 4] if "route" not in c.key else [1, 2, 9, 4], "tok_s": 1.0,
+                 "measured_tokens": 4, "step_ms_median": 1.0}]
+        for c in configs
+    }  # fmt: skip
+    outcome = report.conclude(configs, runs, experts, 1000.0)
+    check = next(t for t in outcome.checks if t.key == "stream-1024-route-ahead1")
+    assert (check.reference, check.same, check.compared, check.first_difference) == ("stream-1024", 3, 4, 2)

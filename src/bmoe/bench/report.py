@@ -344,6 +344,10 @@ def conclude(
     }
     reference = token_reference(argmax)
     checks = check_tokens(argmax, reference) if reference else []
+    for config in configs:  # a routing policy against the same budget without it (lossy ones differ)
+        base = f"stream-{config.cache_mib}"
+        if config.policy is not None and config.key in argmax and base in argmax:
+            checks += check_tokens({config.key: argmax[config.key], base: argmax[base]}, base)
     probe = routing_probe(list(configs), expert_bytes)
     probe_summary = next((s for s in summaries if probe is not None and s.key == probe.key), None)
     routing = check_routing(

@@ -54,7 +54,8 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         type=cache_mb,
         default=None,
         metavar="N|auto",
-        help="expert cache budget in MiB; 0 = cache off; auto (default) = available memory minus 1 GiB",
+        help="expert cache budget in MiB; 0 = cache off; auto (default) = available memory minus 1 GiB "
+        "and minus llama.cpp's compute buffer",
     )
     m.add_argument(
         "--cache-ceil-mb", type=int, default=None, metavar="N", help="upper bound for --cache-mb auto"
