@@ -119,9 +119,20 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
+def _open(config: SessionConfig) -> Session:
+    """Open the session, showing the loading on stderr when it takes more than a second."""
+    from bmoe.cli.live import LoadProgress
+
+    shown = LoadProgress()
+    try:
+        return Session.open(config, on_load=shown)
+    finally:
+        shown.close()
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
-        session = Session.open(_config(args))
+        session = _open(_config(args))
         for note in session.notes:
             print(f"bmoe: {note}", file=sys.stderr)
     except BmoeError as exc:
@@ -144,7 +155,7 @@ def _perplexity(args: argparse.Namespace) -> int:
         print(f"bmoe: error: cannot read {args.ppl}: {exc.strerror}", file=sys.stderr)
         return 1
     try:
-        with Session.open(_config(args)) as session:
+        with _open(_config(args)) as session:
             for note in session.notes:
                 print(f"bmoe: {note}", file=sys.stderr)
             t0 = time.perf_counter()
@@ -261,7 +272,7 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
             if display is not None:
                 display.update(progress)
 
-        with Session.open(config) as session:
+        with _open(config) as session:
             for note in session.notes:
                 print(f"bmoe: {note}", file=sys.stderr)
             if csv_file is not None:

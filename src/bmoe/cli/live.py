@@ -100,3 +100,68 @@ def make_display(stderr: TextIO | None = None) -> LiveDisplay:
         except ImportError:
             pass
     return PlainDisplay(out)
+
+
+class LoadProgress:
+    """Model loading and the streaming setup, on stderr, once they take more than ``after``
+    seconds: a rich bar on a terminal (when rich is installed), else a ``loading:`` line at
+    most every ``every`` seconds and one when a phase ends."""
+
+    def __init__(
+        self,
+        out: TextIO | None = None,
+        *,
+        after: float = 1.0,
+        every: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.out = out if out is not None else sys.stderr
+        self.after = after
+        self.every = every
+        self.clock = clock
+        self.start = clock()
+        self.last = -1.0e9
+        self.phase = ""
+        self._bar: Any = None
+        self._task: Any = None
+        self._rich = self.out.isatty() and _has_rich()
+
+    def __call__(self, phase: str, fraction: float) -> None:
+        now = self.clock()
+        if now - self.start < self.after:
+            return
+        if self._rich:
+            self._rich_update(phase, fraction)
+            return
+        if phase != self.phase or fraction >= 1.0 or now - self.last >= self.every:
+            print(f"loading: {phase} {100 * fraction:.0f}%", file=self.out, flush=True)
+            self.last = now
+            self.phase = phase
+
+    def _rich_update(self, phase: str, fraction: float) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+        if self._bar is None:
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                console=Console(file=self.out), transient=True,
+            )  # fmt: skip
+            self._bar.start()
+        if phase != self.phase or self._task is None:
+            self._task = self._bar.add_task(phase, total=1.0)
+            self.phase = phase
+        self._bar.update(self._task, completed=fraction)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def _has_rich() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True

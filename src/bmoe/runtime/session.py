@@ -46,6 +46,8 @@ from bmoe.runtime.streaming import StreamingControl
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
+OnLoad = Callable[[str, float], None]  # (phase, fraction done)
+
 
 @attrs.frozen
 class Perplexity:
@@ -101,7 +103,7 @@ class Session:
     ``close()`` may be called from any thread.
     """
 
-    def __init__(self, config: SessionConfig) -> None:
+    def __init__(self, config: SessionConfig, on_load: OnLoad | None = None) -> None:
         """Prefer ``Session.open(config)``."""
         set_llama_verbose(config.verbose)
         t0 = time.perf_counter()
@@ -109,7 +111,14 @@ class Session:
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
         self.streaming: StreamingControl | None = None
-        self.model = LlamaModel(config.model_path, ModelParams(n_expert_used=config.n_expert_used))
+        self._on_load = on_load
+        self.model = LlamaModel(
+            config.model_path,
+            ModelParams(
+                n_expert_used=config.n_expert_used,
+                on_progress=None if on_load is None else (lambda f: on_load("loading the model", f)),
+            ),
+        )
         self._mapped = MappedFiles.snapshot(config.model_path)
         self._decide_probe: LlamaDecideProbe | None = None  # --decide-probe
         try:
@@ -147,9 +156,13 @@ class Session:
             return ctx, None
         ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(streamer))
         try:
+            if self._on_load is not None:
+                self._on_load("setting up expert streaming", 0.0)
             streaming = ExpertStreaming.attach(
                 self.model, ctx, streamer, layout, found, config.stream, available_bytes=available_bytes
             )
+            if self._on_load is not None:
+                self._on_load("setting up expert streaming", 1.0)
         except StreamingUnavailable as why:
             self.notes.append(f"moe-stream: {why}; running resident")
             return ctx, None
@@ -178,9 +191,10 @@ class Session:
         return self._decide_probe.callback
 
     @classmethod
-    def open(cls, config: SessionConfig) -> Session:
-        """Load the model and create the context (once)."""
-        return cls(config)
+    def open(cls, config: SessionConfig, on_load: OnLoad | None = None) -> Session:
+        """Load the model and create the context (once). ``on_load(phase, fraction)``
+        follows the loading (llama.cpp's progress, then the streaming setup)."""
+        return cls(config, on_load)
 
     # -- facts -----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -29,6 +30,7 @@ class ModelParams:
     use_extra_bufts: bool = False
     vocab_only: bool = False
     n_expert_used: int | None = None  # override the model's top-k (lossy), 1..n_expert
+    on_progress: Callable[[float], None] | None = None  # llama.cpp's load progress, 0..1
 
 
 def _expert_used_override(path: Path, k: int) -> tuple[str, int]:
@@ -69,7 +71,18 @@ class LlamaModel:
             overrides[0].value.val_i64 = value  # type: ignore[union-attr]  # llama-cpp-python types the union loosely
             cparams.kv_overrides = overrides
             self._n_expert_used = value
+        progress_ref = None
+        if params.on_progress is not None:
+            report = params.on_progress
+
+            def progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+                report(float(fraction))
+                return True
+
+            progress_ref = llama_cpp.llama_progress_callback(progress)
+            cparams.progress_callback = progress_ref
         ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), cparams)
+        del progress_ref  # llama.cpp calls it during the load only
         if not ptr:
             raise ModelLoadError(
                 f"llama.cpp could not load {self.path} (not a GGUF, an unsupported architecture, "
