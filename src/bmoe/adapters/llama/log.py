@@ -17,8 +17,16 @@ from collections.abc import Iterator
 
 import llama_cpp
 
-_ERROR_LEVEL = 3  # GGML_LOG_LEVEL_ERROR
+_ERROR_LEVEL = 4  # GGML_LOG_LEVEL_ERROR (3 is WARN)
 _CONT_LEVEL = 5  # GGML_LOG_LEVEL_CONT: continues the previous line
+# What llama.cpp logs as errors when a decode is aborted through the abort callback (a
+# cancel, or a streaming fault): bmoe reports those itself, as a cancelled result or a typed
+# error, so these lines are not shown (GGML_STATUS_ABORTED is 1; llama_decode returns 2).
+_ABORTED = re.compile(
+    rb"(graph_compute: ggml_backend_sched_graph_compute_async failed with error 1"
+    rb"|process_ubatch: failed to compute graph, compute status: 1"
+    rb"|llama_decode: failed to decode, ret = 2)\s*$"
+)
 _state: dict[str, int] = {"verbose": 0, "last_level": 0}
 # llama_context::sched_reserve, once per backend whose buffer holds more than a byte:
 # "sched_reserve:        CPU compute buffer size =     0.25 MiB"
@@ -35,9 +43,17 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         match = _COMPUTE_BUFFER.search(text)
         if match:  # a later reservation replaces an earlier one of the same backend
             found[match.group(1).decode("utf-8", errors="replace")] = round(float(match.group(2)) * 1048576)
-    if _state["verbose"] or effective == _ERROR_LEVEL:
+    if shown(effective, text):
         sys.stderr.write(text.decode("utf-8", errors="replace"))
         sys.stderr.flush()
+
+
+def shown(level: int, text: bytes) -> bool:
+    """Whether a llama.cpp log line goes to stderr: everything when verbose, else errors but
+    the ones an aborted decode logs."""
+    if _state["verbose"]:
+        return True
+    return level == _ERROR_LEVEL and not _ABORTED.search(text)
 
 
 @contextlib.contextmanager
