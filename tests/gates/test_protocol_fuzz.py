@@ -255,6 +255,7 @@ def test_fuzzed_lines_never_end_or_hang_the_session(tiny_model_path: TinyModel) 
         client = proc.get()
         after = client.generate("Hello there", id="final", n_predict=8)
         assert client.close() == 0
+        print(f"fuzz: {proc.lines} lines fed to one session process")  # docs/reliability.md quotes it
     finally:
         proc.kill()
     with SessionClient(args) as fresh:
