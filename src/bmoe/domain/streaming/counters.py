@@ -15,6 +15,9 @@ def _layer_delta(
     return tuple((a0 - b0, a1 - b1) for (a0, a1), (b0, b1) in zip(after, before, strict=True))
 
 
+_SIZES = ("resident_bytes", "budget_bytes")  # states, not counts: a difference keeps the later one
+
+
 @attrs.frozen
 class StreamCounters:
     """Cumulative counters of the streaming mechanism (a snapshot)."""
@@ -57,34 +60,16 @@ class StreamCounters:
 
     def __sub__(self, before: StreamCounters) -> StreamCounters:
         """The activity between two snapshots (sizes are those of the later one)."""
-        return StreamCounters(
-            requests=self.requests - before.requests,
-            hits=self.hits - before.hits,
-            misses=self.misses - before.misses,
-            evictions=self.evictions - before.evictions,
-            rereads=self.rereads - before.rereads,
-            bytes_read=self.bytes_read - before.bytes_read,
-            io_s=self.io_s - before.io_s,
-            mgmt_s=self.mgmt_s - before.mgmt_s,
-            resident_bytes=self.resident_bytes,
-            budget_bytes=self.budget_bytes,
-            stall_s=self.stall_s - before.stall_s,
-            prefetch_issued=self.prefetch_issued - before.prefetch_issued,
-            prefetch_hits=self.prefetch_hits - before.prefetch_hits,
-            prefetch_wasted=self.prefetch_wasted - before.prefetch_wasted,
-            decode_slots=self.decode_slots - before.decode_slots,
-            predict_layers=_layer_delta(self.predict_layers, before.predict_layers),
-            route_ahead_committed=self.route_ahead_committed - before.route_ahead_committed,
-            route_ahead_passed=self.route_ahead_passed - before.route_ahead_passed,
-            route_ahead_slots=self.route_ahead_slots - before.route_ahead_slots,
-            route_ahead_agree=self.route_ahead_agree - before.route_ahead_agree,
-            dropped=self.dropped - before.dropped,
-            substituted=self.substituted - before.substituted,
-            rank_s=self.rank_s - before.rank_s,
-            issue_s=self.issue_s - before.issue_s,
-            watchdog_checks=self.watchdog_checks - before.watchdog_checks,
-            watchdog_trips=self.watchdog_trips - before.watchdog_trips,
-        )
+        delta: dict[str, object] = {}
+        for field in attrs.fields(StreamCounters):
+            after, earlier = getattr(self, field.name), getattr(before, field.name)
+            if field.name in _SIZES:
+                delta[field.name] = after
+            elif field.name == "predict_layers":
+                delta[field.name] = _layer_delta(after, earlier)
+            else:
+                delta[field.name] = after - earlier
+        return StreamCounters(**delta)  # type: ignore[arg-type]  # each field keeps its type
 
     @property
     def hit_pct(self) -> float:
