@@ -1121,13 +1121,13 @@ cdef void trace_route(stream_t * s, ggml_tensor * t, int layer, const uint8_t * 
         tr.status[s.core.plan_adopted[w] % n] = 2
     find_router(t, layer, &pn, &xn)
     if pn != NULL and pn.type == GGML_TYPE_F32 and pn.ne[0] == n and pn.nb[0] == 4 and pn.data != NULL \
-            and pn.ne[1] == t.ne[1]:
+            and pn.ne[1] == t.ne[1] and k <= 64:  # weights for a top-k of up to 64
         probs = <float *> pn.data
     for j in range(t.ne[1]):
-        for i in range(k):
-            e = (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
-            vals[i if i < 64 else 63] = probs[e + j * (pn.nb[1] // 4)] if probs != NULL and 0 <= e < n else 0.0
-        if probs != NULL and k <= 64:
+        if probs != NULL:
+            for i in range(k):
+                e = (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
+                vals[i] = probs[e + j * (pn.nb[1] // 4)] if 0 <= e < n else 0.0
             rp_weights(vals, k, r.gating == 3, wts)
         for i in range(k):
             e = (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
@@ -1138,7 +1138,7 @@ cdef void trace_route(stream_t * s, ggml_tensor * t, int layer, const uint8_t * 
             rec.layer = <int16_t> layer
             rec.slot = <int16_t> i
             rec.expert = e
-            rec.weight = <float> wts[i] if probs != NULL and k <= 64 else -1.0
+            rec.weight = <float> wts[i] if probs != NULL else -1.0
             rec.dropped = 1 if skip != NULL and skip[i] else 0
             rec.residency = tr.status[e] if 0 <= e < n and not rec.dropped else 0
     for w in range(s.core.n_hits):
