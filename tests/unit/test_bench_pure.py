@@ -291,7 +291,7 @@ def test_prefetch_depths_run_beside_each_cache_budget_but_not_with_the_cache_off
     configs = cf.build_configs(["stream"], [cf.Budget(mib=0), cf.Budget(mib=1024)], experts, (1, 2))
     keys = [c.key for c in configs]
     assert keys == ["stream-0", "stream-1024", "stream-1024-prefetch1", "stream-1024-prefetch2"]
-    assert [c.prefetch for c in configs] == [0, 0, 1, 2]
+    assert [c.stream_kwargs().get("prefetch", 0) for c in configs] == [0, 0, 1, 2]
     assert cf.parse_prefetch("2,1,2") == (2, 1)
     with pytest.raises(cf.BenchConfigError):
         cf.parse_prefetch("0")

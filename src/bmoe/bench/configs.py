@@ -148,13 +148,6 @@ class BenchConfig:
     expert_percent: float | None = None  # the budget as a share of the experts
     policy: Policy | None = None  # a decode routing policy (streaming with a cache only)
 
-    @property
-    def prefetch(self) -> int:
-        """``--prefetch K``'s depth, 0 when this configuration does not run it."""
-        if self.policy is None or self.policy.name != "prefetch" or self.policy.value is None:
-            return 0
-        return int(self.policy.value)
-
     def stream_kwargs(self) -> dict[str, object]:
         return {} if self.policy is None else self.policy.stream_kwargs()
 
