@@ -116,7 +116,6 @@ class StreamingInfo:
     expert_bytes: int  # all routed experts, all layers
     dense_copied_bytes: int
     entry_bytes: int  # one (layer, expert) cache entry: all its projections (the largest layer's)
-    routers: bool = False  # the decode routing policies can evaluate the routers
 
 
 class ExpertStreaming:
@@ -257,7 +256,6 @@ class ExpertStreaming:
             expert_bytes=sum(loc.n_bytes for _, _, loc in found),
             dense_copied_bytes=dense,
             entry_bytes=max(per_expert.values()),
-            routers=gates is not None,
         )
         return cls(streamer, layout, info, gates)
 

@@ -39,7 +39,6 @@ class RouterGates:
 
     def __init__(self) -> None:
         self._copies: list[np.ndarray] = []
-        self.copied_bytes = 0
 
     def _f32(self, loc: TensorLocation, address: int) -> int:
         """The address of ``loc``'s values as contiguous F32."""
@@ -48,7 +47,6 @@ class RouterGates:
         raw = np.frombuffer(ctypes.string_at(address, loc.n_bytes), dtype=np.uint8)
         values = np.ascontiguousarray(dequantize(raw, GGMLQuantizationType(loc.ggml_type)), dtype=np.float32)
         self._copies.append(values)
-        self.copied_bytes += values.nbytes
         return int(values.ctypes.data)
 
     def attach(
