@@ -1,0 +1,46 @@
+"""The one-shot summary's lines for the decode routing policies (docs/read-ahead.md)."""
+
+from __future__ import annotations
+
+from bmoe.domain.streaming import StreamCounters, StreamReport
+from bmoe.domain.summary import routing_lines
+
+
+def report(decode: StreamCounters) -> StreamReport:
+    return StreamReport(prefill=StreamCounters(), decode=decode, decode_steps=10, decode_wall_s=1.0)
+
+
+def test_no_policy_no_line() -> None:
+    assert routing_lines(report(StreamCounters(decode_slots=80))) == []
+
+
+def test_each_policy_reports_what_it_did() -> None:
+    lines = routing_lines(
+        report(
+            StreamCounters(
+                decode_slots=80,
+                predict_layers=((0, 0), (40, 30), (40, 20)),
+                route_ahead_committed=30,
+                route_ahead_passed=10,
+                route_ahead_slots=60,
+                route_ahead_agree=45,
+                dropped=8,
+                substituted=4,
+                rank_s=0.02,
+                issue_s=0.005,
+                watchdog_checks=3,
+                watchdog_trips=1,
+            )
+        )
+    )
+    cost = "ranking 2.00 ms/token, issuing reads 0.50 ms/token"
+    assert lines == [
+        "moe-predict: the next layer's router on this layer's input named 62.5% of 80 routed slots "
+        f"(per MoE layer: 75.0% 50.0%); {cost}",
+        "moe-route-ahead: 30 routings committed, 10 passed through; committed selection agreed with "
+        f"the router on 75.0% of slots; {cost}",
+        "moe-drop: 8 of 80 decode slots not read (10.0%), weights zeroed and the survivors renormalised",
+        "moe-substitute: 4 of 80 decode slots served by a resident expert instead (5.0%)",
+        "moe-watchdog: the router evaluated here disagreed with the graph's (3 checks): prediction and "
+        "route-ahead are disarmed for this session",
+    ]
