@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import attrs
 
-from bmoe.domain.streaming import StreamCounters
+from bmoe.domain.generation import RunResult
+from bmoe.domain.streaming import StreamCounters, StreamReport
+from bmoe.domain.summary import stream_lines
 
 
 def test_a_difference_subtracts_every_count_and_keeps_the_sizes() -> None:
@@ -19,3 +21,23 @@ def test_a_difference_subtracts_every_count_and_keeps_the_sizes() -> None:
         expected = {"resident_bytes": 10, "budget_bytes": 10, "predict_layers": ((4, 2), (1, 1))}.get(name, 6)
         assert getattr(delta, name) == expected, name
     assert (later - StreamCounters()).predict_layers == ((5, 3), (2, 1))  # no layers before: as is
+
+
+def test_decisions_zero_the_mechanism_and_keep_what_the_policy_decided() -> None:
+    c = StreamCounters(
+        hits=7, misses=3, evictions=2, bytes_read=99, io_s=0.5, stall_s=0.25, mgmt_s=0.1,
+        release_s=0.01, release_lanes_s=0.02, releases_deferred=2, releases_cancelled=1,
+        rank_s=0.3, issue_s=0.4,
+    )  # fmt: skip
+    d = c.decisions()
+    assert (d.hits, d.misses, d.evictions, d.bytes_read) == (7, 3, 2, 99)
+    assert (d.io_s, d.stall_s, d.mgmt_s, d.release_s, d.release_lanes_s, d.rank_s, d.issue_s) == (0.0,) * 7
+    assert (d.releases_deferred, d.releases_cancelled) == (0, 0)
+
+
+def test_the_cache_line_says_where_evicted_pages_went_back() -> None:
+    decode = StreamCounters(hits=9, misses=3, evictions=4, release_s=0.004, release_lanes_s=0.002)
+    report = StreamReport(prefill=StreamCounters(), decode=decode, decode_steps=2, decode_wall_s=0.2)
+    result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
+    lines = stream_lines(result)
+    assert "pages given back 2.00 ms/token on the eval thread + 1.00 on the lanes" in lines[1]

@@ -220,6 +220,9 @@ class ExpertStreaming:
             odirect = streamer.open_files(
                 [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
             )
+        # An A/B switch for benchmarks only (docs/benchmarks.md): give evicted pages back
+        # before the reads are queued, as before the release ring.
+        streamer.defer_release = os.environ.get("BMOE_INLINE_PAGE_RELEASE", "") != "1"
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
         for layer, _, loc in found:
@@ -292,6 +295,10 @@ class ExpertStreaming:
             prefetch_issued=s["prefetch_issued"],
             prefetch_hits=s["prefetch_hits"],
             prefetch_wasted=s["prefetch_wasted"],
+            release_s=s["release_s"],
+            release_lanes_s=s["release_lanes_s"],
+            releases_deferred=s["releases_deferred"],
+            releases_cancelled=s["releases_cancelled"],
         )
 
     def fault(self) -> StreamFault | None:

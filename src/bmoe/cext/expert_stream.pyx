@@ -130,6 +130,8 @@ cdef enum:
     IO_IDLE = 0
     IO_QUEUED = 1
     IO_READING = 2
+    IO_RELEASE = 3                 # evicted; its pages wait in the release ring
+    IO_RELEASING = 4               # a thread is giving its pages back now
 
 cdef enum:
     PAGE = 4096
@@ -196,6 +198,16 @@ cdef struct lanes_t:
     int queue_cap
     int queue_head
     int queue_len
+    # Evicted entries whose pages are still to be given back (``madvise``): releasing them
+    # is not on the path of a read. The asker releases them while it waits for its layer's
+    # reads; a worker releases them when more than ``rel_bound`` wait (so resident memory
+    # never exceeds the budget by more than ``rel_bound`` entries). An entry read again
+    # before its turn keeps its pages (the read overwrites them): the release is cancelled.
+    int32_t * rel                  # ring of entry indices [rel_cap]
+    int rel_cap
+    int rel_head
+    int rel_len
+    int rel_bound
 
 
 cdef struct worker_arg_t:
@@ -317,8 +329,14 @@ cdef struct stream_t:
     char ** bounce                 # [n_lanes], each bounce_size bytes, page aligned
     int64_t bounce_size
     lanes_t lanes
-    uint8_t * io_state             # [n_layer * n_expert]: IO_IDLE, IO_QUEUED, IO_READING
+    uint8_t * io_state             # [n_layer * n_expert]: IO_IDLE, IO_QUEUED, IO_READING,
+                                   # IO_RELEASE, IO_RELEASING
     double stall_s                 # the callback's time waiting for reads
+    int defer_release              # evictions' pages go back off the read path (default)
+    double release_s               # giving evicted pages back (the eval thread)
+    double release_lanes_s         # ... (worker lanes; under the lanes' mutex)
+    int64_t releases_deferred      # evictions whose pages went to the release ring
+    int64_t releases_cancelled     # ... and were read again before they were released
     # reads ahead (--prefetch K): the previous decode token's routing of each layer
     int prefetch_k
     int prefill_ahead              # read the whole next layer ahead in a prefill batch
@@ -414,13 +432,104 @@ cdef void settle_entry(stream_t * s, int32_t i) noexcept nogil:
 
 
 cdef void drop_planned_evictions(stream_t * s) noexcept nogil:
+    """Give back the plan's evicted entries' pages now (on this thread)."""
     cdef int m
     cdef int32_t i
     cdef int n_expert = s.core.n_expert
+    cdef double t0 = now()
     for m in range(s.core.n_evictions):
         i = s.core.plan_evictions[m]
         settle_entry(s, i)
         drop_pages(s, i // n_expert, i % n_expert)
+    s.release_s += now() - t0
+
+
+cdef void defer_planned_evictions(stream_t * s) noexcept nogil:
+    """Hand the plan's evicted entries to the release ring (their queued reads cancelled,
+    running ones waited for); without worker lanes, or with the ring full, release now."""
+    cdef int m
+    cdef int32_t i
+    cdef int n_expert = s.core.n_expert
+    cdef bint inline_release
+    cdef double t0
+    if s.core.n_evictions == 0:
+        return
+    if s.lanes.started == 0 or s.lanes.n_workers == 0 or not s.defer_release:
+        drop_planned_evictions(s)
+        return
+    pthread_mutex_lock(&s.lanes.mu)
+    for m in range(s.core.n_evictions):
+        i = s.core.plan_evictions[m]
+        if s.io_state[i] == IO_QUEUED:
+            s.io_state[i] = IO_IDLE
+        while s.io_state[i] == IO_READING:
+            pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+        inline_release = s.lanes.rel_len >= s.lanes.rel_cap
+        if not inline_release:
+            s.io_state[i] = IO_RELEASE
+            s.lanes.rel[(s.lanes.rel_head + s.lanes.rel_len) % s.lanes.rel_cap] = i
+            s.lanes.rel_len += 1
+            s.releases_deferred += 1
+        else:
+            s.io_state[i] = IO_RELEASING
+            pthread_mutex_unlock(&s.lanes.mu)
+            t0 = now()
+            drop_pages(s, i // n_expert, i % n_expert)
+            pthread_mutex_lock(&s.lanes.mu)
+            s.release_s += now() - t0
+            s.io_state[i] = IO_IDLE
+            pthread_cond_broadcast(&s.lanes.done)
+    if s.lanes.rel_len > s.lanes.rel_bound:
+        pthread_cond_broadcast(&s.lanes.work)
+    pthread_mutex_unlock(&s.lanes.mu)
+
+
+cdef bint release_one(stream_t * s, double * spent) noexcept nogil:
+    """Give back the pages of the oldest entry of the release ring (mutex held on entry and
+    on return; unlocked while releasing). False when nothing was waiting."""
+    cdef int32_t i = -1
+    cdef double t0
+    while s.lanes.rel_len > 0:
+        i = s.lanes.rel[s.lanes.rel_head]
+        s.lanes.rel_head = (s.lanes.rel_head + 1) % s.lanes.rel_cap
+        s.lanes.rel_len -= 1
+        if s.io_state[i] == IO_RELEASE:  # stale slots (read again since) skip
+            break
+        i = -1
+    if i < 0:
+        return False
+    s.io_state[i] = IO_RELEASING
+    pthread_mutex_unlock(&s.lanes.mu)
+    t0 = now()
+    drop_pages(s, i // s.core.n_expert, i % s.core.n_expert)
+    t0 = now() - t0
+    pthread_mutex_lock(&s.lanes.mu)
+    spent[0] += t0
+    s.io_state[i] = IO_IDLE
+    pthread_cond_broadcast(&s.lanes.done)
+    return True
+
+
+cdef void claim_for_read(stream_t * s, int32_t i) noexcept nogil:
+    """Mark entry ``i`` queued for a read (mutex held): a pending release is cancelled (the
+    read overwrites the pages), a running one is waited for."""
+    while s.io_state[i] == IO_RELEASING:
+        pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+    if s.io_state[i] == IO_RELEASE:
+        s.releases_cancelled += 1
+    s.io_state[i] = IO_QUEUED
+
+
+cdef void release_all(stream_t * s) noexcept nogil:
+    """Give back every page still waiting in the release ring."""
+    if s.lanes.started == 0:
+        return
+    cdef double spent = 0.0
+    pthread_mutex_lock(&s.lanes.mu)
+    while release_one(s, &spent):
+        pass
+    pthread_mutex_unlock(&s.lanes.mu)
+    s.release_s += spent
 
 
 # -- reads -------------------------------------------------------------------------------
@@ -568,10 +677,12 @@ cdef void * lane_main(void * arg) noexcept nogil:
     cdef int32_t idx
     pthread_mutex_lock(&s.lanes.mu)
     while True:
-        while not s.lanes.stop and s.lanes.queue_len == 0:
+        while not s.lanes.stop and s.lanes.queue_len == 0 and s.lanes.rel_len <= s.lanes.rel_bound:
             pthread_cond_wait(&s.lanes.work, &s.lanes.mu)
         if s.lanes.stop:
             break
+        if s.lanes.rel_len > s.lanes.rel_bound and release_one(s, &s.release_lanes_s):
+            continue
         idx = queue_pop(s)
         if idx >= 0:
             read_popped(s, idx, a.lane)
@@ -590,6 +701,7 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
     cdef int w
     cdef int32_t idx
     cdef bint pending
+    cdef double spent = 0.0
     cdef double t0 = now()
     if s.lanes.started == 0:
         for w in range(s.core.n_loads):
@@ -607,7 +719,7 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
         idx = s.core.plan_loads[w]
         if s.tr.io_on:
             s.tr.spec_entry[idx] = 0
-        s.io_state[idx] = IO_QUEUED
+        claim_for_read(s, idx)
         if queue_push(s, idx, True) < 0:
             read_popped(s, idx, 0)
     if s.lanes.queue_len > 1:
@@ -625,9 +737,12 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
                 break
         if not pending:
             break
+        if release_one(s, &spent):  # the workers read this layer's experts: release meanwhile
+            continue
         pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
     pthread_mutex_unlock(&s.lanes.mu)
-    s.stall_s += now() - t0
+    s.release_s += spent
+    s.stall_s += now() - t0 - spent
 
 
 cdef void issue_reads(stream_t * s) noexcept nogil:
@@ -646,7 +761,7 @@ cdef void issue_reads(stream_t * s) noexcept nogil:
     pthread_mutex_lock(&s.lanes.mu)
     for w in range(s.core.n_loads):
         idx = s.core.plan_loads[w]
-        s.io_state[idx] = IO_QUEUED
+        claim_for_read(s, idx)
         if queue_push(s, idx, False) < 0:
             read_popped(s, idx, 0)
     pthread_cond_broadcast(&s.lanes.work)
@@ -677,6 +792,7 @@ cdef void stop_lanes(stream_t * s) noexcept nogil:
     cdef int i
     if s.lanes.started == 0:
         return
+    release_all(s)
     pthread_mutex_lock(&s.lanes.mu)
     s.lanes.stop = 1
     pthread_cond_broadcast(&s.lanes.work)
@@ -687,6 +803,7 @@ cdef void stop_lanes(stream_t * s) noexcept nogil:
     s.lanes.started = 0
     s.lanes.stop = 0
     s.lanes.queue_len = 0
+    s.lanes.rel_len = 0
     pthread_cond_destroy(&s.lanes.work)
     pthread_cond_destroy(&s.lanes.done)
     pthread_mutex_destroy(&s.lanes.mu)
@@ -730,7 +847,7 @@ cdef void prefetch_after(stream_t * s, int layer) noexcept nogil:
                 for w in range(s.last_route_n[l]):
                     core_want(s.core, s.last_route[l * n_expert + w])
                 core_prefetch(s.core, l, False)
-                drop_planned_evictions(s)
+                defer_planned_evictions(s)
                 issue_reads(s)
         l += 1
 
@@ -748,7 +865,7 @@ cdef void read_layer_ahead(stream_t * s, int layer) noexcept nogil:
     for e in range(s.core.n_expert):
         core_want(s.core, e)
     core_prefetch(s.core, l, False)
-    drop_planned_evictions(s)
+    defer_planned_evictions(s)
     issue_reads(s)
 
 # -- decode routing: prediction, route-ahead, dropping, substitution -----------------------
@@ -1034,7 +1151,7 @@ cdef void issue_ranking(stream_t * s, int target, bint committed) noexcept nogil
             core_want(s.core, e)
             misses += 1
     core_prefetch(s.core, target, committed)
-    drop_planned_evictions(s)
+    defer_planned_evictions(s)
     issue_reads(s)
 
 
@@ -1163,7 +1280,7 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
         return
     if s.tr.route_on:
         trace_route(s, t, layer, skip)
-    drop_planned_evictions(s)
+    defer_planned_evictions(s)
     if n_loads > 0 or s.core.n_adopted > 0:
         load_and_wait(s, layer)
     if not s.fault:
@@ -1332,15 +1449,19 @@ cdef class ExpertStreamer:
         s.last_route_n = <int *> calloc(n_layer, sizeof(int))
         s.lanes.queue_cap = 4 * n_layer * n_expert + 16
         s.lanes.queue = <int32_t *> calloc(s.lanes.queue_cap, sizeof(int32_t))
+        s.lanes.rel_cap = 2 * n_layer * n_expert + 16
+        s.lanes.rel = <int32_t *> calloc(s.lanes.rel_cap, sizeof(int32_t))
         s.r.gate_w = <const float **> calloc(n_layer, sizeof(float *))
         s.r.gate_b = <const float **> calloc(n_layer, sizeof(float *))
         s.r.sel_b = <const float **> calloc(n_layer, sizeof(float *))
         s.r.subst_l = -1.0
+        s.defer_release = 1
         s.r.spec_max = 2
         s.r.last_layer = 1 << 30
         s.tr.last_layer = 1 << 30
         if (s.core == NULL or s.projs == NULL or s.captured == NULL or s.io_state == NULL
                 or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL
+                or s.lanes.rel == NULL
                 or s.r.gate_w == NULL or s.r.gate_b == NULL or s.r.sel_b == NULL):
             raise MemoryError()
         s.fault_flag = <int *> fault_flag_address
@@ -1357,6 +1478,7 @@ cdef class ExpertStreamer:
         free(self.s.last_route)
         free(self.s.last_route_n)
         free(self.s.lanes.queue)
+        free(self.s.lanes.rel)
         self._free_routing()
         self._free_traces()
         free(self.s.r.gate_w)
@@ -1740,6 +1862,7 @@ cdef class ExpertStreamer:
                 if self.s.projs[i].slice_bytes > biggest:
                     biggest = self.s.projs[i].slice_bytes
             self.s.n_lanes = n_lanes
+            self.s.lanes.rel_bound = 2 * n_lanes
             self.s.bounce_size = ((biggest + PAGE - 1) // PAGE + 1) * PAGE
             self.s.bounce = <char **> calloc(n_lanes, sizeof(char *))
             if self.s.bounce == NULL:
@@ -1787,6 +1910,16 @@ cdef class ExpertStreamer:
     # -- the cache (fast path) -------------------------------------------------------------
 
     @property
+    def defer_release(self) -> bool:
+        """Whether evicted pages are given back off the read path (the default) or before
+        the reads are queued (the behaviour before; kept for A/B measurements)."""
+        return self.s.defer_release != 0
+
+    @defer_release.setter
+    def defer_release(self, bint on):
+        self.s.defer_release = 1 if on else 0
+
+    @property
     def budget_bytes(self) -> int:
         return self.s.core.budget_bytes
 
@@ -1797,11 +1930,13 @@ cdef class ExpertStreamer:
             raise ValueError("budget must be >= 0")
         core_set_budget(self.s.core, budget_bytes)
         drop_planned_evictions(self.s)
+        release_all(self.s)
 
     def evict_all(self):
         """Drop every resident expert (the next use reads it again)."""
         core_evict_all(self.s.core)
         drop_planned_evictions(self.s)
+        release_all(self.s)
 
     def resident_entries(self):
         """Resident ``(layer, expert)`` entries, least recently used first."""
@@ -1826,6 +1961,10 @@ cdef class ExpertStreamer:
             "io_s": s.io_s,
             "stall_s": s.stall_s,
             "mgmt_s": s.mgmt_s,
+            "release_s": s.release_s,
+            "release_lanes_s": s.release_lanes_s,
+            "releases_deferred": s.releases_deferred,
+            "releases_cancelled": s.releases_cancelled,
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,

@@ -54,13 +54,19 @@ def stream_lines(result: RunResult) -> list[str]:
     resident, budget = d.resident_bytes / 1048576, d.budget_bytes / 1048576
     evictions = report.prefill.evictions + d.evictions
     rereads = report.prefill.rereads + d.rereads
+    release = ""
+    if d.release_s + d.release_lanes_s > 0:
+        release = (
+            f"; pages given back {1000 * report.per_token(d.release_s):.2f} ms/token on the eval thread"
+            f" + {1000 * report.per_token(d.release_lanes_s):.2f} on the lanes"
+        )
     lines = [
         f"moe-stream: {total:.1f} MiB read ({report.read_mib_tok:.2f} MiB/token), "
         f"decode {per_tok:.4f} s/token (compute {report.compute_s_tok:.4f} + cache mgmt "
         f"{report.mgmt_s_tok:.4f} + waiting for reads {report.stall_s_tok:.4f}; "
         f"the lanes read for {report.io_s_tok:.4f})",
         f"moe-cache: {hit}, {resident:.1f} MiB resident of {budget:.1f} MiB budget; "
-        f"{evictions} evictions, {rereads} re-reads",
+        f"{evictions} evictions, {rereads} re-reads{release}",
     ]
     issued = report.prefill.prefetch_issued + d.prefetch_issued
     if issued:

@@ -16,6 +16,17 @@ def _layer_delta(
 
 
 _SIZES = ("resident_bytes", "budget_bytes")  # states, not counts: a difference keeps the later one
+_MECHANISM = {  # how the mechanism executed the policy: timers, and when pages went back
+    "io_s": 0.0,
+    "mgmt_s": 0.0,
+    "stall_s": 0.0,
+    "release_s": 0.0,
+    "release_lanes_s": 0.0,
+    "releases_deferred": 0,
+    "releases_cancelled": 0,
+    "rank_s": 0.0,
+    "issue_s": 0.0,
+}
 
 
 @attrs.frozen
@@ -36,6 +47,10 @@ class StreamCounters:
     prefetch_issued: int = 0
     prefetch_hits: int = 0
     prefetch_wasted: int = 0
+    release_s: float = 0.0  # giving evicted pages back, on the eval thread (inside mgmt_s)
+    release_lanes_s: float = 0.0  # ... on the worker lanes
+    releases_deferred: int = 0  # evictions whose pages were given back off the read path
+    releases_cancelled: int = 0  # ... kept instead: the entry was read again first
     # decode routing (docs/read-ahead.md): slots are (token, layer, selected expert)
     decode_slots: int = 0
     predict_layers: tuple[tuple[int, int], ...] = ()  # per layer: (slots predicted, slots agreed)
@@ -49,6 +64,11 @@ class StreamCounters:
     issue_s: float = 0.0  # issuing a ranking's reads ahead
     watchdog_checks: int = 0
     watchdog_trips: int = 0
+
+    def decisions(self) -> StreamCounters:
+        """The counters the cache policy decides: timers and page-release mechanics zeroed
+        (two executions of one policy must agree on these)."""
+        return attrs.evolve(self, **_MECHANISM)  # type: ignore[arg-type]  # each zero keeps its field's type
 
     @property
     def predict_slots(self) -> int:
