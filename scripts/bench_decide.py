@@ -1,10 +1,13 @@
 """Benchmark (not a test): a four-step agent trace of decisions, prefix cache on and off.
 
     python scripts/bench_decide.py [--model PATH | --fixture qwen35moe] [--moe-stream --cache-mb N]
+                                   [--rounds N]
 
-Prints one Markdown table per prefix-cache mode: reused/prefilled tokens, prefill, restore
-and store seconds, and the kept state's size, per decision. Times are wall-clock seconds of
-this machine at the moment of the run; run it on a quiet machine.
+Prints one Markdown table per prefix-cache mode and round (modes interleaved: on, off, on,
+off, ...; each in a fresh session): reused/prefilled tokens, prefill, restore and store
+seconds, the kept state's size and, when streaming, the MiB each decision read and the
+seconds its prefill waited for reads. Times are wall-clock seconds of this machine at the
+moment of the run; run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -67,16 +70,25 @@ def run(path: Path, mode: str, stream: StreamConfig, threads: int) -> list[str]:
         stream=stream,
     )
     rows = [
-        "| decision | best | reused / prefilled | prefill s | restore s | store s | kept state MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| decision | best | reused / prefilled | prefill s | restore s | store s | kept state MiB "
+        "| read MiB | waited for reads s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    total = 0.0
     with Session.open(cfg) as session:
         for name, request in TRACE:
+            before = session.streaming.counters() if session.streaming is not None else None
             r = session.decide(request)
+            read = waited = ""
+            if before is not None and session.streaming is not None:
+                spent = session.streaming.counters() - before
+                read, waited = f"{spent.read_mib:.0f}", f"{spent.stall_s:.3f}"
+            total += r.prefill_s
             rows.append(
                 f"| {name} | {r.best} | {r.n_reused} / {r.n_prefilled} | {r.prefill_s:.3f} | "
-                f"{r.restore_s:.4f} | {r.store_s:.4f} | {r.prefix_state_mib:.2f} |"
+                f"{r.restore_s:.4f} | {r.store_s:.4f} | {r.prefix_state_mib:.2f} | {read} | {waited} |"
             )
+    rows.append(f"\nprefill seconds, all four decisions: {total:.2f}")
     return rows
 
 
@@ -87,6 +99,7 @@ def main() -> None:
     p.add_argument("--moe-stream", action="store_true")
     p.add_argument("--cache-mb", type=int, default=None)
     p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of both modes")
     args = p.parse_args()
     path = args.model or fixture_path(args.fixture)
     stream = StreamConfig(enabled=args.moe_stream, cache_mb=args.cache_mb)
@@ -94,9 +107,10 @@ def main() -> None:
         f"model: {path} ({path.stat().st_size / 2**20:.0f} MiB), streaming: {args.moe_stream}, "
         f"cache_mb: {args.cache_mb}, threads: {args.threads}, {os.cpu_count()} CPUs, {platform.machine()}"
     )
-    for mode in ("on", "off"):
-        print(f"\nprefix cache {mode}:\n")
-        print("\n".join(run(path, mode, stream, args.threads)))
+    for round_ in range(1, args.rounds + 1):
+        for mode in ("on", "off"):
+            print(f"\nprefix cache {mode}, round {round_}:\n")
+            print("\n".join(run(path, mode, stream, args.threads)))
 
 
 if __name__ == "__main__":
