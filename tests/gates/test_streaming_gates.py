@@ -79,8 +79,26 @@ def test_streamed_equals_resident(
         assert counters.evictions == 0
     else:
         assert counters.evictions > 0 and report.decode.evictions > 0  # evicts while decoding
-        if policy == "fast":  # the evicted pages were given back off the read path
-            assert counters.releases_deferred > 0
+
+
+@pytest.mark.parametrize("release", [0, 1, 2])
+def test_every_page_release_mode_keeps_the_output_exact(model_path: Path, release: int) -> None:
+    """Evicted pages given back at once (0), reads ahead's through the release ring (1, the
+    default), every eviction's through it (2): the same tokens and logits as resident, and
+    the ring used exactly when asked."""
+    tokens, logits = resident(model_path)
+    with streamed(model_path, cache_mb=None, budget_entries=1) as s:
+        assert s.streaming is not None
+        s.streaming.streaming.streamer.defer_release = release
+        result = s.generate(REQUEST)
+        assert result.tokens == tokens
+        assert np.array_equal(s.last_logits(), logits)
+        counters = s.streaming.counters()
+    assert counters.evictions > 0
+    if release == 2:
+        assert counters.releases_deferred > 0
+    if release == 0:
+        assert counters.releases_deferred == 0
 
 
 @pytest.mark.parametrize("budget_entries", [0, 3, 1000])

@@ -220,9 +220,9 @@ class ExpertStreaming:
             odirect = streamer.open_files(
                 [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
             )
-        # An A/B switch for benchmarks only (docs/benchmarks.md): give evicted pages back
-        # before the reads are queued, as before the release ring.
-        streamer.defer_release = os.environ.get("BMOE_INLINE_PAGE_RELEASE", "") != "1"
+        # An A/B switch for benchmarks only (docs/benchmarks.md): when evicted pages go back.
+        release = os.environ.get("BMOE_PAGE_RELEASE", "ahead")
+        streamer.defer_release = {"inline": 0, "ahead": 1, "all": 2}.get(release, 1)
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
         for layer, _, loc in found:

@@ -332,7 +332,9 @@ cdef struct stream_t:
     uint8_t * io_state             # [n_layer * n_expert]: IO_IDLE, IO_QUEUED, IO_READING,
                                    # IO_RELEASE, IO_RELEASING
     double stall_s                 # the callback's time waiting for reads
-    int defer_release              # evictions' pages go back off the read path (default)
+    int defer_release              # 1 (default): the pages of entries reads ahead evict go
+                                   # back through the release ring; 2: a layer's own
+                                   # evictions too; 0: all at once (A/B measurements)
     double release_s               # giving evicted pages back (the eval thread)
     double release_lanes_s         # ... (worker lanes; under the lanes' mutex)
     int64_t releases_deferred      # evictions whose pages went to the release ring
@@ -1280,7 +1282,10 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
         return
     if s.tr.route_on:
         trace_route(s, t, layer, skip)
-    defer_planned_evictions(s)
+    if s.defer_release == 2:
+        defer_planned_evictions(s)
+    else:  # measured: deferring a layer's own evictions did not win (docs/benchmarks.md)
+        drop_planned_evictions(s)
     if n_loads > 0 or s.core.n_adopted > 0:
         load_and_wait(s, layer)
     if not s.fault:
@@ -1910,14 +1915,18 @@ cdef class ExpertStreamer:
     # -- the cache (fast path) -------------------------------------------------------------
 
     @property
-    def defer_release(self) -> bool:
-        """Whether evicted pages are given back off the read path (the default) or before
-        the reads are queued (the behaviour before; kept for A/B measurements)."""
-        return self.s.defer_release != 0
+    def defer_release(self) -> int:
+        """1 (the default): the pages of entries a read ahead evicts are given back later,
+        through the release ring, and a layer's own evictions at once; 2: those too through
+        the ring; 0: all at once on the eval thread (the behaviour before). For A/B
+        measurements."""
+        return self.s.defer_release
 
     @defer_release.setter
-    def defer_release(self, bint on):
-        self.s.defer_release = 1 if on else 0
+    def defer_release(self, int mode):
+        if mode not in (0, 1, 2):
+            raise ValueError("defer_release is 0, 1 or 2")
+        self.s.defer_release = mode
 
     @property
     def budget_bytes(self) -> int:
