@@ -30,6 +30,7 @@ def test_each_policy_reports_what_it_did() -> None:
                 issue_s=0.005,
                 watchdog_checks=3,
                 watchdog_trips=1,
+                stall_layers=(0.05, 0.012, 0.0),
             )
         )
     )
@@ -39,6 +40,7 @@ def test_each_policy_reports_what_it_did() -> None:
         f"(per MoE layer: 75.0% 50.0%); {cost}",
         "moe-route-ahead: 30 routings committed, 10 passed through; committed selection agreed with "
         f"the router on 75.0% of slots; {cost}",
+        "moe-stall: waiting for reads by layer, ms/token: 5.0 1.2 0.0",
         "moe-drop: 8 of 80 decode slots not read (10.0%), weights zeroed and the survivors renormalised",
         "moe-substitute: 4 of 80 decode slots served by a resident expert instead (5.0%)",
         "moe-watchdog: the router evaluated here disagreed with the graph's (3 checks): prediction and "

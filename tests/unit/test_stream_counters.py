@@ -12,15 +12,28 @@ from bmoe.domain.summary import stream_lines
 
 def test_a_difference_subtracts_every_count_and_keeps_the_sizes() -> None:
     names = [f.name for f in attrs.fields(StreamCounters)]
-    later = StreamCounters(**{n: 10 for n in names if n != "predict_layers"}, predict_layers=((5, 3), (2, 1)))
+    layered = {"predict_layers", "stall_layers"}
+    later = StreamCounters(
+        **{n: 10 for n in names if n not in layered},
+        predict_layers=((5, 3), (2, 1)),
+        stall_layers=(0.5, 0.25),
+    )
     earlier = StreamCounters(
-        **{n: 4 for n in names if n != "predict_layers"}, predict_layers=((1, 1), (1, 0))
+        **{n: 4 for n in names if n not in layered},
+        predict_layers=((1, 1), (1, 0)),
+        stall_layers=(0.25, 0.0),
     )
     delta = later - earlier
     for name in names:
-        expected = {"resident_bytes": 10, "budget_bytes": 10, "predict_layers": ((4, 2), (1, 1))}.get(name, 6)
+        expected = {
+            "resident_bytes": 10,
+            "budget_bytes": 10,
+            "predict_layers": ((4, 2), (1, 1)),
+            "stall_layers": (0.25, 0.25),
+        }.get(name, 6)
         assert getattr(delta, name) == expected, name
     assert (later - StreamCounters()).predict_layers == ((5, 3), (2, 1))  # no layers before: as is
+    assert (later - StreamCounters()).stall_layers == (0.5, 0.25)
 
 
 def test_decisions_zero_the_mechanism_and_keep_what_the_policy_decided() -> None:

@@ -332,6 +332,7 @@ cdef struct stream_t:
     uint8_t * io_state             # [n_layer * n_expert]: IO_IDLE, IO_QUEUED, IO_READING,
                                    # IO_RELEASE, IO_RELEASING
     double stall_s                 # the callback's time waiting for reads
+    double * stall_layer           # [n_layer]: stall_s by layer
     int defer_release              # 1 (default): the pages of entries reads ahead evict go
                                    # back through the release ring; 2: a layer's own
                                    # evictions too; 0: all at once (A/B measurements)
@@ -710,7 +711,9 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
             if s.tr.io_on:
                 s.tr.spec_entry[s.core.plan_loads[w]] = 0
             read_entry_now(s, s.core.plan_loads[w], 0)
-        s.stall_s += now() - t0
+        t0 = now() - t0
+        s.stall_s += t0
+        s.stall_layer[layer] += t0
         return
     pthread_mutex_lock(&s.lanes.mu)
     for w in range(s.core.n_adopted - 1, -1, -1):
@@ -744,7 +747,9 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
         pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
     pthread_mutex_unlock(&s.lanes.mu)
     s.release_s += spent
-    s.stall_s += now() - t0 - spent
+    t0 = now() - t0 - spent
+    s.stall_s += t0
+    s.stall_layer[layer] += t0
 
 
 cdef void issue_reads(stream_t * s) noexcept nogil:
@@ -1450,6 +1455,7 @@ cdef class ExpertStreamer:
         s.projs = <proj_t *> calloc(n_layer * n_proj, sizeof(proj_t))
         s.captured = <capture_t *> calloc(MAX_CAPTURE, sizeof(capture_t))
         s.io_state = <uint8_t *> calloc(n_layer * n_expert, 1)
+        s.stall_layer = <double *> calloc(n_layer, sizeof(double))
         s.last_route = <int32_t *> calloc(n_layer * n_expert, sizeof(int32_t))
         s.last_route_n = <int *> calloc(n_layer, sizeof(int))
         s.lanes.queue_cap = 4 * n_layer * n_expert + 16
@@ -1466,7 +1472,7 @@ cdef class ExpertStreamer:
         s.tr.last_layer = 1 << 30
         if (s.core == NULL or s.projs == NULL or s.captured == NULL or s.io_state == NULL
                 or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL
-                or s.lanes.rel == NULL
+                or s.lanes.rel == NULL or s.stall_layer == NULL
                 or s.r.gate_w == NULL or s.r.gate_b == NULL or s.r.sel_b == NULL):
             raise MemoryError()
         s.fault_flag = <int *> fault_flag_address
@@ -1480,6 +1486,7 @@ cdef class ExpertStreamer:
         free(self.s.projs)
         free(self.s.captured)
         free(self.s.io_state)
+        free(self.s.stall_layer)
         free(self.s.last_route)
         free(self.s.last_route_n)
         free(self.s.lanes.queue)
@@ -1969,6 +1976,7 @@ cdef class ExpertStreamer:
             "bytes_read": c.bytes_read,
             "io_s": s.io_s,
             "stall_s": s.stall_s,
+            "stall_layer_s": [s.stall_layer[i] for i in range(c.n_layer)],
             "mgmt_s": s.mgmt_s,
             "release_s": s.release_s,
             "release_lanes_s": s.release_lanes_s,

@@ -108,6 +108,9 @@ def routing_lines(report: StreamReport) -> list[str]:
             f"through; committed selection agreed with the router on "
             f"{_pct(d.route_ahead_agree, d.route_ahead_slots)} of slots; {cost}"
         )
+    if (d.route_ahead_committed + d.route_ahead_passed or d.predict_slots) and any(d.stall_layers):
+        per_layer = " ".join(f"{1e3 * s / steps:.1f}" for s in d.stall_layers)
+        lines.append(f"moe-stall: waiting for reads by layer, ms/token: {per_layer}")
     if d.dropped:
         lines.append(
             f"moe-drop: {d.dropped} of {d.decode_slots} decode slots not read "

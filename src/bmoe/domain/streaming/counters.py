@@ -26,6 +26,7 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "releases_cancelled": 0,
     "rank_s": 0.0,
     "issue_s": 0.0,
+    "stall_layers": (),
 }
 
 
@@ -44,6 +45,7 @@ class StreamCounters:
     resident_bytes: int = 0
     budget_bytes: int = 0
     stall_s: float = 0.0  # time the compute waited for reads
+    stall_layers: tuple[float, ...] = ()  # stall_s by layer (the fast path's)
     prefetch_issued: int = 0
     prefetch_hits: int = 0
     prefetch_wasted: int = 0
@@ -87,6 +89,9 @@ class StreamCounters:
                 delta[field.name] = after
             elif field.name == "predict_layers":
                 delta[field.name] = _layer_delta(after, earlier)
+            elif field.name == "stall_layers":
+                pairs = zip(after, earlier, strict=True) if earlier else ((a, 0.0) for a in after)
+                delta[field.name] = tuple(a - b for a, b in pairs)
             else:
                 delta[field.name] = after - earlier
         return StreamCounters(**delta)  # type: ignore[arg-type]  # each field keeps its type
