@@ -75,7 +75,8 @@ def test_lossless_settings_leave_the_output_bit_identical(fixture: tuple[Path, R
     assert same_output(predicted, base)
     assert predicted[2].predict_slots > 0
     assert predicted[2].prefetch_issued > base[2].prefetch_issued  # it did speculate
-    assert predicted[2].releases_deferred > 0  # its evictions' pages went back off its path
+    # its evictions' pages went to its reads, or back to the kernel off its path
+    assert predicted[2].pages_recycled + predicted[2].releases_deferred > 0
     inert = run(path, drop_cold=1e-12, route_ahead=1000)  # G8a, G14a
     assert same_output(inert, base) and inert[2].dropped == 0
     assert inert[2].route_ahead_committed == 0 and inert[2].route_ahead_passed > 0

@@ -81,21 +81,24 @@ def test_streamed_equals_resident(
         assert counters.evictions > 0 and report.decode.evictions > 0  # evicts while decoding
 
 
+@pytest.mark.parametrize("recycle", [True, False])
 @pytest.mark.parametrize("release", [0, 1, 2])
-def test_every_page_release_mode_keeps_the_output_exact(model_path: Path, release: int) -> None:
-    """Evicted pages given back at once (0), reads ahead's through the release ring (1, the
-    default), every eviction's through it (2): the same tokens and logits as resident, and
-    the ring used exactly when asked."""
+def test_every_page_release_mode_keeps_the_output_exact(model_path: Path, release: int, recycle: bool) -> None:
+    """Evicted pages moved under the next read's slices (``recycle``) or given back: at once
+    (0), reads ahead's through the release ring (1, the default), every eviction's through it
+    (2): the same tokens and logits as resident, and each mechanism used exactly when asked."""
     tokens, logits = resident(model_path)
     with streamed(model_path, cache_mb=None, budget_entries=1) as s:
         assert s.streaming is not None
-        s.streaming.streaming.streamer.defer_release = release
+        streamer = s.streaming.streaming.streamer
+        streamer.defer_release, streamer.recycle = release, recycle
         result = s.generate(REQUEST)
         assert result.tokens == tokens
         assert np.array_equal(s.last_logits(), logits)
         counters = s.streaming.counters()
     assert counters.evictions > 0
-    if release == 2:
+    assert (counters.pages_recycled > 0) == recycle
+    if release == 2 and not recycle:
         assert counters.releases_deferred > 0
     if release == 0:
         assert counters.releases_deferred == 0

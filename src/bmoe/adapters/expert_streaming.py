@@ -223,6 +223,7 @@ class ExpertStreaming:
         # An A/B switch for benchmarks only (docs/benchmarks.md): when evicted pages go back.
         release = os.environ.get("BMOE_PAGE_RELEASE", "ahead")
         streamer.defer_release = {"inline": 0, "ahead": 1, "all": 2}.get(release, 1)
+        streamer.recycle = os.environ.get("BMOE_PAGE_RECYCLE", "1") != "0"
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
         for layer, _, loc in found:
@@ -300,6 +301,7 @@ class ExpertStreaming:
             release_lanes_s=s["release_lanes_s"],
             releases_deferred=s["releases_deferred"],
             releases_cancelled=s["releases_cancelled"],
+            pages_recycled=s["recycled"],
         )
 
     def fault(self) -> StreamFault | None:

@@ -85,6 +85,15 @@ cdef extern from "fcntl.h" nogil:
 cdef extern from "string.h" nogil:
     char * strerror(int errnum)
 
+cdef extern from "sys/mman.h" nogil:
+    void * mremap(void * old_address, size_t old_size, size_t new_size, int flags, void * new_address)
+    enum:
+        MREMAP_MAYMOVE
+        MREMAP_FIXED
+
+cdef enum:
+    MREMAP_DONTUNMAP_FLAG = 4      # Linux 5.7+ (private anonymous mappings)
+
 cdef extern from "pthread.h" nogil:
     ctypedef unsigned long pthread_t
     ctypedef struct pthread_mutex_t:
@@ -333,6 +342,10 @@ cdef struct stream_t:
                                    # IO_RELEASE, IO_RELEASING
     double stall_s                 # the callback's time waiting for reads
     double * stall_layer           # [n_layer]: stall_s by layer
+    int recycle                    # hand evicted pages to the plan's reads (mremap); 0 once
+                                   # the kernel refused (then pages are released as before)
+    uint8_t * recycled_mark        # [n_layer * n_expert]: scratch, this plan's recycled victims
+    int64_t recycled               # evicted entries whose pages went to a read
     int defer_release              # 1 (default): the pages of entries reads ahead evict go
                                    # back through the release ring; 2: a layer's own
                                    # evictions too; 0: all at once (A/B measurements)
@@ -422,6 +435,66 @@ cdef void drop_pages(stream_t * s, int layer, int expert) noexcept nogil:
             madvise(<void *> p0, p1 - p0, MADV_DONTNEED)
 
 
+cdef inline int64_t interior(stream_t * s, int layer, int expert, int p, uintptr_t * p0) noexcept nogil:
+    """The whole pages inside one projection slice: their start in ``p0``, their length."""
+    cdef proj_t * pr = &s.projs[layer * s.n_proj + p]
+    cdef uintptr_t start, end, p1
+    p0[0] = 0
+    if pr.base == NULL:
+        return 0
+    start = <uintptr_t> pr.base + <uintptr_t> (expert * pr.slice_bytes)
+    end = start + <uintptr_t> pr.slice_bytes
+    p0[0] = (start + PAGE - 1) & ~(<uintptr_t> (PAGE - 1))
+    p1 = end & ~(<uintptr_t> (PAGE - 1))
+    return <int64_t> (p1 - p0[0]) if p1 > p0[0] else 0
+
+
+cdef int move_pages(stream_t * s, int32_t victim, int32_t target) noexcept nogil:
+    """Move an evicted entry's pages under the slices of an entry about to be read (no page
+    given back, none faulted in: the read overwrites them; the victim reads as zeros after).
+    1 when moved; 0 when the slices' sizes differ (nothing done); -1 when the kernel refused
+    (the victim's pages were then given back as usual)."""
+    cdef int p
+    cdef int n_expert = s.core.n_expert
+    cdef int vl = victim // n_expert, ve = victim % n_expert
+    cdef int tl = target // n_expert, te = target % n_expert
+    cdef uintptr_t v0, t0
+    cdef int64_t n
+    for p in range(s.n_proj):
+        if interior(s, vl, ve, p, &v0) != interior(s, tl, te, p, &t0):
+            return 0
+    for p in range(s.n_proj):
+        n = interior(s, vl, ve, p, &v0)
+        interior(s, tl, te, p, &t0)
+        if n > 0 and mremap(<void *> v0, n, n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP_FLAG,
+                            <void *> t0) == MAP_FAILED:
+            drop_pages(s, vl, ve)
+            return -1
+    return 1
+
+
+cdef void recycle_planned(stream_t * s) noexcept nogil:
+    """Hand the plan's evicted entries' pages to its loads, pair by pair, marking the victims
+    handled (``recycled_mark``). Victims must be settled (no read queued or running)."""
+    cdef int m, j = 0, r
+    cdef int32_t v
+    if not s.recycle:
+        return
+    for m in range(s.core.n_evictions):
+        if j >= s.core.n_loads:
+            return
+        v = s.core.plan_evictions[m]
+        r = move_pages(s, v, s.core.plan_loads[j])
+        if r == 0:
+            continue
+        s.recycled_mark[v] = 1
+        if r < 0:
+            s.recycle = 0
+            return
+        s.recycled += 1
+        j += 1
+
+
 cdef void settle_entry(stream_t * s, int32_t i) noexcept nogil:
     """Before an entry's pages go: cancel its queued read, or wait for the one running."""
     if s.lanes.started == 0 or s.io_state[i] == IO_IDLE:
@@ -434,15 +507,22 @@ cdef void settle_entry(stream_t * s, int32_t i) noexcept nogil:
     pthread_mutex_unlock(&s.lanes.mu)
 
 
-cdef void drop_planned_evictions(stream_t * s) noexcept nogil:
-    """Give back the plan's evicted entries' pages now (on this thread)."""
+cdef void drop_planned_evictions(stream_t * s, bint recycle) noexcept nogil:
+    """Give back the plan's evicted entries' pages now (on this thread); with ``recycle``,
+    those the plan's loads can take move there instead."""
     cdef int m
     cdef int32_t i
     cdef int n_expert = s.core.n_expert
     cdef double t0 = now()
     for m in range(s.core.n_evictions):
+        settle_entry(s, s.core.plan_evictions[m])
+    if recycle:
+        recycle_planned(s)
+    for m in range(s.core.n_evictions):
         i = s.core.plan_evictions[m]
-        settle_entry(s, i)
+        if s.recycled_mark[i]:
+            s.recycled_mark[i] = 0
+            continue
         drop_pages(s, i // n_expert, i % n_expert)
     s.release_s += now() - t0
 
@@ -458,7 +538,7 @@ cdef void defer_planned_evictions(stream_t * s) noexcept nogil:
     if s.core.n_evictions == 0:
         return
     if s.lanes.started == 0 or s.lanes.n_workers == 0 or not s.defer_release:
-        drop_planned_evictions(s)
+        drop_planned_evictions(s, True)
         return
     pthread_mutex_lock(&s.lanes.mu)
     for m in range(s.core.n_evictions):
@@ -467,6 +547,16 @@ cdef void defer_planned_evictions(stream_t * s) noexcept nogil:
             s.io_state[i] = IO_IDLE
         while s.io_state[i] == IO_READING:
             pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+    pthread_mutex_unlock(&s.lanes.mu)
+    t0 = now()
+    recycle_planned(s)
+    s.release_s += now() - t0
+    pthread_mutex_lock(&s.lanes.mu)
+    for m in range(s.core.n_evictions):
+        i = s.core.plan_evictions[m]
+        if s.recycled_mark[i]:
+            s.recycled_mark[i] = 0
+            continue
         inline_release = s.lanes.rel_len >= s.lanes.rel_cap
         if not inline_release:
             s.io_state[i] = IO_RELEASE
@@ -1290,7 +1380,7 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     if s.defer_release == 2:
         defer_planned_evictions(s)
     else:  # measured: deferring a layer's own evictions did not win (docs/benchmarks.md)
-        drop_planned_evictions(s)
+        drop_planned_evictions(s, True)
     if n_loads > 0 or s.core.n_adopted > 0:
         load_and_wait(s, layer)
     if not s.fault:
@@ -1456,6 +1546,8 @@ cdef class ExpertStreamer:
         s.captured = <capture_t *> calloc(MAX_CAPTURE, sizeof(capture_t))
         s.io_state = <uint8_t *> calloc(n_layer * n_expert, 1)
         s.stall_layer = <double *> calloc(n_layer, sizeof(double))
+        s.recycled_mark = <uint8_t *> calloc(n_layer * n_expert, 1)
+        s.recycle = 1
         s.last_route = <int32_t *> calloc(n_layer * n_expert, sizeof(int32_t))
         s.last_route_n = <int *> calloc(n_layer, sizeof(int))
         s.lanes.queue_cap = 4 * n_layer * n_expert + 16
@@ -1472,7 +1564,7 @@ cdef class ExpertStreamer:
         s.tr.last_layer = 1 << 30
         if (s.core == NULL or s.projs == NULL or s.captured == NULL or s.io_state == NULL
                 or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL
-                or s.lanes.rel == NULL or s.stall_layer == NULL
+                or s.lanes.rel == NULL or s.stall_layer == NULL or s.recycled_mark == NULL
                 or s.r.gate_w == NULL or s.r.gate_b == NULL or s.r.sel_b == NULL):
             raise MemoryError()
         s.fault_flag = <int *> fault_flag_address
@@ -1487,6 +1579,7 @@ cdef class ExpertStreamer:
         free(self.s.captured)
         free(self.s.io_state)
         free(self.s.stall_layer)
+        free(self.s.recycled_mark)
         free(self.s.last_route)
         free(self.s.last_route_n)
         free(self.s.lanes.queue)
@@ -1922,6 +2015,17 @@ cdef class ExpertStreamer:
     # -- the cache (fast path) -------------------------------------------------------------
 
     @property
+    def recycle(self) -> bool:
+        """Whether an evicted entry's pages move under the slices of an entry its plan reads
+        (``mremap``, no page given back nor faulted in) instead of going back to the kernel;
+        on by default, off for good once the kernel refuses a move. For A/B measurements."""
+        return self.s.recycle != 0
+
+    @recycle.setter
+    def recycle(self, bint on):
+        self.s.recycle = 1 if on else 0
+
+    @property
     def defer_release(self) -> int:
         """1 (the default): the pages of entries a read ahead evicts are given back later,
         through the release ring, and a layer's own evictions at once; 2: those too through
@@ -1945,13 +2049,13 @@ cdef class ExpertStreamer:
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
         core_set_budget(self.s.core, budget_bytes)
-        drop_planned_evictions(self.s)
+        drop_planned_evictions(self.s, False)
         release_all(self.s)
 
     def evict_all(self):
         """Drop every resident expert (the next use reads it again)."""
         core_evict_all(self.s.core)
-        drop_planned_evictions(self.s)
+        drop_planned_evictions(self.s, False)
         release_all(self.s)
 
     def resident_entries(self):
@@ -1982,6 +2086,8 @@ cdef class ExpertStreamer:
             "release_lanes_s": s.release_lanes_s,
             "releases_deferred": s.releases_deferred,
             "releases_cancelled": s.releases_cancelled,
+            "recycled": s.recycled,
+            "recycling": s.recycle != 0,
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,

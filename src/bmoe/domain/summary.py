@@ -54,9 +54,11 @@ def stream_lines(result: RunResult) -> list[str]:
     resident, budget = d.resident_bytes / 1048576, d.budget_bytes / 1048576
     evictions = report.prefill.evictions + d.evictions
     rereads = report.prefill.rereads + d.rereads
-    release = ""
+    recycled = report.prefill.pages_recycled + d.pages_recycled
+    release = f" ({recycled} handed their pages to a read)" if recycled else ""
+    tail = ""
     if d.release_s + d.release_lanes_s > 0:
-        release = (
+        tail = (
             f"; pages given back {1000 * report.per_token(d.release_s):.2f} ms/token on the eval thread"
             f" + {1000 * report.per_token(d.release_lanes_s):.2f} on the lanes"
         )
@@ -66,7 +68,7 @@ def stream_lines(result: RunResult) -> list[str]:
         f"{report.mgmt_s_tok:.4f} + waiting for reads {report.stall_s_tok:.4f}; "
         f"the lanes read for {report.io_s_tok:.4f})",
         f"moe-cache: {hit}, {resident:.1f} MiB resident of {budget:.1f} MiB budget; "
-        f"{evictions} evictions, {rereads} re-reads{release}",
+        f"{evictions} evictions{release}, {rereads} re-reads{tail}",
     ]
     issued = report.prefill.prefetch_issued + d.prefetch_issued
     if issued:

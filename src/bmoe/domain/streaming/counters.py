@@ -24,6 +24,7 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "release_lanes_s": 0.0,
     "releases_deferred": 0,
     "releases_cancelled": 0,
+    "pages_recycled": 0,
     "rank_s": 0.0,
     "issue_s": 0.0,
     "stall_layers": (),
@@ -53,6 +54,7 @@ class StreamCounters:
     release_lanes_s: float = 0.0  # ... on the worker lanes
     releases_deferred: int = 0  # evictions whose pages were given back off the read path
     releases_cancelled: int = 0  # ... kept instead: the entry was read again first
+    pages_recycled: int = 0  # evictions whose pages moved under a read's slices (none released)
     # decode routing (docs/read-ahead.md): slots are (token, layer, selected expert)
     decode_slots: int = 0
     predict_layers: tuple[tuple[int, int], ...] = ()  # per layer: (slots predicted, slots agreed)
