@@ -83,7 +83,9 @@ def test_streamed_equals_resident(
 
 @pytest.mark.parametrize("recycle", [True, False])
 @pytest.mark.parametrize("release", [0, 1, 2])
-def test_every_page_release_mode_keeps_the_output_exact(model_path: Path, release: int, recycle: bool) -> None:
+def test_every_page_release_mode_keeps_the_output_exact(
+    model_path: Path, release: int, recycle: bool
+) -> None:
     """Evicted pages moved under the next read's slices (``recycle``) or given back: at once
     (0), reads ahead's through the release ring (1, the default), every eviction's through it
     (2): the same tokens and logits as resident, and each mechanism used exactly when asked."""
