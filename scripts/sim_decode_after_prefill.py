@@ -26,10 +26,12 @@ It reports:
 
 ``--compare`` instead replays each trace's decode, from the state its own prefill left, at each
 budget (``--cache-mb``, or ``--cache-share``: a fraction of all the routed-expert bytes) three
-ways: plain LRU (``replacement_sim``'s model of bmoe's LRU), the segmented LRU as simulated
-here (``slru_sim``; ``--protected``: its protected segment's share of the budget, 90% unless
-told), and bmoe's own ``ExpertCachePolicy`` as installed (equal to the LRU column while the
-policy is an LRU); then the means per prompt length.
+ways: plain LRU (``replacement_sim``'s model of bmoe's policy before its segmented LRU), the
+segmented LRU as simulated here (``slru_sim``; ``--protected``: its protected segment's share
+of the budget, 90% unless told), and bmoe's own ``ExpertCachePolicy`` as installed (the
+segmented LRU whose protected segment is the budget less one token cycle: it follows the SLRU
+column at that share, except that an entry the prefill read ahead and no prompt token used
+is not promoted by its first decode use); then the means per prompt length.
 """
 
 from __future__ import annotations
@@ -248,8 +250,8 @@ class RulePolicy(ExpertCachePolicy):
         wanted = [(layer, e) for e in ids]
         hot_ids, order = self.rule(self, layer, ids, tokens)
         hot = {(layer, e) for e in hot_ids}
-        hits = tuple(e for e in wanted if e in self._resident)
-        loads = tuple(e for e in wanted if e not in self._resident)
+        hits = tuple(e for e in wanted if self.is_resident(e))
+        loads = tuple(e for e in wanted if not self.is_resident(e))
         adopted = tuple(e for e in hits if e in self._prefetched)
         self._prefetched.difference_update(adopted)
         self._protected = frozenset(wanted)
@@ -259,20 +261,20 @@ class RulePolicy(ExpertCachePolicy):
         for entry in loads:
             if entry in self._evicted_once:
                 self.counters.rereads += 1
-            self._resident[entry] = None
+            self._probation[entry] = None
         self.resident_bytes += len(loads) * size
         if order is None:  # the base class's order: hot hits touched, then loads appended
             for entry in hits:
                 if entry in hot:
-                    self._resident.move_to_end(entry)
+                    self._touch(entry)
             for entry in loads:
-                self._resident.move_to_end(entry)
-        else:  # the rule's order, last the most recent
+                self._probation.move_to_end(entry)
+        else:  # the rule's order, last the most recent (each in its segment)
             for e in order:
-                self._resident.move_to_end((layer, e))
+                self._touch((layer, e))
         for entry in loads:  # cold loads to the cold end one by one, as the base class does
             if entry not in hot:
-                self._resident.move_to_end(entry, last=False)
+                self._probation.move_to_end(entry, last=False)
         c = self.counters
         c.requests += 1
         c.hits += len(hits)
@@ -335,13 +337,13 @@ def make_policy(budget: int, t: Trace, rule: Rule | None = None) -> ExpertCacheP
 def preload(p: ExpertCachePolicy, entries_oldest_first: Sequence[Entry]) -> None:
     """Put entries in the cache (free), oldest first; counters untouched."""
     for entry in entries_oldest_first:
-        if entry in p._resident:
-            p._resident.move_to_end(entry)
+        if p.is_resident(entry):
+            p._touch(entry)
             continue
         size = p.entry_bytes[entry[0]]
         if p.resident_bytes + size > p.budget_bytes:
             break
-        p._resident[entry] = None
+        p._probation[entry] = None
         p.resident_bytes += size
         p.counters.misses += 1  # keeps check_valid's accounting (misses - evictions = resident)
 
@@ -387,10 +389,11 @@ def replacement_sim(
 ) -> Tally:
     """Replay ``t``'s decode with another replacement rule, from the resident set bmoe's prefill
     (share rule, read ahead) left (``start`` "own") or from empty. ``victim_key``: "lru" (the
-    policy's own, a check), "lru2" (evict the entry whose second-to-last use is oldest; one used
-    once only, or only before decode, goes first, LRU among those), or "lfu" (a use counts 1,
-    decaying by half every ``half_life`` decode tokens; the lowest goes first). A decode
-    request is one use per entry; its entries are never evicted to serve it. Equal entry sizes."""
+    policy's own before its segmented LRU), "lru2" (evict the entry whose second-to-last use is
+    oldest; one used once only, or only before decode, goes first, LRU among those), or "lfu"
+    (a use counts 1, decaying by half every ``half_life`` decode tokens; the lowest goes
+    first). A decode request is one use per entry; its entries are never evicted to serve it.
+    Equal entry sizes."""
     cap = budget // max(t.entry_bytes)
     init: list[Entry] = []
     if start == "own":
@@ -795,7 +798,7 @@ def main() -> None:
             ("lfu", 64, "own"),
         ):
             names = {
-                "lru": "LRU (check: = bmoe)",
+                "lru": "LRU (bmoe before the SLRU)",
                 "lru2": "LRU-2",
                 "lfu": f"decayed LFU, half-life {hl} tokens",
             }

@@ -1,7 +1,9 @@
 """The C cache core (what the fast path runs) follows the domain policy decision for
-decision: a hypothesis state machine drives both with the same random requests, budget
-changes, evict-alls and reads ahead (prefetch) over random per-layer entry sizes, and
-compares every plan, every counter and the LRU order after each step.
+decision: a hypothesis state machine drives both with the same random requests (prefill
+batches, and decode requests of a few ids, whose hits fill the protected segment), budget
+changes, evict-alls and reads ahead (prefetch) over random per-layer entry sizes, with k
+given or taken from the decode requests, and compares every plan, every counter, the
+eviction order and the protected segment after each step.
 
 CI runs the default profile (``BMOE_CORE_EXAMPLES`` state machines, 300 by default, a few
 seconds); a longer run: ``BMOE_CORE_EXAMPLES=2000 pytest tests/unit/test_cache_core_equals_policy.py``.
@@ -30,21 +32,27 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
 
     @initialize(
         sizes=st.lists(st.sampled_from([0, 1, 3, 7, 7680]), min_size=N_LAYER, max_size=N_LAYER),
-        budget=st.integers(0, 40),
+        budget_entries=st.integers(0, 40),
+        unit=st.sampled_from([1, 7, 7680]),
+        k=st.sampled_from([0, 0, 1, 2, 3]),
     )
-    def start(self, sizes: list[int], budget: int) -> None:
+    def start(self, sizes: list[int], budget_entries: int, unit: int, k: int) -> None:
         if not any(sizes):
             sizes = [*sizes[:-1], 5]
         self.sizes = sizes
-        self.policy = ExpertCachePolicy(budget, sizes, N_EXPERT)
-        self.core = ExpertCacheCore(budget, sizes, N_EXPERT)
+        budget = budget_entries * unit
+        self.policy = ExpertCachePolicy(budget, sizes, N_EXPERT, k)
+        self.core = ExpertCacheCore(budget, sizes, N_EXPERT, k)
 
     @rule(
         layer=st.integers(0, N_LAYER - 1),
         ids=st.lists(st.integers(0, N_EXPERT - 1), min_size=1, max_size=24),
-        n_tokens=st.sampled_from([1, 1, 2, 6]),
+        n_tokens=st.sampled_from([1, 2, 6]),
     )
     def request(self, layer: int, ids: list[int], n_tokens: int) -> None:
+        self._same_plan(layer, ids, n_tokens)
+
+    def _same_plan(self, layer: int, ids: list[int], n_tokens: int) -> None:
         try:
             plan = self.policy.request(layer, ids, n_tokens)
         except ValueError:
@@ -57,6 +65,14 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             plan.loads,
             plan.adopted,
         )
+
+    @rule(
+        layer=st.integers(0, N_LAYER - 1),
+        ids=st.lists(st.integers(0, N_EXPERT - 1), min_size=1, max_size=3),
+    )
+    def decode(self, layer: int, ids: list[int]) -> None:
+        """One token's routing: hits promote, so the protected segment fills and demotes."""
+        self._same_plan(layer, ids, 1)
 
     @rule(
         layer=st.integers(0, N_LAYER - 1),
@@ -105,6 +121,9 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             "prefetch_wasted": c.prefetch_wasted,
         }
         assert self.core.resident() == self.policy.resident()
+        assert self.core.kept() == self.policy.kept()
+        assert self.core.kept_bytes == self.policy.kept_bytes
+        self.core.check_valid()
         assert self.core.resident_bytes == self.policy.resident_bytes
         assert self.core.budget_bytes == self.policy.budget_bytes
         self.policy.check_valid()

@@ -70,10 +70,11 @@ def test_a_routing_it_cannot_serve_is_refused_and_changes_nothing() -> None:
         st.tuples(st.integers(0, 3), st.lists(st.integers(0, 7), min_size=1, max_size=4)), max_size=60
     ),
 )
-def test_behaves_like_a_plain_lru_model(
+def test_with_no_room_for_a_protected_segment_it_behaves_like_a_plain_lru_model(
     budget: int, sizes: list[int], steps: list[tuple[int, list[int]]]
 ) -> None:
-    lru = ExpertCachePolicy(budget_bytes=budget, entry_bytes=sizes, n_expert=8)
+    # a token cycle of 8 experts per layer is more than any budget here: the cap is 0
+    lru = ExpertCachePolicy(budget_bytes=budget, entry_bytes=sizes, n_expert=8, n_expert_used=8)
     order: list[tuple[int, int]] = []  # the model: a list, oldest first
 
     def used() -> int:
@@ -99,7 +100,54 @@ def test_behaves_like_a_plain_lru_model(
         assert (list(out.hits), list(out.loads), list(out.evictions)) == (hits, misses, evicted)
         assert lru.resident() == order
         assert lru.resident_bytes == used()
+        assert lru.kept() == []
         lru.check_valid()
+
+
+@given(
+    budget=st.integers(min_value=0, max_value=24),
+    sizes=st.lists(st.integers(1, 3), min_size=3, max_size=3),
+    k=st.integers(1, 2),
+    steps=st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.integers(0, 7), min_size=1, max_size=3)), max_size=80
+    ),
+)
+def test_decode_behaves_like_a_plain_segmented_lru_model(
+    budget: int, sizes: list[int], k: int, steps: list[tuple[int, list[int]]]
+) -> None:
+    slru = ExpertCachePolicy(budget_bytes=budget, entry_bytes=sizes, n_expert=8, n_expert_used=k)
+    cap = max(0, budget - k * sum(sizes))
+    assert slru.kept_cap() == cap
+    probation: list[tuple[int, int]] = []  # the model: two lists, oldest first
+    protected: list[tuple[int, int]] = []
+
+    def size(entries: list[tuple[int, int]]) -> int:
+        return sum(sizes[layer] for layer, _ in entries)
+
+    for layer, experts in steps:
+        wanted = list(dict.fromkeys((layer, e) for e in experts))
+        hits = [w for w in wanted if w in probation or w in protected]
+        misses = [w for w in wanted if w not in hits]
+        for h in hits:  # a decode hit: to the protected segment's most recent end
+            (probation if h in probation else protected).remove(h)
+            protected.append(h)
+            while size(protected) > cap:  # its oldest back to probation's most recent end
+                probation.append(protected.pop(0))
+        evicted = []
+        if misses:
+            for entry in probation + protected:
+                if size(probation + protected) + len(misses) * sizes[layer] <= budget:
+                    break
+                if entry not in wanted:
+                    (probation if entry in probation else protected).remove(entry)
+                    evicted.append(entry)
+        probation.extend(misses)
+        out = slru.request(layer, experts)
+        assert (list(out.hits), list(out.loads), list(out.evictions)) == (hits, misses, evicted)
+        assert slru.resident() == probation + protected
+        assert slru.kept() == protected
+        assert (slru.resident_bytes, slru.kept_bytes) == (size(probation + protected), size(protected))
+        slru.check_valid()
 
 
 def test_a_prefetch_enters_cold_never_evicts_what_is_in_use_and_is_adopted_once() -> None:
@@ -168,3 +216,104 @@ def test_a_decode_request_or_a_small_batch_is_plain_lru() -> None:
     lru.request(1, [3, 3, 2], n_tokens=2)  # 2 experts <= share 3: all hot
     lru.request(1, [0, 1, 4, 5], n_tokens=1)  # decode: all hot too
     assert lru.resident() == [(1, 3), (1, 2), (1, 0), (1, 1), (1, 4), (1, 5)]
+
+
+# -- the segmented LRU: probation, then the protected segment --------------------------------
+
+
+def test_a_decode_hit_promotes_and_one_off_misses_evict_probation_first() -> None:
+    # 4 entries; k = 1 over 2 layers: a token cycle of 2 entries, so 2 may be protected
+    slru = ExpertCachePolicy(budget_bytes=4 * 10, entry_bytes=[10, 10], n_expert=8, n_expert_used=1)
+    assert slru.kept_cap() == 20
+    slru.request(0, [1])
+    assert slru.request(0, [1]).hits == ((0, 1),)  # used before: promoted
+    assert slru.kept() == [(0, 1)]
+    for e in (1, 2, 3):
+        slru.request(1, [e])
+    assert slru.resident() == [(1, 1), (1, 2), (1, 3), (0, 1)]  # probation, then protected
+    out = slru.request(1, [4])  # an LRU would evict (0, 1), the least recently used
+    assert out.evictions == ((1, 1),)
+    assert slru.resident() == [(1, 2), (1, 3), (1, 4), (0, 1)]
+    slru.check_valid()
+
+
+def test_the_first_use_of_a_read_ahead_is_not_a_promotion_the_second_is() -> None:
+    slru = ExpertCachePolicy(budget_bytes=4 * 10, entry_bytes=[10, 10], n_expert=8, n_expert_used=1)
+    slru.request(1, [0])
+    assert slru.prefetch(0, [3]).issued == ((0, 3),)
+    assert slru.prefetch(0, [4], hot=True).issued == ((0, 4),)
+    assert slru.resident() == [(0, 3), (1, 0), (0, 4)]
+    out = slru.request(0, [3, 4])
+    assert out.adopted == ((0, 3), (0, 4))
+    assert slru.kept() == []  # they stand for the misses they saved
+    assert slru.resident() == [(1, 0), (0, 3), (0, 4)]  # touched to probation's recent end
+    slru.request(0, [4])
+    assert slru.kept() == [(0, 4)]
+    slru.check_valid()
+
+
+def test_the_protected_segment_is_capped_at_the_budget_less_one_token_cycle() -> None:
+    # 5 entries, k = 1 over 2 layers: at most 3 protected
+    slru = ExpertCachePolicy(budget_bytes=5 * 10, entry_bytes=[10, 10], n_expert=8, n_expert_used=1)
+    assert slru.kept_cap() == 30
+    slru.request(0, [0, 1, 2, 3])
+    for e in (0, 1, 2, 3):
+        slru.request(0, [e])
+    # the fourth promotion pushed (0, 0) back to probation's most recent end: same place
+    assert slru.kept() == [(0, 1), (0, 2), (0, 3)] and slru.kept_bytes == 30
+    assert slru.resident() == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    slru.request(1, [5])  # a miss enters probation's most recent end, after the demoted one
+    assert slru.resident() == [(0, 0), (1, 5), (0, 1), (0, 2), (0, 3)]
+    assert slru.request(1, [6]).evictions == ((0, 0),)
+    slru.check_valid()
+    assert slru.set_budget(4 * 10) == ((1, 5),)  # cap 20 now: (0, 1) is demoted, not evicted
+    assert slru.kept() == [(0, 2), (0, 3)]
+    assert slru.resident() == [(1, 6), (0, 1), (0, 2), (0, 3)]
+    slru.check_valid()
+    slru.set_budget(10)
+    assert slru.kept_cap() == 0 and slru.kept() == []  # never below zero
+    slru.check_valid()
+
+
+def test_without_k_the_cap_takes_the_widest_decode_request_seen() -> None:
+    slru = ExpertCachePolicy(budget_bytes=10 * 10, entry_bytes=[10, 0, 10], n_expert=8)
+    assert slru.kept_cap() == 100  # no decode yet
+    slru.request(0, [1, 2, 3, 4, 5], n_tokens=4)  # a prefill batch says nothing about k
+    assert slru.kept_cap() == 100
+    slru.request(2, [1, 2])
+    assert slru.kept_cap() == 100 - 2 * 20
+    slru.request(2, [3])  # a narrower request does not lower k
+    assert slru.kept_cap() == 60
+    slru.check_valid()
+
+
+def test_eviction_takes_probation_then_the_oldest_protected_never_a_wanted_entry() -> None:
+    # 3 entries, k = 1 over 2 layers: 1 protected
+    slru = ExpertCachePolicy(budget_bytes=3 * 10, entry_bytes=[10, 10], n_expert=8, n_expert_used=1)
+    slru.request(0, [0])
+    slru.request(0, [0])
+    slru.request(1, [1])
+    slru.request(1, [2])
+    assert (slru.resident(), slru.kept()) == ([(1, 1), (1, 2), (0, 0)], [(0, 0)])
+    out = slru.request(1, [1, 2, 3], n_tokens=2)  # probation holds only what it wants
+    assert out.evictions == ((0, 0),)
+    assert slru.kept() == []  # a prefill's hits are not promoted
+    slru.check_valid()
+
+
+def test_a_prefill_loads_into_probation_keeping_its_share_hot_and_promotes_nothing() -> None:
+    # 6 entries over 2 MoE layers: a share of 3; k = 1: up to 4 protected
+    slru = ExpertCachePolicy(budget_bytes=6 * 10, entry_bytes=[10, 10], n_expert=8, n_expert_used=1)
+    slru.request(0, [7])
+    slru.request(0, [7])  # decode's protected entry
+    routed = [4, 5, 6, 4, 5, 6, 4, 5, 6, 1, 2]
+    plan = slru.request(1, routed, n_tokens=6)
+    assert plan.loads == ((1, 4), (1, 5), (1, 6), (1, 1), (1, 2)) and plan.evictions == ()
+    # the hot three at probation's most recent end, the two others at the cold end
+    assert slru.resident() == [(1, 2), (1, 1), (1, 4), (1, 5), (1, 6), (0, 7)]
+    slru.request(1, [4, 5], n_tokens=2)  # prefill hits: touched in probation
+    slru.request(0, [7], n_tokens=2)  # a protected entry a prompt routes stays protected
+    assert slru.kept() == [(0, 7)]
+    assert slru.resident() == [(1, 2), (1, 1), (1, 6), (1, 4), (1, 5), (0, 7)]
+    assert slru.request(0, [2, 3]).evictions == ((1, 2), (1, 1))  # the prompt's cold ones first
+    slru.check_valid()

@@ -1,13 +1,13 @@
-# The expert cache's decision core in C: the LRU over (layer, expert) entries with a byte
-# budget and per-layer entry sizes. It follows ``bmoe.domain.streaming.cache_policy``
+# The expert cache's decision core in C: the segmented LRU over (layer, expert) entries with
+# a byte budget and per-layer entry sizes. It follows ``bmoe.domain.streaming.cache_policy``
 # decision for decision (tests drive both with the same requests and compare every plan
 # and counter). Pure bookkeeping: the caller executes the plan (drops the evicted entries'
 # pages, reads the loads). Shared by ``expert_stream`` (the engine) and ``cache_core``
 # (the same code, callable from Python for the equivalence tests and benchmarks).
 #
 # A request: ``core_begin``, ``core_want`` for each routed id (duplicates counted, first-seen
-# order kept), then ``core_plan``: hits are touched in wanted order, then (when there are
-# misses) least-recently-used entries this layer does not want are evicted oldest first until
+# order kept), then ``core_plan``: hits are promoted or touched in wanted order, then (when
+# there are misses) entries this layer does not want are evicted from the list's head until
 # the misses fit, then the misses become resident in wanted order. A request of several
 # tokens that routes more experts than the layer's share of the budget keeps only its
 # ``share`` most-routed ones hot: its other hits are not touched and its other loads enter at
@@ -15,12 +15,22 @@
 # ``plan_hits`` / ``plan_evictions`` / ``plan_loads`` (entry indices ``layer * n_expert + e``),
 # the hits on prefetched entries in ``plan_adopted``.
 #
+# Segments: one doubly linked list, the eviction order, probation (oldest first) then the
+# protected segment (``kept``, oldest first; ``kept_head`` its first entry, -1 when empty;
+# ``kept_bytes`` its size). Loads and reads ahead enter probation: at its most recent end
+# (just before ``kept_head``) or at the cold end (the head). A decode request's hit on an entry
+# used before (not adopted) moves it to the tail (the protected segment's most recent end);
+# other touches stay in the entry's segment. Past the cap (``core_kept_cap``: the budget less
+# ``k`` entries of every MoE layer, ``k`` = ``n_expert_used`` or, when 0, ``k_seen``, the most
+# ids one decode request wanted) the protected segment's oldest entry moves to probation's
+# most recent end: the same place in the list, so demoting is clearing its flag.
+#
 # Reads ahead: ``core_begin``, ``core_want`` for each id, then ``core_prefetch``: each id not
-# resident enters at the cold end (the list's head) after room is made oldest first without
+# resident enters at the cold end (the list's head) after room is made from the head without
 # evicting the last request's entries (``protected``) nor any wanted entry of this prefetch's
 # layer; when no room can be made the rest is not issued. ``hot`` (a committed routing):
-# wanted residents are touched and the reads enter at the hot end (the tail) instead. The
-# issued entries are left in ``plan_loads``.
+# wanted residents are touched (in their segment) and the reads enter at probation's most
+# recent end instead. The issued entries are left in ``plan_loads``.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free
@@ -31,10 +41,16 @@ cdef struct core_t:
     int n_layer
     int n_expert
     int64_t * entry_bytes          # [n_layer]; 0: the layer has no routed experts
-    # LRU over entries layer * n_expert + e: a doubly linked list, oldest at head
+    # the eviction order over entries layer * n_expert + e: a doubly linked list from head,
+    # probation (oldest first) then the protected segment (oldest first)
     int32_t * prev
     int32_t * next
     uint8_t * resident
+    uint8_t * kept                 # [n_layer * n_expert]: in the protected segment
+    int32_t kept_head              # the protected segment's oldest entry, -1: empty
+    int64_t kept_bytes
+    int n_expert_used              # k for the protected segment's cap; 0: k_seen
+    int k_seen                     # the most ids one decode request wanted
     uint8_t * evicted_once
     uint8_t * wanted               # scratch [n_expert]
     uint8_t * prefetched           # [n_layer * n_expert]: issued ahead, not yet routed to
@@ -93,12 +109,14 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
     c.plan_adopted = <int32_t *> calloc(n_expert, sizeof(int32_t))
     c.prefetched = <uint8_t *> calloc(n, 1)
     c.protected = <uint8_t *> calloc(n_expert, 1)
+    c.kept = <uint8_t *> calloc(n, 1)
     c.protect_layer = -1
+    c.kept_head = -1
     if (c.entry_bytes == NULL or c.prev == NULL or c.next == NULL or c.resident == NULL
             or c.evicted_once == NULL or c.wanted == NULL or c.order == NULL
             or c.plan_hits == NULL or c.plan_loads == NULL or c.plan_evictions == NULL
             or c.plan_adopted == NULL or c.prefetched == NULL or c.protected == NULL
-            or c.count == NULL or c.hot == NULL):
+            or c.count == NULL or c.hot == NULL or c.kept == NULL):
         core_free(c)
         return NULL
     for i in range(n):
@@ -127,10 +145,13 @@ cdef inline void core_free(core_t * c) noexcept nogil:
     free(c.plan_adopted)
     free(c.prefetched)
     free(c.protected)
+    free(c.kept)
     free(c)
 
 
 cdef inline void lru_unlink(core_t * c, int32_t i) noexcept nogil:
+    if c.kept_head == i:
+        c.kept_head = c.next[i]
     if c.prev[i] >= 0:
         c.next[c.prev[i]] = c.next[i]
     else:
@@ -163,9 +184,78 @@ cdef inline void lru_append(core_t * c, int32_t i) noexcept nogil:
     c.tail = i
 
 
+cdef inline void lru_insert_before(core_t * c, int32_t i, int32_t at) noexcept nogil:
+    c.prev[i] = c.prev[at]
+    c.next[i] = at
+    if c.prev[at] >= 0:
+        c.next[c.prev[at]] = i
+    else:
+        c.head = i
+    c.prev[at] = i
+
+
+cdef inline void probation_mru(core_t * c, int32_t i) noexcept nogil:
+    """Link unlinked probation entry ``i`` at probation's most recent end."""
+    if c.kept_head >= 0:
+        lru_insert_before(c, i, c.kept_head)
+    else:
+        lru_append(c, i)
+
+
+cdef inline void kept_mru(core_t * c, int32_t i) noexcept nogil:
+    """Link unlinked protected entry ``i`` at the protected segment's most recent end."""
+    lru_append(c, i)
+    if c.kept_head < 0:
+        c.kept_head = i
+
+
+cdef inline void core_touch(core_t * c, int32_t i) noexcept nogil:
+    """Resident entry ``i`` to the most recent end of its own segment."""
+    lru_unlink(c, i)
+    if c.kept[i]:
+        kept_mru(c, i)
+    else:
+        probation_mru(c, i)
+
+
+cdef inline void core_promote(core_t * c, int32_t i) noexcept nogil:
+    """Resident entry ``i`` to the protected segment's most recent end."""
+    lru_unlink(c, i)
+    if not c.kept[i]:
+        c.kept[i] = 1
+        c.kept_bytes += c.entry_bytes[i // c.n_expert]
+    kept_mru(c, i)
+
+
+cdef inline int64_t core_kept_cap(core_t * c) noexcept nogil:
+    """The protected segment's byte cap: the budget less one token cycle (``k`` entries of
+    every MoE layer), never below 0."""
+    cdef int l
+    cdef int64_t cycle = 0
+    cdef int64_t k = c.n_expert_used if c.n_expert_used > 0 else c.k_seen
+    for l in range(c.n_layer):
+        cycle += c.entry_bytes[l]
+    cycle *= k
+    return c.budget_bytes - cycle if c.budget_bytes > cycle else 0
+
+
+cdef inline void core_fit_kept(core_t * c, int64_t cap) noexcept nogil:
+    """Demote the protected segment's oldest entries to probation's most recent end (their
+    place in the list) until it holds at most ``cap`` bytes."""
+    cdef int32_t i
+    while c.kept_bytes > cap:
+        i = c.kept_head
+        c.kept[i] = 0
+        c.kept_bytes -= c.entry_bytes[i // c.n_expert]
+        c.kept_head = c.next[i]
+
+
 cdef inline void core_evict(core_t * c, int32_t i) noexcept nogil:
     """Evict entry ``i`` and append it to the plan's evictions."""
     lru_unlink(c, i)
+    if c.kept[i]:
+        c.kept[i] = 0
+        c.kept_bytes -= c.entry_bytes[i // c.n_expert]
     c.resident[i] = 0
     c.evicted_once[i] = 1
     c.resident_bytes -= c.entry_bytes[i // c.n_expert]
@@ -178,7 +268,7 @@ cdef inline void core_evict(core_t * c, int32_t i) noexcept nogil:
 
 
 cdef inline void core_evict_until(core_t * c, int64_t incoming, int keep_layer) noexcept nogil:
-    """Evict oldest first, skipping the wanted entries of ``keep_layer``, until it fits."""
+    """Evict from the head, skipping the wanted entries of ``keep_layer``, until it fits."""
     cdef int32_t i = c.head
     cdef int32_t nxt
     while i >= 0 and c.resident_bytes + incoming > c.budget_bytes:
@@ -252,7 +342,9 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens) noexcept nogil:
     or -1 when the layer has no routed experts (nothing changed)."""
     cdef int w
     cdef int32_t idx
-    cdef int64_t size
+    cdef int64_t size, cap = 0
+    cdef bint decode = n_tokens <= 1
+    cdef bint adopted
     if layer < 0 or layer >= c.n_layer or c.entry_bytes[layer] == 0:
         return -1
     size = c.entry_bytes[layer]
@@ -261,15 +353,23 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens) noexcept nogil:
     for w in range(c.n_expert):  # the request's entries are in use until the next request
         c.protected[w] = c.wanted[w]
     c.protect_layer = layer
+    if decode:
+        if c.n_wanted > c.k_seen:
+            c.k_seen = c.n_wanted
+        cap = core_kept_cap(c)
+        core_fit_kept(c, cap)
     for w in range(c.n_wanted):
         idx = layer * c.n_expert + c.order[w]
         if c.resident[idx]:
-            if c.hot[c.order[w]]:
-                lru_unlink(c, idx)
-                lru_append(c, idx)
+            adopted = c.prefetched[idx]
+            if decode and not adopted:  # a decode hit on an entry used before
+                core_promote(c, idx)
+                core_fit_kept(c, cap)
+            elif c.hot[c.order[w]]:
+                core_touch(c, idx)
             c.plan_hits[c.n_hits] = idx
             c.n_hits += 1
-            if c.prefetched[idx]:
+            if adopted:
                 c.prefetched[idx] = 0
                 c.prefetch_hits += 1
                 c.plan_adopted[c.n_adopted] = idx
@@ -287,7 +387,7 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens) noexcept nogil:
             c.rereads += 1
         c.resident[idx] = 1
         if c.hot[idx % c.n_expert]:
-            lru_append(c, idx)
+            probation_mru(c, idx)
         else:
             lru_prepend(c, idx)
     c.resident_bytes += c.n_loads * size
@@ -297,14 +397,16 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens) noexcept nogil:
 
 
 cdef inline void core_set_budget(core_t * c, int64_t budget_bytes) noexcept nogil:
-    """Change the budget; evicts LRU-first down to it (the plan holds the evictions)."""
+    """Change the budget; evicts from the head down to it (the plan holds the evictions), then
+    fits the protected segment to its cap."""
     core_begin(c)
     c.budget_bytes = budget_bytes
     core_evict_until(c, 0, -1)
+    core_fit_kept(c, core_kept_cap(c))
 
 
 cdef inline void core_evict_all(core_t * c) noexcept nogil:
-    """Evict every resident entry, oldest first (the plan holds the evictions)."""
+    """Evict every resident entry from the head (the plan holds the evictions)."""
     core_begin(c)
     while c.head >= 0:
         core_evict(c, c.head)
@@ -324,8 +426,7 @@ cdef inline int core_prefetch(core_t * c, int layer, bint hot) noexcept nogil:
         idx = layer * c.n_expert + c.order[w]
         if c.resident[idx]:
             if hot:
-                lru_unlink(c, idx)
-                lru_append(c, idx)
+                core_touch(c, idx)
             continue
         i = c.head
         while i >= 0 and c.resident_bytes + size > c.budget_bytes:
@@ -340,7 +441,7 @@ cdef inline int core_prefetch(core_t * c, int layer, bint hot) noexcept nogil:
             c.rereads += 1
         c.resident[idx] = 1
         if hot:
-            lru_append(c, idx)
+            probation_mru(c, idx)
         else:
             lru_prepend(c, idx)
         c.resident_bytes += size

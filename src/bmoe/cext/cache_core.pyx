@@ -19,14 +19,18 @@ from bmoe.cext.cache_core cimport (
 
 
 cdef class ExpertCacheCore:
-    """``entry_bytes[layer]``: one entry's size per layer (0: no routed experts)."""
+    """``entry_bytes[layer]``: one entry's size per layer (0: no routed experts);
+    ``n_expert_used``: experts per token for the protected segment's cap (0: from the decode
+    requests), as the domain policy's."""
 
     cdef core_t * c
 
-    def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert):
+    def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert, int n_expert_used=0):
         cdef int layer
         if budget_bytes < 0 or n_expert <= 0 or len(entry_bytes) == 0:
             raise ValueError("need budget >= 0, n_expert > 0 and at least one layer")
+        if n_expert_used < 0:
+            raise ValueError("n_expert_used must be >= 0 (0: from the decode requests)")
         if any(b < 0 for b in entry_bytes):
             raise ValueError("entry sizes must be >= 0")
         self.c = core_new(len(entry_bytes), n_expert)
@@ -35,6 +39,7 @@ cdef class ExpertCacheCore:
         for layer, size in enumerate(entry_bytes):
             self.c.entry_bytes[layer] = size
         self.c.budget_bytes = budget_bytes
+        self.c.n_expert_used = n_expert_used
 
     def __dealloc__(self):
         core_free(self.c)
@@ -109,13 +114,51 @@ cdef class ExpertCacheCore:
         return self._entries(self.c.plan_evictions, self.c.n_evictions)
 
     def resident(self):
-        """Resident entries, least recently used first."""
+        """Resident entries in eviction order: probation oldest first, then protected."""
         out = []
         cdef int32_t i = self.c.head
         while i >= 0:
             out.append((i // self.c.n_expert, i % self.c.n_expert))
             i = self.c.next[i]
         return out
+
+    def kept(self):
+        """The protected segment's entries, oldest first (from ``kept_head`` to the tail)."""
+        out = []
+        cdef int32_t i = self.c.kept_head
+        while i >= 0:
+            out.append((i // self.c.n_expert, i % self.c.n_expert))
+            i = self.c.next[i]
+        return out
+
+    @property
+    def kept_bytes(self):
+        return self.c.kept_bytes
+
+    def check_valid(self):
+        """The list's invariants: links agree both ways; the resident flags and bytes match
+        the list; the entries before ``kept_head`` are probation, from it on protected, and
+        ``kept_bytes`` is theirs."""
+        c = self.c
+        cdef int32_t i = c.head, prev = -1
+        cdef int64_t total = 0, kept = 0
+        cdef int n = 0, n_resident = 0
+        seen_kept = False
+        while i >= 0:
+            assert c.prev[i] == prev and c.resident[i]
+            if i == c.kept_head:
+                seen_kept = True
+            assert bool(c.kept[i]) == seen_kept
+            total += c.entry_bytes[i // c.n_expert]
+            if c.kept[i]:
+                kept += c.entry_bytes[i // c.n_expert]
+            n += 1
+            prev = i
+            i = c.next[i]
+        assert c.tail == prev and (c.kept_head < 0) == (not seen_kept)
+        for i in range(c.n_layer * c.n_expert):
+            n_resident += c.resident[i]
+        assert n == n_resident and total == c.resident_bytes and kept == c.kept_bytes
 
     @property
     def resident_bytes(self):

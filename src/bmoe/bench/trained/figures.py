@@ -84,7 +84,10 @@ def lru_hit_rate(routed: IDS, n_expert: int, share: float) -> PerLayer:
     _check_routed(routed, n_expert)
     n_layer = routed.shape[2]
     capacity = max(1, round(share * n_layer * n_expert))
-    policy = ExpertCachePolicy(budget_bytes=capacity, entry_bytes=[1] * n_layer, n_expert=n_expert)
+    # a token cycle of every expert leaves the protected segment no room: a plain LRU
+    policy = ExpertCachePolicy(
+        budget_bytes=capacity, entry_bytes=[1] * n_layer, n_expert=n_expert, n_expert_used=n_expert
+    )
     hits = np.zeros(n_layer, dtype=np.int64)
     requests = np.zeros(n_layer, dtype=np.int64)
     for seq in routed:

@@ -1,39 +1,56 @@
-"""The expert cache policy: LRU over (layer, expert) entries with a byte budget.
+"""The expert cache policy: a segmented LRU (SLRU) over (layer, expert) entries with a byte
+budget.
 
 This is the reference the C engine (``bmoe.cext.expert_stream``) follows decision for
 decision; tests drive both with the same requests and compare every plan and counter.
 
 Per MoE layer the engine asks ``request(layer, experts)`` with the experts the router
 selected (for a batch of tokens: every token's, in token order). The plan it returns says,
-in order of execution: which resident entries are hits (touched: most recent, in wanted
-order), which least-recently-used entries are evicted (oldest first, never one this layer
-wants) until the misses fit in the budget, and which entries must be loaded (in wanted
-order). When the wanted entries alone exceed the budget, everything else is evicted and the
-budget is exceeded for that request: the graph needs those experts now.
+in order of execution: which resident entries are hits, which entries are evicted (from the
+head of the eviction order, never one this layer wants) until the misses fit in the budget,
+and which entries must be loaded (in wanted order). When the wanted entries alone exceed
+the budget, everything else is evicted and the budget is exceeded for that request: the
+graph needs those experts now.
+
+Two segments, kept as one list that is the eviction order: *probation* (oldest first), then
+*protected* (oldest first). Every load and every read ahead enters probation. A *decode hit*
+(a request of one token finding resident an entry that a request used before) moves the
+entry to the protected segment's most recent end: an expert decode comes back to outlives
+one used once. Not promoted: the first use of an entry read ahead (it stands for the miss it
+saved; it is touched to probation's most recent end) and a prefill's hits (a prompt is a
+scan; below). The protected segment holds at most the budget less one *token cycle*
+(``n_expert_used`` entries of every MoE layer: the room decode's own misses need; never
+below 0); beyond that its oldest entries move back to probation's most recent end (their
+place in the list does not change). With a cap of 0 the policy is a plain LRU.
+``n_expert_used`` 0 (the default): the most distinct experts one decode request has routed
+so far (a top-k router's k from the first decode request on).
 
 A prompt must not flush decode's cache (scan resistance): a request of several tokens (a
 prefill ubatch) that routes more experts than the layer's *share* of the budget (the budget in
 entries of that layer divided by the number of MoE layers) keeps only its ``share``
 most-routed experts hot (ties: first routed first); its other hits stay where they are and
-its other loads enter at the cold end, where the next layers' loads evict them first. After a
-long prompt the cache then holds each layer's most-used experts, not the last layers' whole
-sets. A decode request (one token) is plain LRU.
+its other loads enter at the cold end (the list's head), where the next layers' loads evict
+them first. After a long prompt the cache then holds each layer's most-used experts, not the
+last layers' whole sets. A prefill's hot hits are touched to the most recent end of their
+own segment (a protected entry stays protected; nothing a prompt routes is promoted); its
+hot loads enter probation's most recent end. A decode request (one token) keeps all hot.
 
 An entry holds all projections of one expert of one layer; its size is the layer's
 (``entry_bytes[layer]``): real Q4_K_M/Q5_K_M files store some layers' expert projections at
 a higher precision than others.
 
 Reads ahead (``prefetch(layer, experts)``): each expert not resident is read in the
-background and enters the cache at the *cold* end (the next eviction's first candidate),
-after making room LRU-first without evicting the entries the last request is computing
-with, nor any entry of this prefetch's own list (resident or just issued); when no room can
-be made the rest is not issued. A prefetched entry that a later request routes to is a hit,
-*adopted* (the caller waits for its read if it is still in flight); one evicted unused is
-counted as wasted. Guesses (the previous token's routing, the stale gate's prediction) enter
-cold: a wrong one is the first to go. A *committed* routing (``hot=True``: route-ahead, whose
-layer will use exactly these experts) is kept instead: its resident entries are touched
-(most recent, in the list's order) and its reads enter at the hot end, so the layers in
-between do not evict them before their layer comes.
+background and enters probation at the *cold* end (the next eviction's first candidate),
+after making room from the head of the eviction order without evicting the entries the last
+request is computing with, nor any entry of this prefetch's own list (resident or just
+issued); when no room can be made the rest is not issued. A prefetched entry that a later
+request routes to is a hit, *adopted* (the caller waits for its read if it is still in
+flight); one evicted unused is counted as wasted. Guesses (the previous token's routing, the
+stale gate's prediction) enter cold: a wrong one is the first to go. A *committed* routing
+(``hot=True``: route-ahead, whose layer will use exactly these experts) is kept instead: its
+resident entries are touched (most recent in their segment, in the list's order) and its
+reads enter at probation's most recent end, so the layers in between do not evict them
+before their layer comes.
 """
 
 from __future__ import annotations
@@ -82,18 +99,28 @@ class CacheCounters:
 
 
 class ExpertCachePolicy:
-    """``entry_bytes[layer]``: the size of one entry of that layer (0: no routed experts)."""
+    """``entry_bytes[layer]``: the size of one entry of that layer (0: no routed experts);
+    ``n_expert_used``: experts per token (the protected segment's cap leaves one token's
+    worth of room), 0 to take it from the decode requests."""
 
-    def __init__(self, budget_bytes: int, entry_bytes: Sequence[int], n_expert: int) -> None:
+    def __init__(
+        self, budget_bytes: int, entry_bytes: Sequence[int], n_expert: int, n_expert_used: int = 0
+    ) -> None:
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
         if n_expert <= 0 or any(b < 0 for b in entry_bytes):
             raise ValueError("n_expert must be > 0 and entry sizes >= 0")
+        if n_expert_used < 0:
+            raise ValueError("n_expert_used must be >= 0 (0: from the decode requests)")
         self.budget_bytes = budget_bytes
         self.entry_bytes = tuple(entry_bytes)
         self.n_expert = n_expert
+        self.n_expert_used = n_expert_used
         self.resident_bytes = 0
-        self._resident: OrderedDict[Entry, None] = OrderedDict()  # oldest first
+        self.kept_bytes = 0  # the protected segment's
+        self._probation: OrderedDict[Entry, None] = OrderedDict()  # oldest first
+        self._kept: OrderedDict[Entry, None] = OrderedDict()  # the protected segment, oldest first
+        self._k_seen = 0  # the most distinct experts a decode request routed
         self._evicted_once: set[Entry] = set()
         self._prefetched: set[Entry] = set()  # issued ahead, not yet routed to
         self._protected: frozenset[Entry] = frozenset()  # the last request's entries (in use)
@@ -101,21 +128,33 @@ class ExpertCachePolicy:
         self.counters = CacheCounters()
 
     def resident(self) -> list[Entry]:
-        """Resident entries, least recently used first."""
-        return list(self._resident)
+        """Resident entries in eviction order: probation oldest first, then protected."""
+        return [*self._probation, *self._kept]
+
+    def kept(self) -> list[Entry]:
+        """The protected segment's entries, oldest first (the tail of ``resident()``)."""
+        return list(self._kept)
 
     def is_resident(self, entry: Entry) -> bool:
-        return entry in self._resident
+        return entry in self._probation or entry in self._kept
+
+    def kept_cap(self) -> int:
+        """The protected segment's byte cap: the budget less one token cycle (``k`` entries
+        of every MoE layer), never below 0."""
+        k = self.n_expert_used or self._k_seen
+        return max(0, self.budget_bytes - k * sum(self.entry_bytes))
 
     def set_budget(self, budget_bytes: int) -> tuple[Entry, ...]:
-        """Change the budget; evicts (LRU first) down to it and returns what it evicted."""
+        """Change the budget; evicts (eviction order) down to it and returns what it evicted."""
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
         self.budget_bytes = budget_bytes
-        return self._evict_until(0, keep=frozenset())
+        evicted = self._evict_until(0, keep=frozenset())
+        self._fit_kept(self.kept_cap())
+        return evicted
 
     def evict_all(self) -> tuple[Entry, ...]:
-        """Evict every resident entry, oldest first, and return them."""
+        """Evict every resident entry in eviction order and return them."""
         return self._evict_until(0, keep=frozenset(), everything=True)
 
     def share(self, layer: int) -> int:
@@ -131,28 +170,37 @@ class ExpertCachePolicy:
         ids = self._checked_ids(layer, routed)
         size = self.entry_bytes[layer]
         wanted = [(layer, e) for e in ids]
+        decode = n_tokens <= 1
         hot = set(wanted)
-        if n_tokens > 1 and len(ids) > self.share(layer):
+        if not decode and len(ids) > self.share(layer):
             counts = Counter(routed)
             ranked = sorted(range(len(ids)), key=lambda i: (-counts[ids[i]], i))
             hot = {wanted[i] for i in ranked[: self.share(layer)]}
-        hits = tuple(e for e in wanted if e in self._resident)
-        loads = tuple(e for e in wanted if e not in self._resident)
+        hits = tuple(e for e in wanted if self.is_resident(e))
+        loads = tuple(e for e in wanted if not self.is_resident(e))
         adopted = tuple(e for e in hits if e in self._prefetched)
         self._prefetched.difference_update(adopted)
         self._protected = frozenset(wanted)
+        cap = 0
+        if decode:
+            self._k_seen = max(self._k_seen, len(ids))
+            cap = self.kept_cap()
+            self._fit_kept(cap)
         for entry in hits:
-            if entry in hot:
-                self._resident.move_to_end(entry)
+            if decode and entry not in adopted:
+                self._promote(entry)
+                self._fit_kept(cap)
+            elif entry in hot:
+                self._touch(entry)
         evictions = self._evict_until(len(loads) * size, keep=frozenset(wanted)) if loads else ()
         if loads:  # only a request that loads evicts: the budget may be exceeded by it alone
             self._last_request_bytes = len(wanted) * size
         for entry in loads:
             if entry in self._evicted_once:
                 self.counters.rereads += 1
-            self._resident[entry] = None
+            self._probation[entry] = None
             if entry not in hot:
-                self._resident.move_to_end(entry, last=False)  # the cold end
+                self._probation.move_to_end(entry, last=False)  # the cold end
         self.resident_bytes += len(loads) * size
         c = self.counters
         c.requests += 1
@@ -177,11 +225,11 @@ class ExpertCachePolicy:
         issued: list[Entry] = []
         keep = self._protected | {(layer, e) for e in ids}
         for entry in ((layer, e) for e in ids):
-            if entry in self._resident:
+            if self.is_resident(entry):
                 if hot:
-                    self._resident.move_to_end(entry)
+                    self._touch(entry)
                 continue
-            for old in list(self._resident):
+            for old in self.resident():
                 if self.resident_bytes + size <= self.budget_bytes:
                     break
                 if old not in keep:
@@ -191,9 +239,9 @@ class ExpertCachePolicy:
                 break  # no room without evicting what is in use: issue no more
             if entry in self._evicted_once:
                 self.counters.rereads += 1
-            self._resident[entry] = None
+            self._probation[entry] = None
             if not hot:
-                self._resident.move_to_end(entry, last=False)  # the cold end
+                self._probation.move_to_end(entry, last=False)  # the cold end
             self.resident_bytes += size
             self._prefetched.add(entry)
             issued.append(entry)
@@ -210,8 +258,36 @@ class ExpertCachePolicy:
             raise ValueError(f"expert id {bad[0]} out of range [0, {self.n_expert}) at layer {layer}")
         return ids
 
+    def _touch(self, entry: Entry) -> None:
+        """To the most recent end of its own segment."""
+        if entry in self._kept:
+            self._kept.move_to_end(entry)
+        else:
+            self._probation.move_to_end(entry)
+
+    def _promote(self, entry: Entry) -> None:
+        """To the protected segment's most recent end."""
+        if entry in self._kept:
+            self._kept.move_to_end(entry)
+            return
+        del self._probation[entry]
+        self._kept[entry] = None
+        self.kept_bytes += self.entry_bytes[entry[0]]
+
+    def _fit_kept(self, cap: int) -> None:
+        """Demote the protected segment's oldest entries (to probation's most recent end,
+        their place in the eviction order) until it holds at most ``cap`` bytes."""
+        while self.kept_bytes > cap:
+            entry, _ = self._kept.popitem(last=False)
+            self._probation[entry] = None
+            self.kept_bytes -= self.entry_bytes[entry[0]]
+
     def _evict(self, entry: Entry) -> None:
-        del self._resident[entry]
+        if entry in self._kept:
+            del self._kept[entry]
+            self.kept_bytes -= self.entry_bytes[entry[0]]
+        else:
+            del self._probation[entry]
         self.resident_bytes -= self.entry_bytes[entry[0]]
         self._evicted_once.add(entry)
         self.counters.evictions += 1
@@ -223,7 +299,7 @@ class ExpertCachePolicy:
         self, incoming: int, keep: frozenset[Entry], everything: bool = False
     ) -> tuple[Entry, ...]:
         evicted: list[Entry] = []
-        for entry in list(self._resident):
+        for entry in self.resident():
             if not everything and self.resident_bytes + incoming <= self.budget_bytes:
                 break
             if entry in keep:
@@ -234,14 +310,19 @@ class ExpertCachePolicy:
 
     def check_valid(self) -> None:
         """Invariants: sizes and counters add up; the budget holds unless the last request
-        that loaded needed more than it."""
+        that loaded needed more than it; the protected segment is within its cap and holds
+        no entry read ahead and not yet used."""
         c = self.counters
-        assert len(set(self._resident)) == len(self._resident)
-        assert self.resident_bytes == sum(self.entry_bytes[layer] for layer, _ in self._resident)
-        assert c.misses + c.prefetch_issued - c.evictions == len(self._resident)
-        assert self._prefetched <= set(self._resident)
+        resident = self.resident()
+        assert len(set(resident)) == len(resident)
+        assert self.resident_bytes == sum(self.entry_bytes[layer] for layer, _ in resident)
+        assert self.kept_bytes == sum(self.entry_bytes[layer] for layer, _ in self._kept)
+        assert self.kept_bytes <= self.kept_cap()
+        assert not self._prefetched & self._kept.keys()
+        assert c.misses + c.prefetch_issued - c.evictions == len(resident)
+        assert self._prefetched <= set(resident)
         assert c.prefetch_hits + c.prefetch_wasted + len(self._prefetched) == c.prefetch_issued
         assert c.rereads <= c.misses + c.prefetch_issued
         assert c.bytes_read >= self.resident_bytes
-        assert all(self.entry_bytes[layer] > 0 and 0 <= e < self.n_expert for layer, e in self._resident)
+        assert all(self.entry_bytes[layer] > 0 and 0 <= e < self.n_expert for layer, e in resident)
         assert self.resident_bytes <= max(self.budget_bytes, self._last_request_bytes)
