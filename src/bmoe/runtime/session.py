@@ -353,7 +353,7 @@ class Session:
         return self.engine.run_exclusive(work)
 
     def set_cache_budget(self, budget_mb: int) -> None:
-        """Shrink or grow the expert cache (evicts LRU-first). From any thread: during a
+        """Shrink or grow the expert cache (evicts in eviction order). From any thread: during a
         decode it takes effect at the next decode boundary."""
         if budget_mb < 0:
             raise ConfigError(f"cache budget must be >= 0 MiB, not {budget_mb}")

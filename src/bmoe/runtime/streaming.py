@@ -90,7 +90,7 @@ class StreamingControl:
         return self.streaming.counters()
 
     def resident_entries(self) -> list[Entry]:
-        """Resident entries, least recently used first."""
+        """Resident entries in eviction order (the next to go first)."""
         if self._reference is not None:
             return self._reference.resident()
         return list(self.streaming.streamer.resident_entries())
@@ -117,7 +117,7 @@ class StreamingControl:
 
     def set_budget(self, budget_bytes: int) -> None:
         """Change the cache budget at the next decode boundary (waits for a decode in
-        flight); evicts LRU-first down to it."""
+        flight); evicts in eviction order down to it."""
         with self.lock:
             if self._closed:
                 return

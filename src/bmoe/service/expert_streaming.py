@@ -87,7 +87,7 @@ class PolicyStreaming:
         return plan
 
     def set_budget(self, budget_bytes: int) -> tuple[Entry, ...]:
-        """Change the budget between decodes; evicts LRU-first down to it."""
+        """Change the budget between decodes; evicts in eviction order down to it."""
         evicted = self.policy.set_budget(budget_bytes)
         self.source.release(evicted)
         return evicted
