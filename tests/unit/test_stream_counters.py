@@ -53,4 +53,6 @@ def test_the_cache_line_says_where_evicted_pages_went_back() -> None:
     report = StreamReport(prefill=StreamCounters(), decode=decode, decode_steps=2, decode_wall_s=0.2)
     result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
     lines = stream_lines(result)
-    assert "pages given back 2.00 ms/token on the eval thread + 1.00 on the lanes" in lines[1]
+    assert "evicted pages moved or given back in 2.00 ms/token on the eval thread + 1.00 on the lanes" in (
+        lines[1]
+    )

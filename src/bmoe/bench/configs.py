@@ -16,7 +16,7 @@ flash attention off); ``stock-norepack``: the same with repacking off; ``residen
 without streaming; ``stream``: bmoe streaming, once per cache budget."""
 
 ROUTING_PROBE_PERCENT = 25.0
-"""The budget (share of the experts) whose LRU hit rate says whether the routing moves."""
+"""The budget (share of the experts) whose cache hit rate says whether the routing moves."""
 
 
 class BenchConfigError(ValueError):

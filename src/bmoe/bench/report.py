@@ -18,7 +18,7 @@ from bmoe.bench.configs import ROUTING_PROBE_PERCENT, BenchConfig
 MIB = 1024 * 1024
 
 ROUTING_HIT_BAR = 0.80
-"""An LRU holding 25% of the experts must hit below this for the routing to count as moving
+"""bmoe's cache holding 25% of the experts must hit below this for the routing to count as moving
 (a model whose routing barely changes makes any cache look perfect)."""
 
 
@@ -186,7 +186,7 @@ def token_reference(argmax: dict[str, list[int]]) -> str | None:
 
 @attrs.frozen
 class RoutingCheck:
-    """Whether the bench model's routing moves: an LRU at 25% of the experts' hit rate."""
+    """Whether the bench model's routing moves: the cache's hit rate at 25% of the experts."""
 
     hit_rate: float | None
     moves: bool | None
@@ -202,7 +202,7 @@ class RoutingCheck:
             else "the routing barely moves: cache hit rates and streamed tok/s on this model are optimistic"
         )
         return (
-            f"routing check: an LRU cache of {self.expert_percent:.0f}% of the experts hit "
+            f"routing check: a cache of {self.expert_percent:.0f}% of the experts hit "
             f"{100 * self.hit_rate:.1f}% (bar: under {100 * ROUTING_HIT_BAR:.0f}%): {verdict}"
         )
 

@@ -349,7 +349,7 @@ cdef struct stream_t:
     int defer_release              # 1 (default): the pages of entries reads ahead evict go
                                    # back through the release ring; 2: a layer's own
                                    # evictions too; 0: all at once (A/B measurements)
-    double release_s               # giving evicted pages back (the eval thread)
+    double release_s               # moving or giving evicted pages back (the eval thread)
     double release_lanes_s         # ... (worker lanes; under the lanes' mutex)
     int64_t releases_deferred      # evictions whose pages went to the release ring
     int64_t releases_cancelled     # ... and were read again before they were released

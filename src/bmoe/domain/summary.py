@@ -59,7 +59,8 @@ def stream_lines(result: RunResult) -> list[str]:
     tail = ""
     if d.release_s + d.release_lanes_s > 0:
         tail = (
-            f"; pages given back {1000 * report.per_token(d.release_s):.2f} ms/token on the eval thread"
+            f"; evicted pages moved or given back in {1000 * report.per_token(d.release_s):.2f} ms/token "
+            "on the eval thread"
             f" + {1000 * report.per_token(d.release_lanes_s):.2f} on the lanes"
         )
     lines = [

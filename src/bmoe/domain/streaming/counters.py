@@ -50,7 +50,7 @@ class StreamCounters:
     prefetch_issued: int = 0
     prefetch_hits: int = 0
     prefetch_wasted: int = 0
-    release_s: float = 0.0  # giving evicted pages back, on the eval thread (inside mgmt_s)
+    release_s: float = 0.0  # moving or giving evicted pages back, on the eval thread (inside mgmt_s)
     release_lanes_s: float = 0.0  # ... on the worker lanes
     releases_deferred: int = 0  # evictions whose pages were given back off the read path
     releases_cancelled: int = 0  # ... kept instead: the entry was read again first
