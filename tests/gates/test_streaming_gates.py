@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import bmoe.adapters.expert_streaming as expert_streaming_adapter
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.cext import expert_stream
 from bmoe.cext.route_recorder import RouteRecorder
@@ -225,3 +226,19 @@ def test_the_c_cache_follows_the_python_policy_step_for_step(model_path: Path, b
     )
     assert (c_counters.rereads, c_counters.bytes_read) == (c.rereads, c.bytes_read)
     assert c_resident == policy.resident()
+
+
+def test_without_room_for_the_mappings_pages_are_given_back_not_recycled(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose slices could exhaust the process's memory mappings (vm.max_map_count)
+    streams without recycling, says so, and stays exact."""
+    monkeypatch.setattr(expert_streaming_adapter, "recycling_fits", lambda n_slices, limit, in_use: False)
+    tokens, logits = resident(model_path)
+    with streamed(model_path, cache_mb=None, budget_entries=1) as s:
+        assert s.streaming is not None and not s.streaming.info.recycling
+        assert any("not recycled" in note and "vm.max_map_count" in note for note in s.notes)
+        result = s.generate(REQUEST)
+        assert result.tokens == tokens and np.array_equal(s.last_logits(), logits)
+        counters = s.streaming.counters()
+    assert counters.evictions > 0 and counters.pages_recycled == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 
@@ -32,6 +33,7 @@ from bmoe.adapters.router_gates import RouterGates
 from bmoe.cext import expert_stream
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
 from bmoe.domain.streaming import Budget, ReadFault, StreamConfig, StreamCounters, StreamFault, resolve_budget
+from bmoe.domain.streaming.page_recycling import recycling_fits, worst_case_mappings
 
 PAGE = 4096
 
@@ -105,6 +107,23 @@ def _complement(ranges: list[tuple[int, int]], start: int, end: int) -> list[tup
     return out
 
 
+def _recycling_off(n_slices: int) -> str:
+    """Why page recycling must stay off for a model of ``n_slices`` expert slices ("" when it
+    may be used): the process's memory mappings it could take, against ``vm.max_map_count``."""
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps", "rb") as maps:
+            in_use = sum(1 for _ in maps)
+    except (OSError, ValueError):
+        return "the process's memory mapping limit is unknown"
+    if recycling_fits(n_slices, limit, in_use):
+        return ""
+    return (
+        f"it could take {worst_case_mappings(n_slices):,} memory mappings, next to {in_use:,} in use, "
+        f"of the {limit:,} a process may have (vm.max_map_count)"
+    )
+
+
 @attrs.frozen
 class StreamingInfo:
     """What ``attach`` set up, for the ``mode:`` line and ``BMOE_READY``."""
@@ -116,6 +135,8 @@ class StreamingInfo:
     expert_bytes: int  # all routed experts, all layers
     dense_copied_bytes: int
     entry_bytes: int  # one (layer, expert) cache entry: all its projections (the largest layer's)
+    recycling: bool = True  # evicted pages move under the next read's slices
+    recycling_off: str = ""  # why not, when it is off
 
 
 class ExpertStreaming:
@@ -223,7 +244,8 @@ class ExpertStreaming:
         # An A/B switch for benchmarks only (docs/benchmarks.md): when evicted pages go back.
         release = os.environ.get("BMOE_PAGE_RELEASE", "ahead")
         streamer.defer_release = {"inline": 0, "ahead": 1, "all": 2}.get(release, 1)
-        streamer.recycle = os.environ.get("BMOE_PAGE_RECYCLE", "1") != "0"
+        recycling_off = _recycling_off(len(found) * model.n_expert)
+        streamer.recycle = not recycling_off and os.environ.get("BMOE_PAGE_RECYCLE", "1") != "0"
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
         for layer, _, loc in found:
@@ -260,6 +282,8 @@ class ExpertStreaming:
             expert_bytes=sum(loc.n_bytes for _, _, loc in found),
             dense_copied_bytes=dense,
             entry_bytes=max(per_expert.values()),
+            recycling=streamer.recycle,
+            recycling_off=recycling_off,
         )
         return cls(streamer, layout, info, gates)
 

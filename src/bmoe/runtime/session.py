@@ -178,6 +178,9 @@ class Session:
             self.notes.append(f"moe-cache: warning: {streaming.info.budget.warning}")
         if not streaming.info.odirect and config.stream.odirect:
             self.notes.append("moe-stream: the filesystem refused O_DIRECT: buffered reads")
+        if streaming.info.recycling_off:
+            off = streaming.info.recycling_off
+            self.notes.append(f"moe-cache: evicted pages are given back, not recycled: {off}")
         return ctx, control
 
     def _hook(self, inner: CCallback | None) -> CCallback | None:
