@@ -419,23 +419,6 @@ cdef void hook_fault(stream_t * s, int layer) noexcept nogil:
 
 # -- memory ------------------------------------------------------------------------------
 
-cdef void drop_pages(stream_t * s, int layer, int expert) noexcept nogil:
-    """Give back the pages wholly inside each projection slice of one expert."""
-    cdef int p
-    cdef proj_t * pr
-    cdef uintptr_t start, end, p0, p1
-    for p in range(s.n_proj):
-        pr = &s.projs[layer * s.n_proj + p]
-        if pr.base == NULL:
-            continue
-        start = <uintptr_t> pr.base + <uintptr_t> (expert * pr.slice_bytes)
-        end = start + <uintptr_t> pr.slice_bytes
-        p0 = (start + PAGE - 1) & ~(<uintptr_t> (PAGE - 1))
-        p1 = end & ~(<uintptr_t> (PAGE - 1))
-        if p1 > p0:
-            madvise(<void *> p0, p1 - p0, MADV_DONTNEED)
-
-
 cdef inline int64_t interior(stream_t * s, int layer, int expert, int p, uintptr_t * p0) noexcept nogil:
     """The whole pages inside one projection slice: their start in ``p0``, their length."""
     cdef proj_t * pr = &s.projs[layer * s.n_proj + p]
@@ -448,6 +431,17 @@ cdef inline int64_t interior(stream_t * s, int layer, int expert, int p, uintptr
     p0[0] = (start + PAGE - 1) & ~(<uintptr_t> (PAGE - 1))
     p1 = end & ~(<uintptr_t> (PAGE - 1))
     return <int64_t> (p1 - p0[0]) if p1 > p0[0] else 0
+
+
+cdef void drop_pages(stream_t * s, int layer, int expert) noexcept nogil:
+    """Give back the pages wholly inside each projection slice of one expert."""
+    cdef int p
+    cdef uintptr_t p0
+    cdef int64_t n
+    for p in range(s.n_proj):
+        n = interior(s, layer, expert, p, &p0)
+        if n > 0:
+            madvise(<void *> p0, n, MADV_DONTNEED)
 
 
 cdef int move_pages(stream_t * s, int32_t victim, int32_t target) noexcept nogil:
@@ -533,22 +527,14 @@ cdef void defer_planned_evictions(stream_t * s) noexcept nogil:
     running ones waited for); without worker lanes, or with the ring full, release now."""
     cdef int m
     cdef int32_t i
-    cdef int n_expert = s.core.n_expert
-    cdef bint inline_release
     cdef double t0
     if s.core.n_evictions == 0:
         return
     if s.lanes.started == 0 or s.lanes.n_workers == 0 or not s.defer_release:
         drop_planned_evictions(s, True)
         return
-    pthread_mutex_lock(&s.lanes.mu)
     for m in range(s.core.n_evictions):
-        i = s.core.plan_evictions[m]
-        if s.io_state[i] == IO_QUEUED:
-            s.io_state[i] = IO_IDLE
-        while s.io_state[i] == IO_READING:
-            pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
-    pthread_mutex_unlock(&s.lanes.mu)
+        settle_entry(s, s.core.plan_evictions[m])
     t0 = now()
     recycle_planned(s)
     s.release_s += now() - t0
@@ -558,21 +544,13 @@ cdef void defer_planned_evictions(stream_t * s) noexcept nogil:
         if s.recycled_mark[i]:
             s.recycled_mark[i] = 0
             continue
-        inline_release = s.lanes.rel_len >= s.lanes.rel_cap
-        if not inline_release:
+        if s.lanes.rel_len < s.lanes.rel_cap:
             s.io_state[i] = IO_RELEASE
             s.lanes.rel[(s.lanes.rel_head + s.lanes.rel_len) % s.lanes.rel_cap] = i
             s.lanes.rel_len += 1
             s.releases_deferred += 1
         else:
-            s.io_state[i] = IO_RELEASING
-            pthread_mutex_unlock(&s.lanes.mu)
-            t0 = now()
-            drop_pages(s, i // n_expert, i % n_expert)
-            pthread_mutex_lock(&s.lanes.mu)
-            s.release_s += now() - t0
-            s.io_state[i] = IO_IDLE
-            pthread_cond_broadcast(&s.lanes.done)
+            release_locked(s, i, &s.release_s)
     if s.lanes.rel_len > s.lanes.rel_bound:
         pthread_cond_broadcast(&s.lanes.work)
     pthread_mutex_unlock(&s.lanes.mu)
@@ -582,7 +560,6 @@ cdef bint release_one(stream_t * s, double * spent) noexcept nogil:
     """Give back the pages of the oldest entry of the release ring (mutex held on entry and
     on return; unlocked while releasing). False when nothing was waiting."""
     cdef int32_t i = -1
-    cdef double t0
     while s.lanes.rel_len > 0:
         i = s.lanes.rel[s.lanes.rel_head]
         s.lanes.rel_head = (s.lanes.rel_head + 1) % s.lanes.rel_cap
@@ -592,6 +569,14 @@ cdef bint release_one(stream_t * s, double * spent) noexcept nogil:
         i = -1
     if i < 0:
         return False
+    release_locked(s, i, spent)
+    return True
+
+
+cdef void release_locked(stream_t * s, int32_t i, double * spent) noexcept nogil:
+    """Give back entry ``i``'s pages (mutex held on entry and on return; unlocked while
+    releasing, the entry RELEASING meanwhile), adding the time to ``spent``."""
+    cdef double t0
     s.io_state[i] = IO_RELEASING
     pthread_mutex_unlock(&s.lanes.mu)
     t0 = now()
@@ -601,7 +586,6 @@ cdef bint release_one(stream_t * s, double * spent) noexcept nogil:
     spent[0] += t0
     s.io_state[i] = IO_IDLE
     pthread_cond_broadcast(&s.lanes.done)
-    return True
 
 
 cdef void claim_for_read(stream_t * s, int32_t i) noexcept nogil:
