@@ -90,6 +90,12 @@ def _libggml_base() -> ctypes.CDLL:
         getattr(lib, name).restype = ctype
     lib.gguf_get_val_str.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.gguf_get_val_str.restype = ctypes.c_char_p
+    lib.gguf_get_val_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_get_val_f32.restype = ctypes.c_float
+    lib.gguf_get_val_f64.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_get_val_f64.restype = ctypes.c_double
+    lib.gguf_find_tensor.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.gguf_find_tensor.restype = ctypes.c_int64
     return lib
 
 

@@ -13,7 +13,6 @@ exactly as stored (llama.cpp's text form of a float metadata value keeps 6 decim
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,30 +33,13 @@ from bmoe.errors import ConfigError
 
 _GGUF_TYPE_FLOAT32 = 6
 _GGUF_TYPE_FLOAT64 = 12
-_PREPARED = False
-
-
-def _lib() -> ctypes.CDLL:
-    global _PREPARED
-    lib = _libggml_base()
-    if not _PREPARED:
-        lib.gguf_find_tensor.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        lib.gguf_find_tensor.restype = ctypes.c_int64
-        lib.gguf_get_tensor_type.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-        lib.gguf_get_tensor_type.restype = ctypes.c_int
-        lib.gguf_get_val_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-        lib.gguf_get_val_f32.restype = ctypes.c_float
-        lib.gguf_get_val_f64.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-        lib.gguf_get_val_f64.restype = ctypes.c_double
-        _PREPARED = True
-    return lib
 
 
 def _read_gguf(
     path: Path, floats: Sequence[str], tensors: Sequence[str]
 ) -> tuple[dict[str, float], dict[str, int]]:
     """The float metadata ``floats`` and the ggml types of ``tensors`` found in one file."""
-    lib = _lib()
+    lib = _libggml_base()
     ctx = lib.gguf_init_from_file(str(path).encode(), _InitParams(True, None))
     if not ctx:
         raise ConfigError(f"--decide-probe: not a readable GGUF file: {path}")
