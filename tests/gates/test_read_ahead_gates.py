@@ -37,12 +37,19 @@ EXTRA_ENTRIES = 2  # the cache holds one layer's top-k and this many more: it ev
 Run = tuple[list[int], np.ndarray, StreamCounters]
 
 
-def run(path: Path, *, half: bool = False, **routing: object) -> Run:
+def run(
+    path: Path, *, half: bool = False, lane_delay_us: int = 0, orphan_reads: bool = True, **routing: object
+) -> Run:
     """A streamed run whose cache holds one layer's top-k and two entries more (``half``:
-    half of all experts, so that a layer finds some of its own experts cached)."""
+    half of all experts, so that a layer finds some of its own experts cached).
+    ``lane_delay_us``: the worker lanes read slowly (reads ahead still run when a later plan
+    evicts them); ``orphan_reads``: such a victim is left to its lane (the default) or
+    waited for."""
     stream = StreamConfig(enabled=True, cache_mb=None, **routing)  # type: ignore[arg-type]
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
         assert s.streaming is not None
+        streamer = s.streaming.streaming.streamer
+        streamer.lane_delay_us, streamer.orphan_reads = lane_delay_us, orphan_reads
         m = s.model
         entries = m.n_layer * m.n_expert // 2 if half else m.n_expert_used + EXTRA_ENTRIES
         s.streaming.set_budget(entries * s.streaming.info.entry_bytes)
@@ -82,6 +89,29 @@ def test_lossless_settings_leave_the_output_bit_identical(fixture: tuple[Path, R
     assert inert[2].route_ahead_committed == 0 and inert[2].route_ahead_passed > 0
     for c in (predicted[2], inert[2]):
         assert c.watchdog_checks > 0 and c.watchdog_trips == 0
+
+
+def test_evicting_an_entry_still_being_read_keeps_the_output_exact(fixture: tuple[Path, Run]) -> None:
+    """Reads ahead on a slow disk: later plans evict entries whose reads still run. Left to
+    their lane (the read stops at its next projection and the lane gives the pages back) or
+    waited for on the eval thread, the output is the one of a fast disk, and the policy's
+    decisions are the same."""
+    path, base = fixture
+    orphaned = run(path, predict_prefetch=True, lane_delay_us=3000)
+    waited = run(path, predict_prefetch=True, lane_delay_us=3000, orphan_reads=False)
+    assert same_output(orphaned, base) and same_output(waited, base)
+    assert orphaned[2].evict_waits == 0 and waited[2].reads_orphaned == 0
+    assert orphaned[2].decisions() == waited[2].decisions()
+
+
+def test_a_slow_disk_leaves_evicted_reads_to_their_lanes(tiny_model_path: TinyModel) -> None:
+    """How often a read is still running when its entry is evicted depends on timing; with
+    lanes 10 ms slow per projection it happens on every run here (14-18 times in 12 tokens)."""
+    path = tiny_model_path("qwen3moe")
+    orphaned = run(path, predict_prefetch=True, lane_delay_us=10_000)[2]
+    assert orphaned.reads_orphaned > 0 and orphaned.orphans_cut > 0
+    waited = run(path, predict_prefetch=True, lane_delay_us=10_000, orphan_reads=False)[2]
+    assert waited.evict_waits > 0
 
 
 def test_route_ahead_commits_deterministically(fixture: tuple[Path, Run]) -> None:

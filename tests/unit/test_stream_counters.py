@@ -40,12 +40,13 @@ def test_decisions_zero_the_mechanism_and_keep_what_the_policy_decided() -> None
     c = StreamCounters(
         hits=7, misses=3, evictions=2, bytes_read=99, io_s=0.5, stall_s=0.25, mgmt_s=0.1,
         release_s=0.01, release_lanes_s=0.02, releases_deferred=2, releases_cancelled=1,
-        rank_s=0.3, issue_s=0.4,
+        rank_s=0.3, issue_s=0.4, evict_waits=3, evict_wait_s=0.05, reads_orphaned=4, orphans_cut=2,
     )  # fmt: skip
     d = c.decisions()
     assert (d.hits, d.misses, d.evictions, d.bytes_read) == (7, 3, 2, 99)
     assert (d.io_s, d.stall_s, d.mgmt_s, d.release_s, d.release_lanes_s, d.rank_s, d.issue_s) == (0.0,) * 7
     assert (d.releases_deferred, d.releases_cancelled) == (0, 0)
+    assert (d.evict_waits, d.evict_wait_s, d.reads_orphaned, d.orphans_cut) == (0, 0.0, 0, 0)
 
 
 def test_the_cache_line_says_where_evicted_pages_went_back() -> None:
@@ -56,3 +57,14 @@ def test_the_cache_line_says_where_evicted_pages_went_back() -> None:
     assert "evicted pages moved or given back in 2.00 ms/token on the eval thread + 1.00 on the lanes" in (
         lines[1]
     )
+
+
+def test_the_cache_line_counts_evictions_under_a_running_read() -> None:
+    decode = StreamCounters(
+        hits=9, misses=3, evictions=4, reads_orphaned=3, orphans_cut=2, evict_waits=1, evict_wait_s=0.01
+    )
+    report = StreamReport(prefill=StreamCounters(), decode=decode, decode_steps=2, decode_wall_s=0.2)
+    result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
+    line = stream_lines(result)[1]
+    assert "3 evicted while being read (2 of those reads cut short)" in line
+    assert "1 evictions waited for their read to end (5.00 ms/token)" in line

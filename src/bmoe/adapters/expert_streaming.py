@@ -246,6 +246,7 @@ class ExpertStreaming:
         streamer.defer_release = {"inline": 0, "ahead": 1, "all": 2}.get(release, 1)
         recycling_off = _recycling_off(len(found) * model.n_expert)
         streamer.recycle = not recycling_off and os.environ.get("BMOE_PAGE_RECYCLE", "1") != "0"
+        streamer.orphan_reads = os.environ.get("BMOE_ORPHAN_READS", "1") != "0"
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
         for layer, _, loc in found:
@@ -326,6 +327,10 @@ class ExpertStreaming:
             releases_deferred=s["releases_deferred"],
             releases_cancelled=s["releases_cancelled"],
             pages_recycled=s["recycled"],
+            evict_waits=s["evict_waits"],
+            evict_wait_s=s["evict_wait_s"],
+            reads_orphaned=s["orphaned"],
+            orphans_cut=s["orphans_cut"],
         )
 
     def fault(self) -> StreamFault | None:

@@ -50,7 +50,7 @@ from posix.mman cimport (
 )
 from posix.stdlib cimport posix_memalign
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
-from posix.unistd cimport close as c_close, pread
+from posix.unistd cimport close as c_close, pread, usleep
 
 from bmoe.cext.cache_core cimport (
     core_begin,
@@ -142,6 +142,8 @@ cdef enum:
     IO_READING = 2
     IO_RELEASE = 3                 # evicted; its pages wait in the release ring
     IO_RELEASING = 4               # a thread is giving its pages back now
+    IO_ORPHAN = 5                  # evicted while its read ran: the lane gives its pages
+                                   # back when the read ends (unless it is read again first)
 
 cdef enum:
     PAGE = 4096
@@ -354,6 +356,15 @@ cdef struct stream_t:
     double release_lanes_s         # ... (worker lanes; under the lanes' mutex)
     int64_t releases_deferred      # evictions whose pages went to the release ring
     int64_t releases_cancelled     # ... and were read again before they were released
+    int64_t evict_waits            # evicted entries whose running read the eval thread waited for
+    double evict_wait_s            # ... and how long
+    int orphan_reads               # 1 (default): a plan's victim still being read is left to
+                                   # its lane (IO_ORPHAN) instead of waited for; 0: waited for
+    int64_t orphaned               # victims left to their lane so
+    int64_t orphans_cut            # orphaned reads that stopped before their last projection
+    int lane_delay_us              # tests only: worker lanes sleep this long before each
+                                   # projection (a slow disk), so reads ahead are still
+                                   # running when later plans evict them
     # reads ahead (--prefetch K): the previous decode token's routing of each layer
     int prefetch_k
     int prefill_ahead              # read the whole next layer ahead in a prefill batch
@@ -470,15 +481,20 @@ cdef int move_pages(stream_t * s, int32_t victim, int32_t target) noexcept nogil
 
 cdef void recycle_planned(stream_t * s) noexcept nogil:
     """Hand the plan's evicted entries' pages to its loads, pair by pair, marking the victims
-    handled (``recycled_mark``). Victims must be settled (no read queued or running)."""
+    handled (``recycled_mark`` 1). Victims must be settled; orphans (mark 2) and loads whose
+    orphaned read still runs are skipped."""
     cdef int m, j = 0, r
     cdef int32_t v
     if not s.recycle:
         return
     for m in range(s.core.n_evictions):
+        while j < s.core.n_loads and s.io_state[s.core.plan_loads[j]] == IO_ORPHAN:
+            j += 1  # its orphaned read still runs into its pages: no move there
         if j >= s.core.n_loads:
             return
         v = s.core.plan_evictions[m]
+        if s.recycled_mark[v]:
+            continue  # orphaned
         r = move_pages(s, v, s.core.plan_loads[j])
         if r == 0:
             continue
@@ -490,27 +506,49 @@ cdef void recycle_planned(stream_t * s) noexcept nogil:
         j += 1
 
 
-cdef void settle_entry(stream_t * s, int32_t i) noexcept nogil:
-    """Before an entry's pages go: cancel its queued read, or wait for the one running."""
+cdef bint settle_entry(stream_t * s, int32_t i, bint wait) noexcept nogil:
+    """Before an evicted entry's pages go: cancel its queued read; a running one is waited
+    for, or without ``wait`` (and with ``orphan_reads``) left to its lane, which gives the
+    pages back when it ends (IO_ORPHAN). True when left so: the caller must not touch its
+    pages (neither recycle nor release them)."""
+    cdef double t0
+    cdef bint orphan = False
     if s.lanes.started == 0 or s.io_state[i] == IO_IDLE:
-        return
+        return False
     pthread_mutex_lock(&s.lanes.mu)
     if s.io_state[i] == IO_QUEUED:
         s.io_state[i] = IO_IDLE  # its queue slot is skipped when popped
-    while s.io_state[i] == IO_READING:
-        pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+    if s.io_state[i] == IO_READING:
+        if not wait and s.orphan_reads:
+            s.io_state[i] = IO_ORPHAN
+            s.orphaned += 1
+            orphan = True
+        else:
+            t0 = now()
+            while s.io_state[i] == IO_READING or s.io_state[i] == IO_ORPHAN:
+                pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+            s.evict_waits += 1
+            s.evict_wait_s += now() - t0
+    elif s.io_state[i] == IO_ORPHAN and wait:
+        while s.io_state[i] == IO_ORPHAN or s.io_state[i] == IO_RELEASING:
+            pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
     pthread_mutex_unlock(&s.lanes.mu)
+    return orphan
 
 
 cdef void drop_planned_evictions(stream_t * s, bint recycle) noexcept nogil:
     """Give back the plan's evicted entries' pages now (on this thread); with ``recycle``,
-    those the plan's loads can take move there instead."""
+    those the plan's loads can take move there instead. With ``recycle`` (a layer's plan),
+    a victim still being read is left to its lane; without (a budget change, evict_all),
+    its read is waited for."""
     cdef int m
     cdef int32_t i
     cdef int n_expert = s.core.n_expert
     cdef double t0 = now()
     for m in range(s.core.n_evictions):
-        settle_entry(s, s.core.plan_evictions[m])
+        i = s.core.plan_evictions[m]
+        if settle_entry(s, i, not recycle):
+            s.recycled_mark[i] = 2  # orphaned: its lane releases it
     if recycle:
         recycle_planned(s)
     for m in range(s.core.n_evictions):
@@ -534,7 +572,9 @@ cdef void defer_planned_evictions(stream_t * s) noexcept nogil:
         drop_planned_evictions(s, True)
         return
     for m in range(s.core.n_evictions):
-        settle_entry(s, s.core.plan_evictions[m])
+        i = s.core.plan_evictions[m]
+        if settle_entry(s, i, False):
+            s.recycled_mark[i] = 2  # orphaned: its lane releases it
     t0 = now()
     recycle_planned(s)
     s.release_s += now() - t0
@@ -590,8 +630,9 @@ cdef void release_locked(stream_t * s, int32_t i, double * spent) noexcept nogil
 
 cdef void claim_for_read(stream_t * s, int32_t i) noexcept nogil:
     """Mark entry ``i`` queued for a read (mutex held): a pending release is cancelled (the
-    read overwrites the pages), a running one is waited for."""
-    while s.io_state[i] == IO_RELEASING:
+    read overwrites the pages); a running one, or the read of an orphan (evicted while it
+    ran: it stops at its next projection, then its pages go back), is waited for."""
+    while s.io_state[i] == IO_RELEASING or s.io_state[i] == IO_ORPHAN:
         pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
     if s.io_state[i] == IO_RELEASE:
         s.releases_cancelled += 1
@@ -686,9 +727,11 @@ cdef void trace_read(stream_t * s, job_t * job, int32_t idx, int p, int lane, do
     rec.latency_ns = <int64_t> ((now() - t0) * 1e9)
 
 
-cdef int read_entry_now(stream_t * s, int32_t idx, int lane) noexcept nogil:
+cdef int read_entry_now(stream_t * s, int32_t idx, int lane, bint stoppable=False) noexcept nogil:
     """Read every projection of entry ``idx`` on ``lane``; 0, or -errno after recording the
-    read fault (sticky; the fault flag is raised)."""
+    read fault (sticky; the fault flag is raised). With ``stoppable``, 1 when it stopped
+    between projections because the entry was evicted meanwhile (IO_ORPHAN; read without
+    the mutex: at worst one projection more is read)."""
     cdef int p, result
     cdef job_t job
     cdef double t0 = 0.0
@@ -696,6 +739,10 @@ cdef int read_entry_now(stream_t * s, int32_t idx, int lane) noexcept nogil:
     for p in range(s.n_proj):
         if s.projs[layer * s.n_proj + p].base == NULL:
             continue
+        if stoppable and p > 0 and s.io_state[idx] == IO_ORPHAN:
+            return 1
+        if lane > 0 and s.lane_delay_us > 0:
+            usleep(s.lane_delay_us)
         fill_job(s, &job, layer, idx % s.core.n_expert, p)
         if s.tr.io_on:
             t0 = now()
@@ -734,17 +781,24 @@ cdef int32_t queue_pop(stream_t * s) noexcept nogil:
 
 
 cdef void read_popped(stream_t * s, int32_t idx, int lane) noexcept nogil:
-    """Read a popped entry (mutex held on entry and on return)."""
+    """Read a popped entry (mutex held on entry and on return). One evicted while it runs
+    (IO_ORPHAN) stops at the next projection and its pages go back here."""
     cdef double t0
+    cdef bint stopped
     s.io_state[idx] = IO_READING
     s.tr.active_reads += 1
     pthread_mutex_unlock(&s.lanes.mu)
     t0 = now()
-    read_entry_now(s, idx, lane)
+    stopped = read_entry_now(s, idx, lane, True) == 1
     t0 = now() - t0
     pthread_mutex_lock(&s.lanes.mu)
+    if stopped:
+        s.orphans_cut += 1
     s.tr.active_reads -= 1
     s.io_s += t0
+    if s.io_state[idx] == IO_ORPHAN:  # evicted meanwhile: its pages go back now
+        release_locked(s, idx, &s.release_lanes_s)
+        return
     s.io_state[idx] = IO_IDLE
     pthread_cond_broadcast(&s.lanes.done)
 
@@ -1561,6 +1615,7 @@ cdef class ExpertStreamer:
         s.r.sel_b = <const float **> calloc(n_layer, sizeof(float *))
         s.r.subst_l = -1.0
         s.defer_release = 1
+        s.orphan_reads = 1
         s.r.spec_max = 2
         s.r.last_layer = 1 << 30
         s.tr.last_layer = 1 << 30
@@ -2028,6 +2083,29 @@ cdef class ExpertStreamer:
         self.s.recycle = 1 if on else 0
 
     @property
+    def lane_delay_us(self) -> int:
+        """Tests only: the worker lanes sleep this many microseconds before each projection
+        they read (a slow disk); 0 (the default) in use."""
+        return self.s.lane_delay_us
+
+    @lane_delay_us.setter
+    def lane_delay_us(self, int us):
+        if us < 0:
+            raise ValueError("lane_delay_us must be >= 0")
+        self.s.lane_delay_us = us
+
+    @property
+    def orphan_reads(self) -> bool:
+        """Whether a plan's victim whose read still runs is left to its lane (which gives
+        its pages back when the read ends) instead of waited for on the eval thread; on by
+        default. For A/B measurements."""
+        return self.s.orphan_reads != 0
+
+    @orphan_reads.setter
+    def orphan_reads(self, bint on):
+        self.s.orphan_reads = 1 if on else 0
+
+    @property
     def defer_release(self) -> int:
         """1 (the default): the pages of entries a read ahead evicts are given back later,
         through the release ring, and a layer's own evictions at once; 2: those too through
@@ -2088,6 +2166,10 @@ cdef class ExpertStreamer:
             "release_lanes_s": s.release_lanes_s,
             "releases_deferred": s.releases_deferred,
             "releases_cancelled": s.releases_cancelled,
+            "evict_waits": s.evict_waits,
+            "evict_wait_s": s.evict_wait_s,
+            "orphaned": s.orphaned,
+            "orphans_cut": s.orphans_cut,
             "recycled": s.recycled,
             "recycling": s.recycle != 0,
             "prefetch_issued": c.prefetch_issued,

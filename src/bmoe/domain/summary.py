@@ -63,6 +63,15 @@ def stream_lines(result: RunResult) -> list[str]:
             "on the eval thread"
             f" + {1000 * report.per_token(d.release_lanes_s):.2f} on the lanes"
         )
+    if d.reads_orphaned:
+        tail += (
+            f"; {d.reads_orphaned} evicted while being read ({d.orphans_cut} of those reads cut short)"
+        )
+    if d.evict_waits:
+        tail += (
+            f"; {d.evict_waits} evictions waited for their read to end "
+            f"({1000 * report.per_token(d.evict_wait_s):.2f} ms/token)"
+        )
     lines = [
         f"moe-stream: {total:.1f} MiB read ({report.read_mib_tok:.2f} MiB/token), "
         f"decode {per_tok:.4f} s/token (compute {report.compute_s_tok:.4f} + cache mgmt "

@@ -25,6 +25,10 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "releases_deferred": 0,
     "releases_cancelled": 0,
     "pages_recycled": 0,
+    "evict_waits": 0,
+    "evict_wait_s": 0.0,
+    "reads_orphaned": 0,
+    "orphans_cut": 0,
     "rank_s": 0.0,
     "issue_s": 0.0,
     "stall_layers": (),
@@ -55,6 +59,10 @@ class StreamCounters:
     releases_deferred: int = 0  # evictions whose pages were given back off the read path
     releases_cancelled: int = 0  # ... kept instead: the entry was read again first
     pages_recycled: int = 0  # evictions whose pages moved under a read's slices (none released)
+    evict_waits: int = 0  # evictions that waited for their own read, still running, to end
+    evict_wait_s: float = 0.0  # ... the eval thread's wait (inside mgmt_s)
+    reads_orphaned: int = 0  # evictions left to their read's lane, which gave the pages back after
+    orphans_cut: int = 0  # ... whose read stopped before its last projection
     # decode routing (docs/read-ahead.md): slots are (token, layer, selected expert)
     decode_slots: int = 0
     predict_layers: tuple[tuple[int, int], ...] = ()  # per layer: (slots predicted, slots agreed)
