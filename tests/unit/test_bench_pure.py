@@ -130,6 +130,20 @@ def test_ratios_to_both_stocks_and_the_disk_ceiling() -> None:
     assert out[0].ceiling_tok_s is None  # stock has no streamer counters
 
 
+def test_the_ceiling_next_to_each_round_uses_that_rounds_probe() -> None:
+    rounds = [
+        {**_run(2.0, 500, read=1000 * MIB), "probe_mib_s": 400.0},  # 100 MiB/token: 200 of 400 MiB/s
+        {**_run(3.0, 333, read=1000 * MIB), "probe_mib_s": 600.0},  # 300 of 600
+        {**_run(1.0, 999, read=1000 * MIB), "probe_mib_s": 125.0},  # 100 of 125
+    ]
+    s = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), rounds)
+    assert s.probe_mib_s == pytest.approx(400.0)
+    assert s.of_probe_ceiling == pytest.approx(0.5)  # the median of 0.5, 0.5, 0.8
+    plain = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=MIB)])
+    assert plain.probe_mib_s is None and plain.of_probe_ceiling is None
+    assert "disk MiB/s next to it" in report.markdown_table([s])
+
+
 def test_token_check_finds_the_first_difference() -> None:
     checks = report.check_tokens(
         {"stock-norepack": [1, 2, 3, 4], "resident": [1, 2, 3, 4], "s": [1, 9, 3, 5]}, "stock-norepack"
@@ -329,3 +343,13 @@ def test_a_routing_policy_is_checked_against_its_budget_without_it() -> None:
     outcome = report.conclude(configs, runs, experts, 1000.0)
     check = next(t for t in outcome.checks if t.key == "stream-1024-route-ahead1")
     assert (check.reference, check.same, check.compared, check.first_difference) == ("stream-1024", 3, 4, 2)
+
+
+def test_random_reads_read_what_they_were_asked_at_distinct_offsets(tmp_path: Path) -> None:
+    from bmoe.bench.disk import measure_random_reads
+
+    f = tmp_path / "blob"
+    f.write_bytes(bytes(8 * MIB))
+    bw = measure_random_reads(f, 5 * MIB, block=MIB, n_lanes=2, seed=3)
+    assert (bw.bytes, bw.lanes) == (5 * MIB, 2) and bw.seconds > 0
+    assert measure_random_reads(f, 64 * MIB, block=MIB, n_lanes=3).bytes == 8 * MIB  # at most the file

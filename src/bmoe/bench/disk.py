@@ -4,12 +4,16 @@ The bandwidth is measured on the model file itself, in the same run as the confi
 the file is dropped from the page cache (``posix_fadvise(DONTNEED)``), then read with
 ``O_DIRECT`` in 4 MiB blocks, with one read in flight (a plain sequential read, what
 ``dd iflag=direct bs=4M`` measures) or with as many as the streamer has lanes.
+``measure_random_reads`` reads blocks at random offsets instead, the way the streamer reads
+experts: the bench runs it next to each streamed configuration (this VM's disk speed moves
+within minutes).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -90,6 +94,48 @@ def measure_bandwidth(path: Path, max_bytes: int | None = None, n_lanes: int = 1
     done = [0] * n_lanes
     threads = [
         threading.Thread(target=_read_blocks, args=(path, limit, lane, n_lanes, done))
+        for lane in range(n_lanes)
+    ]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if not odirect:
+        drop_from_page_cache(path)
+    return Bandwidth(bytes=sum(done), seconds=seconds, lanes=n_lanes, odirect=odirect)
+
+
+def _read_offsets(path: Path, offsets: list[int], block: int, lane: int, done: list[int]) -> None:
+    fd, _ = _open_for_reads(path)
+    buf = mmap.mmap(-1, block)
+    try:
+        for offset in offsets:
+            n = os.preadv(fd, [buf], offset)
+            if n <= 0:
+                break
+            done[lane] += n
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def measure_random_reads(
+    path: Path, total_bytes: int, *, block: int = 2 * MIB, n_lanes: int = 4, seed: int = 0
+) -> Bandwidth:
+    """Read ``total_bytes`` in ``block``-sized reads at random ``block``-aligned offsets of the
+    file (distinct, dealt round-robin to ``n_lanes`` threads), after dropping it from the
+    page cache."""
+    drop_from_page_cache(path)
+    n_blocks = path.stat().st_size // block
+    count = max(1, min(n_blocks, total_bytes // block))
+    offsets = [b * block for b in random.Random(seed).sample(range(n_blocks), count)]
+    fd, odirect = _open_for_reads(path)
+    os.close(fd)
+    done = [0] * n_lanes
+    threads = [
+        threading.Thread(target=_read_offsets, args=(path, offsets[lane::n_lanes], block, lane, done))
         for lane in range(n_lanes)
     ]
     t0 = time.perf_counter()

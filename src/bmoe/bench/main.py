@@ -27,7 +27,7 @@ import attrs
 from bmoe.bench import configs as cf
 from bmoe.bench import document, report
 from bmoe.bench.cgroup import CgroupError, MemoryGroup, machine_sites
-from bmoe.bench.disk import MIB, measure_bandwidth
+from bmoe.bench.disk import MIB, measure_bandwidth, measure_random_reads
 from bmoe.bench.progress import make_progress
 from bmoe.bench.text import TEXT
 
@@ -92,6 +92,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=2048,
         help="read at most this much for the bandwidth (0: the whole file)",
+    )
+    p.add_argument(
+        "--probe-mib",
+        type=int,
+        default=256,
+        help="random O_DIRECT reads (MiB) before each streamed round, for its disk ceiling (0: off)",
     )
     p.add_argument("--max-seconds", type=float, default=300.0, help="cap on each warm-up and each measure")
     p.add_argument(
@@ -233,11 +239,18 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 "io_threads": args.io_threads,
                 "max_seconds": args.max_seconds,
             }
+            probe = None
+            if config.kind == "stream" and args.probe_mib > 0:
+                probe = measure_random_reads(
+                    model, args.probe_mib * MIB, n_lanes=args.io_threads, seed=len(runs[config.key])
+                )
             progress.begin(f"round {round_no + 1}/{args.rounds}: {config.label}", fed)
             r = run_configuration(
                 spec, model=model, make_group=make_group, timeout_s=args.timeout, on_progress=progress.update
             )
             r["round"] = round_no
+            if probe is not None:
+                r["probe_mib_s"] = probe.mib_s
             runs[config.key].append(r)
             if "error" in r:
                 progress.end(f"{config.label}: failed: {r['error']}")

@@ -54,6 +54,8 @@ class Summary:
     x_stock_norepack: float | None = None
     ceiling_tok_s: float | None = None  # disk bandwidth / MiB read per token
     of_ceiling: float | None = None
+    probe_mib_s: float | None = None  # random O_DIRECT reads right before each round (median)
+    of_probe_ceiling: float | None = None  # per round: tok/s x MiB/token / that probe (median)
     errors: list[str] = attrs.field(factory=list)
     notes: list[str] = attrs.field(factory=list)
 
@@ -73,6 +75,8 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
     kernel: list[float] = []
     hits = misses = 0
     stall: list[float] = []
+    probes: list[float] = []
+    of_probe: list[float] = []
     sums = dict.fromkeys(
         ("prefetch_issued", "prefetch_hits", "slots", "agree", "decode_slots", "changed"), 0
     )
@@ -92,6 +96,10 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
             sums["changed"] += int(c.get("dropped", 0)) + int(c.get("substituted", 0))
         if r.get("kernel_read_bytes") is not None:
             kernel.append(r["kernel_read_bytes"] / MIB / n)
+        if r.get("probe_mib_s"):
+            probes.append(float(r["probe_mib_s"]))
+            if c is not None:
+                of_probe.append(float(r["tok_s"]) * c["bytes_read"] / MIB / n / float(r["probe_mib_s"]))
     rss = [int(r["end"]["VmHWM"]) for r in ok if "end" in r and "VmHWM" in r["end"]]
     group = [int(r["group"]["peak_bytes"]) for r in runs if r.get("group", {}).get("peak_bytes") is not None]
     other = [float(r["other_cpu_cores"]) for r in ok if "other_cpu_cores" in r]
@@ -118,6 +126,8 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
         group_peak_bytes=max(group) if group else None,
         other_cpu_cores=max(other) if other else None,
         measured_tokens=min((int(r["measured_tokens"]) for r in ok), default=0),
+        probe_mib_s=median(probes),
+        of_probe_ceiling=median(of_probe),
         errors=[str(r["error"]) for r in runs if r.get("error")],
         notes=notes,
     )
@@ -248,6 +258,8 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
         "x stock",
         "x stock, no repack",
         "of disk ceiling",
+        "disk MiB/s next to it",
+        "of that ceiling",
         "other CPU load",
     ]
     rows = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
@@ -271,6 +283,8 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
                 _f(s.x_stock, ".2f"),
                 _f(s.x_stock_norepack, ".2f"),
                 _f(s.of_ceiling, ".2f"),
+                _f(s.probe_mib_s, ",.0f"),
+                _f(s.of_probe_ceiling, ".2f"),
                 _f(s.other_cpu_cores, ".2f"),
             ]
         rows.append("| " + " | ".join(cells) + " |")
@@ -288,7 +302,11 @@ LEGEND = (
     "selection) against the router's own. Peak RSS: `VmHWM`, reset once the model was "
     "loaded. Group peak: the memory group's peak (page cache included). x stock: tok/s over stock "
     "llama-cpp-python's. Of disk ceiling: tok/s / (measured O_DIRECT bandwidth / MiB read per "
-    "token). Other CPU load: CPUs other processes kept busy during the measure (near 1 on a "
+    "token), the bandwidth measured at the start of the run (sequential). Disk MiB/s next to it: "
+    "random O_DIRECT reads (`--probe-mib`, 2 MiB blocks on the read lanes) right before each round "
+    "of the configuration, median; of that ceiling: per round, tok/s x MiB read per token / that "
+    "round's probe, median (this disk's speed moves within minutes). Other CPU load: CPUs other "
+    "processes kept busy during the measure (near 1 on a "
     "2-CPU machine: the row is disturbed)."
 )
 
