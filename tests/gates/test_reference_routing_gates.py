@@ -1,0 +1,128 @@
+"""The decode routing policies in reference mode (``--stream-policy reference``: decided by
+``bmoe.domain.streaming.decode_routing`` in Python) equal the fast path (decided in C)
+decision for decision, on the core fixtures (softmax, the fused gate_up ``qwen35moe``,
+gpt-oss's softmax over the selected logits, deepseek2's sigmoid with a selection bias):
+
+- every policy (in three allowed combinations, so that each runs beside another): the same
+  tokens, the same final logits bit for bit (lossy ones too: the same decisions compute the
+  same thing), every counter the policies decide (``decisions()``: the prediction's
+  per-layer agreement, route-ahead's commits and passes, drops, substitutions, the
+  watchdog's checks, and the cache's hits, misses, reads ahead...) and the cache's order,
+  over two requests (the token count runs across them) with sampling and an evicting cache;
+  each policy must have acted (its counter is not zero);
+- the lossless ones (``--predict-log``, ``--predict-prefetch``) leave the reference run's
+  output equal to the run without them;
+- the lossy ones are deterministic in reference mode (route-ahead 2, a full-strength drop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+
+from bmoe.adapters.llama import ContextParams
+from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.streaming import Entry, StreamConfig, StreamCounters
+from bmoe.runtime import Session, SessionConfig
+
+TinyModel = Callable[[str], Path]
+PARAMS = ContextParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2)
+WARM_UP = GenerateRequest("Warm up", n_predict=4)
+REQUEST = GenerateRequest("Hello, world", n_predict=8, sampling=SamplingParams(temp=1.0, seed=5))
+FIXTURES = ["qwen3moe", "qwen35moe", "gpt-oss", "deepseek2"]
+EXTRA_ENTRIES = 2  # the cache holds one layer's top-k and this many more: it evicts on every token
+
+
+@attrs.frozen
+class Policies:
+    settings: dict[str, object]
+    acted: tuple[str, ...]  # counters that must not be 0: each policy acted
+    half: bool = False  # a cache of half the experts (some of a layer's own are cached)
+
+
+POLICIES = {
+    "predict": Policies(
+        {"predict_prefetch": True, "predict_log": True}, ("predict_slots", "prefetch_issued")
+    ),
+    "route-ahead+drop": Policies({"route_ahead": 1, "drop_cold": 1.0}, ("route_ahead_committed", "dropped")),
+    "substitute+prefetch": Policies({"substitute": 10.0, "prefetch": 1}, ("substituted",), half=True),
+}
+
+Run = tuple[list[int], np.ndarray, StreamCounters, list[Entry]]
+
+
+def run(path: Path, policy: str, *, half: bool = False, **routing: object) -> Run:
+    stream = StreamConfig(enabled=True, cache_mb=None, policy=policy, **routing)  # type: ignore[arg-type]
+    with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
+        assert s.streaming is not None
+        m = s.model
+        entries = m.n_layer * m.n_expert // 2 if half else m.n_expert_used + EXTRA_ENTRIES
+        s.streaming.set_budget(entries * s.streaming.info.entry_bytes)
+        first = s.generate(WARM_UP)
+        second = s.generate(REQUEST)
+        tokens = [*first.tokens, *second.tokens]
+        return tokens, s.last_logits(), s.streaming.counters(), s.streaming.resident_entries()
+
+
+def same_output(a: Run, b: Run) -> bool:
+    return a[0] == b[0] and np.array_equal(a[1], b[1])
+
+
+def same_decisions(fast: Run, ref: Run) -> None:
+    assert same_output(fast, ref)
+    assert fast[2].decisions() == ref[2].decisions()
+    assert fast[3] == ref[3]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("policies", sorted(POLICIES))
+def test_the_reference_routing_policies_decide_as_the_fast_path(
+    name: str, policies: str, tiny_model_path: TinyModel
+) -> None:
+    path = tiny_model_path(name)
+    p = POLICIES[policies]
+    fast = run(path, "fast", half=p.half, **p.settings)
+    ref = run(path, "reference", half=p.half, **p.settings)
+    same_decisions(fast, ref)
+    c = ref[2]
+    for counter in p.acted:
+        assert getattr(c, counter) > 0, f"{counter} is 0: the policy did not act"
+    assert c.decode_slots > 0
+    if "route_ahead" in p.settings or "predict_log" in p.settings:
+        assert c.watchdog_checks > 0 and c.watchdog_trips == 0
+
+
+def test_the_prediction_only_reads_ahead_in_reference_mode(tiny_model_path: TinyModel) -> None:
+    """G5, G9, G10 in reference mode: the output equals the run without prediction."""
+    path = tiny_model_path("qwen3moe")
+    predicted = run(path, "reference", **POLICIES["predict"].settings)
+    assert same_output(predicted, run(path, "fast"))
+
+
+def test_route_ahead_2_in_reference_mode_decides_as_the_fast_path_and_is_deterministic(
+    tiny_model_path: TinyModel,
+) -> None:
+    """G14b in reference mode, with a horizon of 2 MoE layers."""
+    path = tiny_model_path("qwen3moe")
+    ref = run(path, "reference", route_ahead=2)
+    same_decisions(run(path, "fast", route_ahead=2), ref)
+    assert ref[2].route_ahead_committed > 0 and ref[2].route_ahead_passed > 0
+    assert same_output(ref, run(path, "reference", route_ahead=2))
+
+
+def test_a_full_strength_drop_in_reference_mode_reads_less_and_keeps_the_top_expert(
+    tiny_model_path: TinyModel,
+) -> None:
+    """G8b, G8c in reference mode: with a top-2 fixture at most one slot of each decode layer
+    call is dropped, and the dropped experts are not read."""
+    path = tiny_model_path("qwen3moe")
+    base, dropped = run(path, "fast"), run(path, "reference", drop_cold=1.0)
+    d = dropped[2]
+    assert 0 < d.dropped <= d.decode_slots // 2
+    assert d.bytes_read < base[2].bytes_read
+    assert same_output(dropped, run(path, "reference", drop_cold=1.0))
