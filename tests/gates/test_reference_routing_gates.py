@@ -45,10 +45,9 @@ class Policies:
     half: bool = False  # a cache of half the experts (some of a layer's own are cached)
 
 
-POLICIES = {
-    "predict": Policies(
-        {"predict_prefetch": True, "predict_log": True}, ("predict_slots", "prefetch_issued")
-    ),
+PREDICT = {"predict_prefetch": True, "predict_log": True}
+POLICIES = {  # a drop of 0.75 is a real threshold at top-2 (1.0 drops every cold non-top slot)
+    "predict+drop": Policies({**PREDICT, "drop_cold": 0.75}, ("predict_slots", "prefetch_issued")),
     "route-ahead+drop": Policies({"route_ahead": 1, "drop_cold": 1.0}, ("route_ahead_committed", "dropped")),
     "substitute+prefetch": Policies({"substitute": 10.0, "prefetch": 1}, ("substituted",), half=True),
 }
@@ -100,7 +99,8 @@ def test_the_reference_routing_policies_decide_as_the_fast_path(
 def test_the_prediction_only_reads_ahead_in_reference_mode(tiny_model_path: TinyModel) -> None:
     """G5, G9, G10 in reference mode: the output equals the run without prediction."""
     path = tiny_model_path("qwen3moe")
-    predicted = run(path, "reference", **POLICIES["predict"].settings)
+    predicted = run(path, "reference", **PREDICT)
+    assert predicted[2].predict_slots > 0 and predicted[2].prefetch_issued > 0
     assert same_output(predicted, run(path, "fast"))
 
 
