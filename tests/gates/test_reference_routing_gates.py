@@ -23,6 +23,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from gguf import GGUFReader
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.generation import GenerateRequest
@@ -55,16 +56,34 @@ POLICIES = {  # a drop of 0.75 is a real threshold at top-2 (1.0 drops every col
 Run = tuple[list[int], np.ndarray, StreamCounters, list[Entry]]
 
 
-def run(path: Path, policy: str, *, half: bool = False, **routing: object) -> Run:
+def negated_router(path: Path, layer: int) -> np.ndarray:
+    """``layer``'s router rows, negated: its top-k is the graph's bottom-k (F32 fixtures)."""
+    (tensor,) = [t for t in GGUFReader(path).tensors if t.name == f"blk.{layer}.ffn_gate_inp.weight"]
+    return np.ascontiguousarray(-np.asarray(tensor.data, dtype=np.float32))
+
+
+def run(
+    path: Path,
+    policy: str,
+    *,
+    half: bool = False,
+    swap_router: int | None = None,
+    requests: tuple[GenerateRequest, ...] = (WARM_UP, REQUEST),
+    **routing: object,
+) -> Run:
+    """The requests (two by default) through a small cache; ``swap_router``: the routing
+    policies evaluate that layer's router negated (what the graph computes is not what they
+    read)."""
     stream = StreamConfig(enabled=True, cache_mb=None, policy=policy, **routing)  # type: ignore[arg-type]
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
         assert s.streaming is not None
+        if swap_router is not None:
+            rows = negated_router(path, swap_router)  # alive until the session closes
+            s.streaming.streaming.streamer.set_gate(swap_router, rows.ctypes.data)
         m = s.model
         entries = m.n_layer * m.n_expert // 2 if half else m.n_expert_used + EXTRA_ENTRIES
         s.streaming.set_budget(entries * s.streaming.info.entry_bytes)
-        first = s.generate(WARM_UP)
-        second = s.generate(REQUEST)
-        tokens = [*first.tokens, *second.tokens]
+        tokens = [t for request in requests for t in s.generate(request).tokens]
         return tokens, s.last_logits(), s.streaming.counters(), s.streaming.resident_entries()
 
 
@@ -113,6 +132,23 @@ def test_route_ahead_2_in_reference_mode_decides_as_the_fast_path_and_is_determi
     same_decisions(run(path, "fast", route_ahead=2), ref)
     assert ref[2].route_ahead_committed > 0 and ref[2].route_ahead_passed > 0
     assert same_output(ref, run(path, "reference", route_ahead=2))
+
+
+def test_a_watchdog_trip_disarms_both_paths_at_the_same_layer_call(tiny_model_path: TinyModel) -> None:
+    """Layer 2's router, as the policies read it, ranks the graph's bottom experts first. The
+    first routed call is the prompt's last layer (its only token with logits): checked, and
+    its router is right. The next check is token 17's: layers 0 and 1 pass it, layer 2 trips
+    before committing (its ranking came from the wrong router); everything after passes
+    through, in both paths alike."""
+    path = tiny_model_path("qwen3moe")
+    requests = (GenerateRequest("Hello, world", n_predict=20),)
+    fast = run(path, "fast", swap_router=2, requests=requests, route_ahead=1)
+    ref = run(path, "reference", swap_router=2, requests=requests, route_ahead=1)
+    same_decisions(fast, ref)
+    c = ref[2]
+    assert (c.watchdog_checks, c.watchdog_trips) == (4, 1)
+    assert c.route_ahead_committed == 15 * 3 + 1  # tokens 2-16 at layers 1-3, token 17 at layer 1
+    assert c.route_ahead_passed > 0
 
 
 def test_a_full_strength_drop_in_reference_mode_reads_less_and_keeps_the_top_expert(
