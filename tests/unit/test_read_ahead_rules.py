@@ -27,7 +27,8 @@ def on(**kw: object) -> StreamConfig:
         ({"drop_cold": 1.5}, r"must be in \[0, 1\]"),
         ({"substitute": -0.1}, "--expert-substitute must be >= 0"),
         ({"predict_prefetch": True, "predict_spec_max": 0}, "--predict-spec-max must be >= 1"),
-        ({"route_ahead": 1, "policy": "reference"}, "reference runs the cache and --prefetch only"),
+        ({"route_trace": "r.csv", "policy": "reference"}, "reference does not write traces"),
+        ({"io_trace": "io.csv", "policy": "reference"}, "reference does not write traces"),
     ],
 )
 def test_refused_combinations(settings: dict[str, object], message: str) -> None:
@@ -49,6 +50,9 @@ def test_routing_flags_need_streaming() -> None:
         {"prefetch": 1, "substitute": 0.05},
         {"prefetch": 1, "predict_log": True},
         {"prefetch": 2, "policy": "reference"},
+        {"route_ahead": 1, "drop_cold": 0.75, "policy": "reference"},
+        {"predict_prefetch": True, "predict_log": True, "policy": "reference"},
+        {"prefetch": 1, "substitute": 0.05, "policy": "reference"},
     ],
 )
 def test_allowed_combinations(settings: dict[str, object]) -> None:

@@ -385,6 +385,11 @@ cdef struct stream_t:
     int * fault_flag               # polled by the abort callback
     # reference mode
     PyObject * hook                # callable(layer, ids) -> bool; owned by ExpertStreamer
+    int ref_routing                # the hook runs the decode routing policies: a decode
+                                   # token's call exposes its router (the ``call_*`` methods)
+    ggml_tensor * ref_t            # the topk node of that call (NULL outside it)
+    int ref_layer                  # ... and its layer
+    float * ref_probs              # its router probabilities (NULL where not found)
     # capture
     capture_t * captured
     int n_captured
@@ -1195,6 +1200,23 @@ cdef void drop_weights(routing_t * r, float * probs, int k) noexcept nogil:
             probs[r.ids[i]] = <float> (probs[r.ids[i]] * scale)
 
 
+cdef float * locate_router(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    """A decode token's layer call: point ``r.x`` at the router's input (NULL when it cannot
+    be read as F32 ``[n_embd]``) and return the router's probabilities (F32 ``[n_expert]``),
+    or NULL."""
+    cdef ggml_tensor * pn = NULL
+    cdef ggml_tensor * xn = NULL
+    s.r.x = NULL
+    find_router(t, layer, &pn, &xn)
+    if (xn != NULL and xn.type == GGML_TYPE_F32 and xn.ne[0] == s.r.n_embd and xn.nb[0] == 4
+            and xn.data != NULL):
+        s.r.x = <const float *> xn.data
+    if (pn != NULL and pn.type == GGML_TYPE_F32 and pn.ne[0] == s.core.n_expert and pn.nb[0] == 4
+            and pn.data != NULL):
+        return <float *> pn.data
+    return NULL
+
+
 cdef int route_decode(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     """A decode token's layer, before its load: count the prediction's agreement, commit
     route-ahead's ranking, substitute, drop. Returns the number of dropped slots (marked in
@@ -1204,8 +1226,6 @@ cdef int route_decode(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     cdef int k = <int> t.ne[0]
     cdef int n = s.core.n_expert
     cdef char * base = <char *> t.data
-    cdef ggml_tensor * pn = NULL
-    cdef ggml_tensor * xn = NULL
     cdef float * probs = NULL
     cdef int32_t * committed
     if layer <= r.last_layer:
@@ -1219,12 +1239,7 @@ cdef int route_decode(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
         r.ids[i] = (<int32_t *> (base + i * t.nb[0]))[0]
         if r.ids[i] < 0 or r.ids[i] >= n:
             return 0  # the load reports the graph fault
-    find_router(t, layer, &pn, &xn)
-    if (xn != NULL and xn.type == GGML_TYPE_F32 and xn.ne[0] == r.n_embd and xn.nb[0] == 4
-            and xn.data != NULL):
-        r.x = <const float *> xn.data
-    if pn != NULL and pn.type == GGML_TYPE_F32 and pn.ne[0] == n and pn.nb[0] == 4 and pn.data != NULL:
-        probs = <float *> pn.data
+    probs = locate_router(s, t, layer)
     r.decode_slots += k
     if k != r.k:  # a top-k the rankings were not made for
         r.x = NULL
@@ -1459,6 +1474,10 @@ cdef void reference(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     if t.type != GGML_TYPE_I32:
         graph_fault(s, layer, GRAPH_IDS_TYPE)
         return
+    if s.ref_routing and s.r.ready and t.ne[1] == 1:  # the hook may read and rewrite the routing
+        s.ref_probs = locate_router(s, t, layer)
+        s.ref_t = t
+        s.ref_layer = layer
     with gil:
         try:
             ids = [
@@ -1469,6 +1488,9 @@ cdef void reference(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
             ok = True if (<object> s.hook)(layer, ids, t.ne[1]) else False
         except BaseException:
             ok = False
+    s.ref_t = NULL
+    s.ref_probs = NULL
+    s.r.x = NULL
     if not ok:
         hook_fault(s, layer)
 
@@ -1937,6 +1959,103 @@ cdef class ExpertStreamer:
         every routed expert is in memory; False (or an exception) faults the streamer."""
         self._hook = hook
         self.s.hook = <PyObject *> hook
+
+    # -- the decode routing of the reference hook (mechanism only: the decisions are
+    # ``bmoe.domain.streaming.decode_routing``'s) -----------------------------------------
+
+    @property
+    def reference_routing(self) -> bool:
+        return self.s.ref_routing != 0
+
+    @reference_routing.setter
+    def reference_routing(self, bint on):
+        """In ``MODE_REFERENCE``, expose each decode token's router to the hook (the
+        ``call_*`` methods, valid only while the hook runs). Needs ``set_router``."""
+        if on and not self.s.r.ready:
+            raise ValueError("set_router first")
+        self.s.ref_routing = 1 if on else 0
+
+    @property
+    def router_k(self) -> int:
+        """The experts per token given to ``set_router`` (0 before)."""
+        return self.s.r.k if self.s.r.ready else 0
+
+    @property
+    def gating(self) -> int:
+        """The gating function given to ``set_router`` (0 before)."""
+        return self.s.r.gating if self.s.r.ready else 0
+
+    def gate_layers(self):
+        """The layers whose router was given (``set_gate``)."""
+        return [i for i in range(self.s.core.n_layer) if self.s.r.gate_w[i] != NULL]
+
+    cdef int _call_k(self) except -1:
+        if self.s.ref_t == NULL:
+            raise ValueError("only inside the reference hook of a decode token's layer call")
+        return <int> self.s.ref_t.ne[0]
+
+    def call_probs(self):
+        """The router's probabilities of the layer call being served, or None."""
+        cdef int e
+        self._call_k()
+        if self.s.ref_probs == NULL:
+            return None
+        return [self.s.ref_probs[e] for e in range(self.s.core.n_expert)]
+
+    def call_has_input(self) -> bool:
+        """Whether the router's input of the layer call being served could be read."""
+        self._call_k()
+        return self.s.r.x != NULL
+
+    def call_router(self, int layer):
+        """Evaluate ``layer``'s router on the input of the layer call being served, with the
+        fast path's kernel (``router_scores``): ``(selection, values)``, the scores top-k
+        ranks and the values the weights are made of (the logits for the softmax gatings,
+        else the gated probabilities, as ``make_ranking`` takes them)."""
+        cdef routing_t * r = &self.s.r
+        cdef int e, n = self.s.core.n_expert
+        self._call_k()
+        if r.x == NULL:
+            raise ValueError("the router input of this layer call cannot be read")
+        if not 0 <= layer < self.s.core.n_layer or r.gate_w[layer] == NULL:
+            raise ValueError(f"no router known for layer {layer}")
+        router_scores(self.s, layer, r.x)
+        selection = [r.sel[e] for e in range(n)]
+        if r.gating == 1 or r.gating == 3:
+            values = [r.logits[e] for e in range(n)]
+        else:
+            values = [<float> gate_value(r.gating, r.logits[e]) for e in range(n)]
+        return selection, values
+
+    def call_write_ids(self, ids):
+        """Rewrite the selection of the layer call being served (before the graph uses it)."""
+        cdef int i, k = self._call_k()
+        cdef routing_t * r = &self.s.r
+        if len(ids) != k or any(not 0 <= e < self.s.core.n_expert for e in ids):
+            raise ValueError(f"need {k} expert ids in range")
+        for i in range(k):
+            r.ids[i] = ids[i]
+        write_ids(self.s.ref_t, r.ids, k)
+
+    def call_drop(self, dropped):
+        """Drop slots of the layer call being served, as the fast path does: their weights
+        zeroed in the router's probabilities and the survivors renormalised
+        (``drop_weights``), their missing pages mapped to the zero page."""
+        cdef int i, k = self._call_k()
+        cdef routing_t * r = &self.s.r
+        cdef char * base = <char *> self.s.ref_t.data
+        if len(dropped) != k:
+            raise ValueError(f"need {k} slots")
+        if self.s.ref_probs == NULL:
+            raise ValueError("the router's probabilities of this layer call cannot be read")
+        for i in range(k):
+            r.ids[i] = (<int32_t *> (base + i * self.s.ref_t.nb[0]))[0]
+            r.dropped[i] = 1 if dropped[i] else 0
+        drop_weights(r, self.s.ref_probs, k)
+        for i in range(k):
+            if r.dropped[i]:
+                map_zero_pages(self.s, self.s.ref_layer, r.ids[i])
+            r.dropped[i] = 0
 
     def captured(self):
         """``{tensor name: address}`` of every weight seen in capture mode."""

@@ -66,8 +66,8 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         "--stream-policy",
         choices=STREAM_POLICIES,
         default="fast",
-        help="fast (default: the C engine) or reference (the Python policy through the expert-source "
-        "port; slow, identical output, for checking the fast path)",
+        help="fast (default: the C engine) or reference (the Python policies, the routing ones included, "
+        "through the expert-source port; slow, identical output, for checking the fast path; no traces)",
     )
     m.add_argument(
         "--prefetch",

@@ -4,7 +4,9 @@ Wires what ``ExpertStreaming.attach`` set up to one of the two ways of serving a
 
 - ``fast``: the C callback plans with its cache core and reads on its lanes;
 - ``reference``: the C callback hands each layer's ids to ``PolicyStreaming`` (the domain
-  policy), whose plan is executed through ``LaneExpertSource`` (the expert-source port).
+  policy), whose plan is executed through ``LaneExpertSource`` (the expert-source port);
+  with decode routing policies, a decode token's layer call also hands over its router
+  (``StreamerRouterView``), and ``DecodeRouting`` decides what the fast path's C code does.
 
 Both give bit-identical output and equal counters (the gates run both). ``lock`` is held
 around every ``llama_decode`` (the context takes it), so ``set_budget`` and ``close`` from
@@ -19,11 +21,25 @@ from pathlib import Path
 
 from bmoe.adapters.expert_source import LaneExpertSource
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingInfo
+from bmoe.adapters.router_view import StreamerRouterView
 from bmoe.adapters.stream_trace import TraceFiles
 from bmoe.cext import expert_stream
 from bmoe.domain.streaming import Entry, StreamConfig, StreamCounters, StreamFault
+from bmoe.domain.streaming.decode_routing import Routers, RoutingSettings
 from bmoe.errors import StreamingFaultError
 from bmoe.service.expert_streaming import PolicyStreaming
+
+
+def routing_settings(config: StreamConfig) -> RoutingSettings:
+    """The decode routing flags of a streaming configuration."""
+    return RoutingSettings(
+        predict_log=config.predict_log,
+        predict_prefetch=config.predict_prefetch,
+        spec_max=config.predict_spec_max,
+        route_ahead=config.route_ahead,
+        drop_cold=config.drop_cold,
+        substitute=config.substitute,
+    )
 
 
 class StreamingControl:
@@ -33,6 +49,7 @@ class StreamingControl:
         self.lock = threading.Lock()
         self._closed = False
         self._reference: PolicyStreaming | None = None
+        self._router_view: StreamerRouterView | None = None
         self._traces: TraceFiles | None = None
         self._turn = 0
         streamer = streaming.streamer
@@ -40,8 +57,18 @@ class StreamingControl:
             self._source = LaneExpertSource(
                 streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
             )
+            routers = None
+            if config.routing_policies:
+                routers = Routers(streamer.router_k, streamer.gating, frozenset(streamer.gate_layers()))
+                streamer.reference_routing = True
+                self._router_view = StreamerRouterView(streamer)
             self._reference = PolicyStreaming(
-                self._source, self.info.budget.bytes, config.prefetch, config.prefill_ahead
+                self._source,
+                self.info.budget.bytes,
+                config.prefetch,
+                config.prefill_ahead,
+                routing=routing_settings(config),
+                routers=routers,
             )
             streamer.set_reference_hook(self._serve)
             streamer.mode = expert_stream.MODE_REFERENCE
@@ -70,7 +97,7 @@ class StreamingControl:
         """The C callback's reference hook: True once every routed expert is in memory."""
         assert self._reference is not None
         try:
-            self._reference.route(layer, ids, n_tokens)
+            self._reference.route(layer, ids, n_tokens, self._router_view if n_tokens == 1 else None)
         except StreamingFaultError:
             return False
         return True

@@ -9,6 +9,12 @@ the reference mode (``--stream-policy reference``) of the real engine (the C eva
 hands each layer's ids here), and the seam every read-ahead policy is tested on with the
 fake source.
 
+With decode routing policies (``routing``: the stale-gate prediction, route-ahead, dropping,
+substitution), a decode token's layer call also comes with its router (``IRouterView``):
+``DecodeRouting`` decides before the request (the view then rewrites the ids and zeroes the
+dropped slots' weights; dropped slots are not requested) and, after the load and the
+previous-token reads ahead, plans the rankings' reads ahead, which the source issues.
+
 Faults are sticky: after the first one (a failed read, or a routing the policy cannot
 serve), ``fault()`` names it and every later ``route`` raises it without touching memory.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from bmoe.domain.streaming import (
     Entry,
@@ -26,38 +33,79 @@ from bmoe.domain.streaming import (
     StreamCounters,
     StreamFault,
 )
+from bmoe.domain.streaming.cache_policy import PrefetchPlan
+from bmoe.domain.streaming.decode_routing import (
+    DecodeRouting,
+    Routers,
+    RouterScores,
+    RoutingSettings,
+    Scorer,
+)
 from bmoe.domain.streaming.prefetch import PreviousTokenPrefetch, next_moe_layer, prefill_reads_ahead
 from bmoe.ports.expert_source import IExpertSource
+from bmoe.ports.router_view import IRouterView
 
 
 class PolicyStreaming:
     """Owns the policy; borrows the source (the caller closes it)."""
 
     def __init__(
-        self, source: IExpertSource, budget_bytes: int, prefetch_depth: int = 0, prefill_ahead: bool = False
+        self,
+        source: IExpertSource,
+        budget_bytes: int,
+        prefetch_depth: int = 0,
+        prefill_ahead: bool = False,
+        *,
+        routing: RoutingSettings | None = None,
+        routers: Routers | None = None,
     ) -> None:
+        """``routing`` (with the ``routers`` it evaluates): the decode routing policies;
+        None, or settings that are all off, for none."""
         self.source = source
         sizes = [source.entry_bytes(layer) for layer in range(source.n_layer)]
         self.policy = ExpertCachePolicy(budget_bytes, sizes, source.n_expert)
         self.prefetcher = PreviousTokenPrefetch(prefetch_depth, sizes)
         self.prefill_ahead = prefill_ahead
+        self.routing: DecodeRouting | None = None
+        if routing is not None and routing.active:
+            if routers is None:
+                raise ValueError("the decode routing policies need the routers")
+            self.routing = DecodeRouting(routing, routers, self.policy)
+        self._routers_known = routers is not None
         self._graph_fault: GraphFault | None = None
         self.stall_s = 0.0
         self.mgmt_s = 0.0
+        self.rank_s = 0.0
+        self.issue_s = 0.0
 
     def fault(self) -> StreamFault | None:
         """The first fault, the source's or the routing's (sticky)."""
         return self._graph_fault or self.source.fault()
 
-    def route(self, layer: int, experts: Iterable[int], n_tokens: int = 1) -> LayerPlan:
+    def route(
+        self, layer: int, experts: Iterable[int], n_tokens: int = 1, router: IRouterView | None = None
+    ) -> LayerPlan:
         """Serve one MoE layer call of ``n_tokens`` tokens: on return, every expert it routes
         to is in memory (and, in decode, the next layers' reads ahead are issued). Raises
-        ``StreamingFaultError`` (sticky) instead of returning with one absent."""
+        ``StreamingFaultError`` (sticky) instead of returning with one absent. ``router``: a
+        decode call's router, for the decode routing policies (without it they skip the
+        call)."""
         t0 = time.perf_counter()
+        rank0 = self.rank_s
         fault = self.fault()
         if fault is not None:
             raise fault.error()
         ids = list(experts)
+        routed = self.routing is not None and n_tokens == 1 and router is not None
+        if routed:
+            assert self.routing is not None and router is not None
+            scorer = self._timed(router) if router.has_input() else None
+            decided = self.routing.route(layer, ids, router.probs(), scorer)
+            if decided.rewritten:
+                router.write_ids(decided.ids)
+            if any(decided.dropped):
+                router.drop(decided.dropped)
+            ids = decided.served
         try:
             plan = self.policy.request(layer, ids, n_tokens)
         except ValueError as exc:
@@ -81,10 +129,33 @@ class PolicyStreaming:
                     raise self._graph_fault.error() from exc
                 self.source.release(early.evictions)
                 self.source.issue(early.issued)
+            if routed:
+                assert self.routing is not None
+                t1 = time.perf_counter()
+                ranked0 = self.rank_s
+                self._issue(self.routing.reads_ahead(layer))
+                self.issue_s += time.perf_counter() - t1 - (self.rank_s - ranked0)
         finally:
             self.stall_s += wait
-            self.mgmt_s += time.perf_counter() - t0 - wait
+            self.mgmt_s += time.perf_counter() - t0 - wait - (self.rank_s - rank0)
         return plan
+
+    def _timed(self, router: IRouterView) -> Scorer:
+        """``router.scores``, its time counted as ranking."""
+
+        def scores(layer: int) -> RouterScores:
+            t0 = time.perf_counter()
+            try:
+                return router.scores(layer)
+            finally:
+                self.rank_s += time.perf_counter() - t0
+
+        return scores
+
+    def _issue(self, plans: list[PrefetchPlan]) -> None:
+        for early in plans:
+            self.source.release(early.evictions)
+            self.source.issue(early.issued)
 
     def set_budget(self, budget_bytes: int) -> tuple[Entry, ...]:
         """Change the budget between decodes; evicts in eviction order down to it."""
@@ -117,4 +188,27 @@ class PolicyStreaming:
             prefetch_issued=c.prefetch_issued,
             prefetch_hits=c.prefetch_hits,
             prefetch_wasted=c.prefetch_wasted,
+            rank_s=self.rank_s,
+            issue_s=self.issue_s,
+            **self._routing_counters(),
         )
+
+    def _routing_counters(self) -> dict[str, Any]:
+        """The decode routing fields of ``StreamCounters``, as the fast path fills them
+        (per-layer prediction counts whenever the routers are known)."""
+        n_layer = len(self.policy.entry_bytes)
+        if self.routing is None:
+            return {"predict_layers": ((0, 0),) * n_layer if self._routers_known else ()}
+        r = self.routing.counters
+        return {
+            "decode_slots": r.decode_slots,
+            "predict_layers": self.routing.predict_layers(n_layer),
+            "route_ahead_committed": r.route_ahead_committed,
+            "route_ahead_passed": r.route_ahead_passed,
+            "route_ahead_slots": r.route_ahead_slots,
+            "route_ahead_agree": r.route_ahead_agree,
+            "dropped": r.dropped,
+            "substituted": r.substituted,
+            "watchdog_checks": r.watchdog_checks,
+            "watchdog_trips": r.watchdog_trips,
+        }

@@ -20,9 +20,10 @@ class StreamConfig:
     - ``io_threads``: read lanes. ``odirect``: read with ``O_DIRECT`` (falls back to buffered
       reads, and says so, where the filesystem refuses it).
     - ``policy``: ``"fast"`` (the C engine decides and reads inside llama.cpp's eval callback)
-      or ``"reference"`` (each MoE layer's routing goes to the Python policy,
-      ``ExpertCachePolicy``, and its plan is executed through the expert-source port: slow,
-      for checking that the C engine follows the policy; the output is identical).
+      or ``"reference"`` (each MoE layer's routing goes to the Python policies,
+      ``ExpertCachePolicy`` and the decode routing ones, ``DecodeRouting``, and their plans
+      are executed through the expert-source port: slow, for checking that the C engine
+      follows the policies; the output is identical; no traces).
     - ``prefetch``: in decode, after each MoE layer, read ahead the next ``prefetch`` MoE
       layers' experts as the previous token routed them, on the lanes while llama.cpp
       computes; they enter the cache at its cold end (lossless; needs the cache).
@@ -134,13 +135,8 @@ def check_read_ahead(config: StreamConfig) -> None:
                 "(a prefetcher would read it twice; the prediction log would grade the predictor "
                 "against itself)"
             )
-    if config.policy == "reference":
-        unsupported = [f for f in flags if f != "--prefetch"]
-        unsupported += traces
-        if unsupported:
-            raise ConfigError(
-                f"--stream-policy reference runs the cache and --prefetch only, not {', '.join(unsupported)}"
-            )
+    if config.policy == "reference" and traces:
+        raise ConfigError(f"--stream-policy reference does not write traces ({', '.join(traces)})")
 
 
 @attrs.frozen

@@ -37,6 +37,14 @@ def slot_agreement(predicted: Sequence[int], actual: Sequence[int]) -> int:
     return sum(1 for e in set(actual) if e in named)
 
 
+def _sum_in_order(values: Sequence[float]) -> float:
+    """Left to right in double precision, as the C loops add (``sum`` may compensate)."""
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
 def routing_weights(values: Sequence[float], *, from_logits: bool) -> list[float]:
     """The selected experts' weights, summing to 1.
 
@@ -49,9 +57,9 @@ def routing_weights(values: Sequence[float], *, from_logits: bool) -> list[float
     if from_logits:
         top = max(values)
         exps = [math.exp(v - top) for v in values]
-        total = sum(exps)
+        total = _sum_in_order(exps)
         return [x / total for x in exps]
-    total = sum(values)
+    total = _sum_in_order(values)
     if total <= 0.0:
         return [1.0 / len(values)] * len(values)
     return [v / total for v in values]
