@@ -223,6 +223,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     progress = make_progress(fed * len(schedule))
     runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in configs}
     t0 = time.perf_counter()
+    probes = 0
     try:
         for round_no, config in schedule:
             spec = {
@@ -241,8 +242,9 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             }
             probe = None
             if config.kind == "stream" and args.probe_mib > 0:
+                probes += 1  # a new seed each time: a block read again may come from the host's cache
                 probe = measure_random_reads(
-                    model, args.probe_mib * MIB, n_lanes=args.io_threads, seed=len(runs[config.key])
+                    model, args.probe_mib * MIB, n_lanes=args.io_threads, seed=probes
                 )
             progress.begin(f"round {round_no + 1}/{args.rounds}: {config.label}", fed)
             r = run_configuration(
