@@ -1992,6 +1992,8 @@ cdef class ExpertStreamer:
     cdef int _call_k(self) except -1:
         if self.s.ref_t == NULL:
             raise ValueError("only inside the reference hook of a decode token's layer call")
+        if not 0 < self.s.ref_t.ne[0] <= self.s.core.n_expert:  # the scratch holds n_expert slots
+            raise ValueError(f"a top-{self.s.ref_t.ne[0]} of {self.s.core.n_expert} experts")
         return <int> self.s.ref_t.ne[0]
 
     def call_probs(self):
