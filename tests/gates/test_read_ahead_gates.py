@@ -38,18 +38,26 @@ Run = tuple[list[int], np.ndarray, StreamCounters]
 
 
 def run(
-    path: Path, *, half: bool = False, lane_delay_us: int = 0, orphan_reads: bool = True, **routing: object
+    path: Path,
+    *,
+    half: bool = False,
+    lane_delay_us: int = 0,
+    orphan_reads: bool = True,
+    rank_worker: bool = True,
+    **routing: object,
 ) -> Run:
     """A streamed run whose cache holds one layer's top-k and two entries more (``half``:
     half of all experts, so that a layer finds some of its own experts cached).
     ``lane_delay_us``: the worker lanes read slowly (reads ahead still run when a later plan
     evicts them); ``orphan_reads``: such a victim is left to its lane (the default) or
-    waited for."""
+    waited for; ``rank_worker``: the rankings are made on the worker thread (the default)
+    or on the eval thread."""
     stream = StreamConfig(enabled=True, cache_mb=None, **routing)  # type: ignore[arg-type]
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
         assert s.streaming is not None
         streamer = s.streaming.streaming.streamer
         streamer.lane_delay_us, streamer.orphan_reads = lane_delay_us, orphan_reads
+        streamer.rank_worker = rank_worker
         m = s.model
         entries = m.n_layer * m.n_expert // 2 if half else m.n_expert_used + EXTRA_ENTRIES
         s.streaming.set_budget(entries * s.streaming.info.entry_bytes)
@@ -112,6 +120,19 @@ def test_a_slow_disk_leaves_evicted_reads_to_their_lanes(tiny_model_path: TinyMo
     assert orphaned.reads_orphaned > 0 and orphaned.orphans_cut > 0
     waited = run(path, predict_prefetch=True, lane_delay_us=10_000, orphan_reads=False)[2]
     assert waited.evict_waits > 0
+
+
+@pytest.mark.parametrize("routing", [{"route_ahead": 1}, {"predict_prefetch": True}], ids=str)
+def test_rankings_on_the_worker_or_the_eval_thread_decide_alike(
+    fixture: tuple[Path, Run], routing: dict[str, object]
+) -> None:
+    """The worker ranks while the eval thread serves the layer's load; the reads are issued
+    after both, at the same point as without the worker: the same output and decisions."""
+    path, _ = fixture
+    on, off = run(path, **routing), run(path, rank_worker=False, **routing)
+    assert same_output(on, off) and on[2].decisions() == off[2].decisions()
+    assert on[2].rank_worker and not off[2].rank_worker
+    assert on[2].rank_s > 0 and on[2].rank_wait_s > 0 and off[2].rank_wait_s == 0
 
 
 def test_route_ahead_commits_deterministically(fixture: tuple[Path, Run]) -> None:

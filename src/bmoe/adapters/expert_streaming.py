@@ -247,6 +247,7 @@ class ExpertStreaming:
         recycling_off = _recycling_off(len(found) * model.n_expert)
         streamer.recycle = not recycling_off and os.environ.get("BMOE_PAGE_RECYCLE", "1") != "0"
         streamer.orphan_reads = os.environ.get("BMOE_ORPHAN_READS", "1") != "0"
+        streamer.rank_worker = os.environ.get("BMOE_RANK_WORKER", "1") != "0"
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
         for layer, _, loc in found:
@@ -305,6 +306,8 @@ class ExpertStreaming:
             substituted=r["substituted"],
             rank_s=r["rank_s"],
             issue_s=r["issue_s"],
+            rank_wait_s=r["rank_wait_s"],
+            rank_worker=r["rank_worker"],
             watchdog_checks=r["watchdog_checks"],
             watchdog_trips=r["watchdog_trips"],
             requests=s["requests"],

@@ -322,8 +322,21 @@ cdef struct routing_t:
     int trip_layer
     int trip_agree
     int64_t trip_token
-    double rank_s                  # ranking: GEMV + top-k (eval thread)
+    double rank_s                  # ranking: GEMV + top-k (eval thread, or the worker)
     double issue_s                 # issuing the reads of a ranking
+    # the ranking worker: a layer's rankings are made on it while the eval thread serves
+    # the layer's own load; the eval thread waits for them before it issues their reads
+    # (the same point as without it: the decisions do not depend on timing)
+    int use_worker                 # 1 (default): rank on the worker when it runs
+    int w_started
+    int w_stop
+    int w_pending                  # rankings asked and not yet made
+    int w_n
+    int w_targets[2]
+    pthread_t w_thread
+    pthread_mutex_t w_mu
+    pthread_cond_t w_cv
+    double rank_wait_s             # the eval thread's wait for the worker's rankings
 
 
 cdef struct stream_t:
@@ -1108,6 +1121,109 @@ cdef void make_ranking(stream_t * s, int target) noexcept nogil:
     r.ranked_token[target] = r.token
 
 
+cdef void * rank_worker_main(void * arg) noexcept nogil:
+    """Make the rankings the eval thread asks for (``w_targets``), on its layer's router
+    input ``r.x`` (valid until the eval thread, which waits for them, leaves the callback)."""
+    cdef stream_t * s = <stream_t *> arg
+    cdef routing_t * r = &s.r
+    cdef int j, n
+    cdef int targets[2]
+    cdef double t0
+    pthread_mutex_lock(&r.w_mu)
+    while True:
+        while not r.w_stop and r.w_pending == 0:
+            pthread_cond_wait(&r.w_cv, &r.w_mu)
+        if r.w_stop:
+            break
+        n = r.w_n
+        for j in range(n):
+            targets[j] = r.w_targets[j]
+        pthread_mutex_unlock(&r.w_mu)
+        t0 = now()
+        for j in range(n):
+            make_ranking(s, targets[j])
+        t0 = now() - t0
+        pthread_mutex_lock(&r.w_mu)
+        r.rank_s += t0
+        r.w_pending = 0
+        pthread_cond_broadcast(&r.w_cv)
+    pthread_mutex_unlock(&r.w_mu)
+    return NULL
+
+
+cdef int start_rank_worker(stream_t * s) noexcept nogil:
+    cdef routing_t * r = &s.r
+    if r.w_started:
+        return 0
+    pthread_mutex_init(&r.w_mu, NULL)
+    pthread_cond_init(&r.w_cv, NULL)
+    r.w_stop = 0
+    r.w_pending = 0
+    if pthread_create(&r.w_thread, NULL, rank_worker_main, <void *> s) != 0:
+        pthread_cond_destroy(&r.w_cv)
+        pthread_mutex_destroy(&r.w_mu)
+        return -1
+    r.w_started = 1
+    return 0
+
+
+cdef void stop_rank_worker(stream_t * s) noexcept nogil:
+    cdef routing_t * r = &s.r
+    if not r.w_started:
+        return
+    pthread_mutex_lock(&r.w_mu)
+    r.w_stop = 1
+    pthread_cond_broadcast(&r.w_cv)
+    pthread_mutex_unlock(&r.w_mu)
+    pthread_join(r.w_thread, NULL)
+    pthread_cond_destroy(&r.w_cv)
+    pthread_mutex_destroy(&r.w_mu)
+    r.w_started = 0
+
+
+cdef int rank_targets(stream_t * s, int layer, int * targets) noexcept nogil:
+    """The layers a decode layer's router input ranks: the next MoE layer (prediction) and
+    the one N MoE layers on (route-ahead)."""
+    cdef routing_t * r = &s.r
+    cdef int n = 0, target
+    if r.predict:
+        target = moe_layer_ahead(s, layer, 1)
+        if target >= 0:
+            targets[n] = target
+            n += 1
+    if r.route_ahead:
+        target = moe_layer_ahead(s, layer, r.route_ahead)
+        if target >= 0:
+            targets[n] = target
+            n += 1
+    return n
+
+
+cdef bint ask_rankings(stream_t * s, int layer) noexcept nogil:
+    """Hand this layer's rankings to the worker (before its load); False when it does not
+    run or there is nothing to rank (``rank_ahead`` then ranks on this thread)."""
+    cdef routing_t * r = &s.r
+    if not (r.w_started and r.use_worker) or r.x == NULL or r.disarmed:
+        return False
+    pthread_mutex_lock(&r.w_mu)
+    r.w_n = rank_targets(s, layer, r.w_targets)
+    r.w_pending = 1 if r.w_n > 0 else 0
+    if r.w_pending:
+        pthread_cond_signal(&r.w_cv)
+    pthread_mutex_unlock(&r.w_mu)
+    return r.w_n > 0
+
+
+cdef void await_rankings(stream_t * s) noexcept nogil:
+    cdef routing_t * r = &s.r
+    cdef double t0 = now()
+    pthread_mutex_lock(&r.w_mu)
+    while r.w_pending:
+        pthread_cond_wait(&r.w_cv, &r.w_mu)
+    pthread_mutex_unlock(&r.w_mu)
+    r.rank_wait_s += now() - t0
+
+
 cdef void find_router(ggml_tensor * t, int layer, ggml_tensor ** probs, ggml_tensor ** x) noexcept nogil:
     """From the topk node, walk back (a bounded search over sources) to the router's
     probabilities (``ffn_moe_probs-L``) and the router matmul's input."""
@@ -1323,34 +1439,39 @@ cdef void issue_ranking(stream_t * s, int target, bint committed) noexcept nogil
     issue_reads(s)
 
 
-cdef void rank_ahead(stream_t * s, int layer) noexcept nogil:
+cdef void rank_and_issue(stream_t * s, int target, bint issue, bint committed, bint made) noexcept nogil:
+    """Rank ``target`` on this layer's router input (unless the worker ``made`` it) and,
+    with ``issue``, read its experts ahead."""
+    cdef routing_t * r = &s.r
+    cdef double t0 = now()
+    if not made:
+        make_ranking(s, target)
+        r.rank_s += now() - t0
+    t0 = now()
+    if issue and s.core.budget_bytes > 0:
+        issue_ranking(s, target, committed)
+        r.issue_s += now() - t0
+
+
+cdef void rank_ahead(stream_t * s, int layer, bint asked) noexcept nogil:
     """After a decode layer's load: rank the layers ahead on its router input (the stale
-    gate for the next MoE layer; route-ahead's commitment N MoE layers on) and read ahead."""
+    gate for the next MoE layer; route-ahead's commitment N MoE layers on) and read ahead.
+    When the worker was ``asked`` for the rankings, wait for them first (whether it finished
+    during the load or not, the reads are issued here: the same decisions either way)."""
     cdef routing_t * r = &s.r
     cdef int target
-    cdef double t0, t1
+    if asked:
+        await_rankings(s)
     if r.x == NULL or r.disarmed:
         return
     if r.predict:
         target = moe_layer_ahead(s, layer, 1)
         if target >= 0:
-            t0 = now()
-            make_ranking(s, target)
-            t1 = now()
-            r.rank_s += t1 - t0
-            if r.predict & 2 and s.core.budget_bytes > 0:
-                issue_ranking(s, target, False)
-                r.issue_s += now() - t1
+            rank_and_issue(s, target, r.predict & 2, False, asked)
     if r.route_ahead:
         target = moe_layer_ahead(s, layer, r.route_ahead)
         if target >= 0:
-            t0 = now()
-            make_ranking(s, target)
-            t1 = now()
-            r.rank_s += t1 - t0
-            if s.core.budget_bytes > 0:
-                issue_ranking(s, target, True)
-                r.issue_s += now() - t1
+            rank_and_issue(s, target, True, True, asked)
 
 
 # -- traces ----------------------------------------------------------------------------------
@@ -1436,8 +1557,10 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     cdef double t0 = now()
     cdef double stall0 = s.stall_s
     cdef double rank0 = s.r.rank_s
+    cdef double wait0 = s.r.rank_wait_s
     cdef const uint8_t * skip = NULL
     cdef bint routed = t.ne[1] == 1 and t.type == GGML_TYPE_I32 and routing_on(s)
+    cdef bint asked = False
     if routed and route_decode(s, t, layer) > 0:
         skip = s.r.dropped
     if gather_ids(s, t, layer, skip) < 0:
@@ -1446,6 +1569,8 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     if n_loads < 0:
         graph_fault(s, layer, GRAPH_NO_EXPERTS)
         return
+    if routed:  # the worker ranks the layers ahead while this layer's load is served
+        asked = ask_rankings(s, layer)
     if s.tr.route_on:
         trace_route(s, t, layer, skip)
     if s.defer_release == 2:
@@ -1459,10 +1584,13 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
             if s.prefetch_k > 0:
                 prefetch_after(s, layer)
             if routed:
-                rank_ahead(s, layer)
+                rank_ahead(s, layer, asked)
         elif s.prefill_ahead and 2 * s.core.n_wanted >= s.core.n_expert:
             read_layer_ahead(s, layer)
-    s.mgmt_s += (now() - t0) - (s.stall_s - stall0) - (s.r.rank_s - rank0)
+    if asked and s.fault:
+        await_rankings(s)  # its input lives until this callback returns
+    s.mgmt_s += (now() - t0) - (s.stall_s - stall0) - (
+        (s.r.rank_wait_s - wait0) if asked else (s.r.rank_s - rank0))
 
 
 # -- the reference path ------------------------------------------------------------------
@@ -1637,6 +1765,7 @@ cdef class ExpertStreamer:
         s.r.sel_b = <const float **> calloc(n_layer, sizeof(float *))
         s.r.subst_l = -1.0
         s.defer_release = 1
+        s.r.use_worker = 1
         s.orphan_reads = 1
         s.r.spec_max = 2
         s.r.last_layer = 1 << 30
@@ -1689,6 +1818,7 @@ cdef class ExpertStreamer:
 
     cdef void _free_routing(self):
         cdef routing_t * r = &self.s.r
+        stop_rank_worker(self.s)
         r.ready = 0
         free(r.ranked)
         free(r.ranked_w)
@@ -1746,6 +1876,7 @@ cdef class ExpertStreamer:
         buffers now, not when the garbage collector runs. The cache's bookkeeping stays
         readable. Only between decodes. Idempotent."""
         self.s.mode = C_MODE_OFF
+        stop_rank_worker(self.s)
         self._release_files()
         self.s.hook = NULL
         self._hook = None
@@ -1873,6 +2004,20 @@ cdef class ExpertStreamer:
         self.s.r.route_ahead = route_ahead
         self.s.r.drop_f = drop_cold
         self.s.r.subst_l = -1.0 if substitute is None else substitute
+        if (predict or route_ahead) and self.s.r.use_worker:
+            if start_rank_worker(self.s) != 0:
+                self.s.r.use_worker = 0  # rank on the eval thread, as without a worker
+
+    @property
+    def rank_worker(self) -> bool:
+        """Whether the rankings are made on a worker thread while the eval thread serves the
+        layer's load (on by default; the decisions are the same either way). Set before
+        ``configure_routing``. For A/B measurements."""
+        return self.s.r.use_worker != 0
+
+    @rank_worker.setter
+    def rank_worker(self, bint on):
+        self.s.r.use_worker = 1 if on else 0
 
     def routing_stats(self):
         """The routing policies' counters (cumulative)."""
@@ -1894,6 +2039,8 @@ cdef class ExpertStreamer:
             "disarmed": r.disarmed != 0,
             "rank_s": r.rank_s,
             "issue_s": r.issue_s,
+            "rank_wait_s": r.rank_wait_s,
+            "rank_worker": r.w_started != 0 and r.use_worker != 0,
         }
 
     # -- traces (--route-trace, --io-trace) ----------------------------------------------

@@ -103,8 +103,11 @@ def routing_lines(report: StreamReport) -> list[str]:
     d = report.decode
     lines = []
     steps = max(1, report.decode_steps)
+    where = (
+        f" on the worker (the eval thread waited {1e3 * d.rank_wait_s / steps:.2f})" if d.rank_worker else ""
+    )
     cost = (
-        f"ranking {1e3 * d.rank_s / steps:.2f} ms/token, "
+        f"ranking {1e3 * d.rank_s / steps:.2f} ms/token{where}, "
         f"issuing reads {1e3 * d.issue_s / steps:.2f} ms/token"
     )
     if d.predict_slots:

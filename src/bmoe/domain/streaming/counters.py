@@ -15,7 +15,7 @@ def _layer_delta(
     return tuple((a0 - b0, a1 - b1) for (a0, a1), (b0, b1) in zip(after, before, strict=True))
 
 
-_SIZES = ("resident_bytes", "budget_bytes")  # states, not counts: a difference keeps the later one
+_SIZES = ("resident_bytes", "budget_bytes", "rank_worker")  # states: a difference keeps the later one
 _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages went back
     "io_s": 0.0,
     "mgmt_s": 0.0,
@@ -30,6 +30,8 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "reads_orphaned": 0,
     "orphans_cut": 0,
     "rank_s": 0.0,
+    "rank_wait_s": 0.0,
+    "rank_worker": False,
     "issue_s": 0.0,
     "stall_layers": (),
 }
@@ -72,7 +74,9 @@ class StreamCounters:
     route_ahead_agree: int = 0
     dropped: int = 0
     substituted: int = 0
-    rank_s: float = 0.0  # ranking on the eval thread (router GEMV + top-k)
+    rank_s: float = 0.0  # ranking (router GEMV + top-k), on the worker or the eval thread
+    rank_wait_s: float = 0.0  # the eval thread's wait for the worker's rankings
+    rank_worker: bool = False  # the rankings were made on the worker thread
     issue_s: float = 0.0  # issuing a ranking's reads ahead
     watchdog_checks: int = 0
     watchdog_trips: int = 0
