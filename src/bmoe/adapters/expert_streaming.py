@@ -34,6 +34,7 @@ from bmoe.cext import expert_stream
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
 from bmoe.domain.streaming import Budget, ReadFault, StreamConfig, StreamCounters, StreamFault, resolve_budget
 from bmoe.domain.streaming.page_recycling import recycling_fits, worst_case_mappings
+from bmoe.domain.streaming.rank_worker import rank_on_worker
 
 PAGE = 4096
 
@@ -247,7 +248,9 @@ class ExpertStreaming:
         recycling_off = _recycling_off(len(found) * model.n_expert)
         streamer.recycle = not recycling_off and os.environ.get("BMOE_PAGE_RECYCLE", "1") != "0"
         streamer.orphan_reads = os.environ.get("BMOE_ORPHAN_READS", "1") != "0"
-        streamer.rank_worker = os.environ.get("BMOE_RANK_WORKER", "1") != "0"
+        streamer.rank_worker = rank_on_worker(
+            os.environ.get("BMOE_RANK_WORKER"), len(os.sched_getaffinity(0)), ctx.params.n_threads
+        )
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
         for layer, _, loc in found:

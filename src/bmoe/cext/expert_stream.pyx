@@ -2011,13 +2011,16 @@ cdef class ExpertStreamer:
     @property
     def rank_worker(self) -> bool:
         """Whether the rankings are made on a worker thread while the eval thread serves the
-        layer's load (on by default; the decisions are the same either way). Set before
-        ``configure_routing``. For A/B measurements."""
+        layer's load (the decisions are the same either way). Between decodes only."""
         return self.s.r.use_worker != 0
 
     @rank_worker.setter
     def rank_worker(self, bint on):
         self.s.r.use_worker = 1 if on else 0
+        if not on:
+            stop_rank_worker(self.s)
+        elif (self.s.r.predict or self.s.r.route_ahead) and start_rank_worker(self.s) != 0:
+            self.s.r.use_worker = 0
 
     def routing_stats(self):
         """The routing policies' counters (cumulative)."""
