@@ -142,8 +142,9 @@ cdef enum:
     IO_READING = 2
     IO_RELEASE = 3                 # evicted; its pages wait in the release ring
     IO_RELEASING = 4               # a thread is giving its pages back now
-    IO_ORPHAN = 5                  # evicted while its read ran: the lane gives its pages
-                                   # back when the read ends (unless it is read again first)
+    IO_ORPHAN = 5                  # evicted while its read ran: the read stops at its next
+                                   # projection and the lane gives the pages back (a load of
+                                   # the entry meanwhile waits for that)
 
 cdef enum:
     PAGE = 4096
