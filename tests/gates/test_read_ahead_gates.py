@@ -44,6 +44,7 @@ def run(
     lane_delay_us: int = 0,
     orphan_reads: bool = True,
     rank_worker: bool = True,
+    projection_waits: bool = True,
     **routing: object,
 ) -> Run:
     """A streamed run whose cache holds one layer's top-k and two entries more (``half``:
@@ -51,13 +52,15 @@ def run(
     ``lane_delay_us``: the worker lanes read slowly (reads ahead still run when a later plan
     evicts them); ``orphan_reads``: such a victim is left to its lane (the default) or
     waited for; ``rank_worker``: the rankings are made on the worker thread (the default)
-    or on the eval thread."""
+    or on the eval thread; ``projection_waits``: each node waits for the expert projection it
+    reads (the default) or a layer waits for all of them at its topk."""
     stream = StreamConfig(enabled=True, cache_mb=None, **routing)  # type: ignore[arg-type]
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
         assert s.streaming is not None
         streamer = s.streaming.streaming.streamer
         streamer.lane_delay_us, streamer.orphan_reads = lane_delay_us, orphan_reads
         streamer.rank_worker = rank_worker
+        streamer.projection_waits = projection_waits
         m = s.model
         entries = m.n_layer * m.n_expert // 2 if half else m.n_expert_used + EXTRA_ENTRIES
         s.streaming.set_budget(entries * s.streaming.info.entry_bytes)
@@ -110,6 +113,21 @@ def test_evicting_an_entry_still_being_read_keeps_the_output_exact(fixture: tupl
     assert same_output(orphaned, base) and same_output(waited, base)
     assert orphaned[2].evict_waits == 0 and waited[2].reads_orphaned == 0
     assert orphaned[2].decisions() == waited[2].decisions()
+
+
+def test_nodes_that_wait_for_their_own_projection_compute_what_a_fast_disk_gives(
+    fixture: tuple[Path, Run],
+) -> None:
+    """Slow lanes: a layer's reads are still running when its first expert matmul comes.
+    Each node that reads an expert projection waits for that projection of the layer's
+    experts only, or the layer waits for all of them at its topk: the output is the fast
+    disk's either way, and so are the decisions."""
+    path, base = fixture
+    per_node = run(path, lane_delay_us=2000)
+    at_topk = run(path, lane_delay_us=2000, projection_waits=False)
+    assert same_output(per_node, base) and same_output(at_topk, base)
+    assert per_node[2].projection_waits > 0 and at_topk[2].projection_waits == 0
+    assert per_node[2].decisions() == at_topk[2].decisions() == base[2].decisions()
 
 
 def test_a_slow_disk_leaves_evicted_reads_to_their_lanes(tiny_model_path: TinyModel) -> None:

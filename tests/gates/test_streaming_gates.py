@@ -82,6 +82,23 @@ def test_streamed_equals_resident(
         assert counters.evictions > 0 and report.decode.evictions > 0  # evicts while decoding
 
 
+@pytest.mark.parametrize("budget_entries", [0, 1, None])
+def test_waiting_for_each_projection_on_a_slow_disk_keeps_the_output_exact(
+    model_path: Path, budget_entries: int | None
+) -> None:
+    """Slow worker lanes, the cache off, evicting, or holding everything (``None``): each
+    expert matmul waits only for its own projection while the lanes read the next ones, in
+    prefill and decode; tokens and logits equal the resident model's."""
+    tokens, logits = resident(model_path)
+    with streamed(model_path, cache_mb=None, budget_entries=budget_entries) as s:
+        assert s.streaming is not None
+        s.streaming.streaming.streamer.lane_delay_us = 1500
+        result = s.generate(REQUEST)
+        assert result.tokens == tokens
+        assert np.array_equal(s.last_logits(), logits)
+        assert s.streaming.counters().projection_waits > 0
+
+
 @pytest.mark.parametrize("recycle", [True, False])
 @pytest.mark.parametrize("release", [0, 1, 2])
 def test_every_page_release_mode_keeps_the_output_exact(

@@ -248,6 +248,7 @@ class ExpertStreaming:
         recycling_off = _recycling_off(len(found) * model.n_expert)
         streamer.recycle = not recycling_off and os.environ.get("BMOE_PAGE_RECYCLE", "1") != "0"
         streamer.orphan_reads = os.environ.get("BMOE_ORPHAN_READS", "1") != "0"
+        streamer.projection_waits = os.environ.get("BMOE_PROJECTION_WAITS", "1") != "0"
         streamer.rank_worker = rank_on_worker(
             os.environ.get("BMOE_RANK_WORKER"), len(os.sched_getaffinity(0)), ctx.params.n_threads
         )
@@ -337,6 +338,7 @@ class ExpertStreaming:
             evict_wait_s=s["evict_wait_s"],
             reads_orphaned=s["orphaned"],
             orphans_cut=s["orphans_cut"],
+            projection_waits=s["projection_waits"],
         )
 
     def fault(self) -> StreamFault | None:

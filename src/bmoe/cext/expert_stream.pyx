@@ -64,7 +64,15 @@ from bmoe.cext.cache_core cimport (
     core_want,
 )
 from bmoe.cext.graph_names cimport PROBS_PREFIX_LEN, TOPK_PREFIX_LEN, parse_layer
-from bmoe.cext.ggml cimport GGML_OP_MUL_MAT, GGML_OP_NONE, GGML_TYPE_F32, GGML_TYPE_I32, bool, ggml_tensor
+from bmoe.cext.ggml cimport (
+    GGML_MAX_SRC,
+    GGML_OP_MUL_MAT,
+    GGML_OP_NONE,
+    GGML_TYPE_F32,
+    GGML_TYPE_I32,
+    bool,
+    ggml_tensor,
+)
 from bmoe.cext.route_policy cimport (
     rp_agreement,
     rp_drop,
@@ -376,6 +384,19 @@ cdef struct stream_t:
                                    # its lane (IO_ORPHAN) instead of waited for; 0: waited for
     int64_t orphaned               # victims left to their lane so
     int64_t orphans_cut            # orphaned reads that stopped before their last projection
+    # projection waits: a layer's loads are queued at its topk and each node that reads one
+    # of its expert projections waits, when it is asked for, for that projection of the
+    # layer's experts only (the compute of one projection overlaps the reads of the next)
+    int proj_waits                 # 1 (default): on, where worker lanes run; 0: wait at topk
+    int pw_layer                   # the layer whose projections are awaited; -1: none
+    int pw_n
+    int32_t * pw_ids               # [n_expert]: its wanted entries
+    int pw_done                    # bit p: projection p was waited for
+    uint8_t * proj_ready           # [n_layer * n_expert]: bit p: projection p of an entry
+                                   # being read is in memory (set by the worker lanes)
+    int proj_order[4]              # the projections in the order the graph reads them
+    int proj_seen                  # how many of them the graph has shown so far
+    int64_t proj_splits            # nodes that waited for a projection
     int lane_delay_us              # tests only: worker lanes sleep this long before each
                                    # projection (a slow disk), so reads ahead are still
                                    # running when later plans evict them
@@ -656,6 +677,7 @@ cdef void claim_for_read(stream_t * s, int32_t i) noexcept nogil:
     if s.io_state[i] == IO_RELEASE:
         s.releases_cancelled += 1
     s.io_state[i] = IO_QUEUED
+    s.proj_ready[i] = 0
 
 
 cdef void release_all(stream_t * s) noexcept nogil:
@@ -751,14 +773,15 @@ cdef int read_entry_now(stream_t * s, int32_t idx, int lane, bint stoppable=Fals
     read fault (sticky; the fault flag is raised). With ``stoppable``, 1 when it stopped
     between projections because the entry was evicted meanwhile (IO_ORPHAN; read without
     the mutex: at worst one projection more is read)."""
-    cdef int p, result
+    cdef int j, p, result
     cdef job_t job
     cdef double t0 = 0.0
     cdef int layer = idx // s.core.n_expert
-    for p in range(s.n_proj):
+    for j in range(s.n_proj):
+        p = s.proj_order[j]  # the graph's order: the first projection it reads comes first
         if s.projs[layer * s.n_proj + p].base == NULL:
             continue
-        if stoppable and p > 0 and s.io_state[idx] == IO_ORPHAN:
+        if stoppable and j > 0 and s.io_state[idx] == IO_ORPHAN:
             return 1
         if lane > 0 and s.lane_delay_us > 0:
             usleep(s.lane_delay_us)
@@ -771,6 +794,11 @@ cdef int read_entry_now(stream_t * s, int32_t idx, int lane, bint stoppable=Fals
         if result != 0:
             read_fault(s, -result, job.file_index, job.offset)
             return result
+        if lane > 0 and j < s.n_proj - 1:  # a node may wait for it (the last: IO_IDLE)
+            pthread_mutex_lock(&s.lanes.mu)
+            s.proj_ready[idx] |= <uint8_t> (1 << p)
+            pthread_cond_broadcast(&s.lanes.done)
+            pthread_mutex_unlock(&s.lanes.mu)
     return 0
 
 
@@ -891,6 +919,101 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
         if not pending:
             break
         if release_one(s, &spent):  # the workers read this layer's experts: release meanwhile
+            continue
+        pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+    pthread_mutex_unlock(&s.lanes.mu)
+    s.release_s += spent
+    t0 = now() - t0 - spent
+    s.stall_s += t0
+    s.stall_layer[layer] += t0
+
+
+cdef bint queue_loads(stream_t * s, int layer) noexcept nogil:
+    """Projection waits: queue the plan's loads and the adopted entries' queued reads at the
+    front for the worker lanes, remember the layer's wanted entries, and return at once: each
+    node that reads one of the layer's projections waits for it (``await_projection``).
+    False where no worker lane runs (then ``load_and_wait``)."""
+    cdef int w
+    cdef int32_t idx
+    if not s.proj_waits or s.lanes.started == 0 or s.lanes.n_workers == 0:
+        return False
+    pthread_mutex_lock(&s.lanes.mu)
+    for w in range(s.core.n_adopted - 1, -1, -1):
+        idx = s.core.plan_adopted[w]
+        if s.io_state[idx] == IO_QUEUED and queue_push(s, idx, True) < 0:
+            read_popped(s, idx, 0)
+    for w in range(s.core.n_loads - 1, -1, -1):
+        idx = s.core.plan_loads[w]
+        if s.tr.io_on:
+            s.tr.spec_entry[idx] = 0
+        claim_for_read(s, idx)
+        if queue_push(s, idx, True) < 0:
+            read_popped(s, idx, 0)
+    pthread_cond_broadcast(&s.lanes.work)
+    pthread_mutex_unlock(&s.lanes.mu)
+    s.pw_n = 0
+    for w in range(s.core.n_wanted):
+        s.pw_ids[s.pw_n] = layer * s.core.n_expert + s.core.order[w]
+        s.pw_n += 1
+    s.pw_layer = layer
+    s.pw_done = 0
+    return True
+
+
+cdef int reads_projection(stream_t * s, ggml_tensor * t) noexcept nogil:
+    """The projection of the awaited layer that node ``t`` reads (a source inside one of its
+    expert tensors), not waited for yet; -1 if none."""
+    cdef int j, p
+    cdef ggml_tensor * src
+    cdef proj_t * pr
+    cdef char * d
+    for j in range(GGML_MAX_SRC):
+        src = t.src[j]
+        if src == NULL or src.data == NULL:
+            continue
+        d = <char *> src.data
+        for p in range(s.n_proj):
+            pr = &s.projs[s.pw_layer * s.n_proj + p]
+            if pr.base != NULL and pr.base <= d < pr.base + pr.slice_bytes * s.core.n_expert:
+                if not (s.pw_done >> p) & 1:
+                    return p
+    return -1
+
+
+cdef void await_projection(stream_t * s, int p) noexcept nogil:
+    """Wait until projection ``p`` of every wanted entry of the awaited layer is in memory
+    (its read done, or that projection's part of it); give pages back meanwhile. The wait
+    counts as stall."""
+    cdef int w, k
+    cdef int32_t idx
+    cdef bint pending
+    cdef double spent = 0.0
+    cdef double t0 = now()
+    cdef int layer = s.pw_layer
+    if s.proj_seen < s.n_proj:  # learn the graph's order: the lanes read in it
+        for k in range(s.proj_seen):
+            if s.proj_order[k] == p:
+                break
+        else:
+            for k in range(s.n_proj):
+                if s.proj_order[k] == p:
+                    s.proj_order[k] = s.proj_order[s.proj_seen]
+                    s.proj_order[s.proj_seen] = p
+                    break
+            s.proj_seen += 1
+    s.pw_done |= 1 << p
+    s.proj_splits += 1
+    pthread_mutex_lock(&s.lanes.mu)
+    while not s.fault:
+        pending = False
+        for w in range(s.pw_n):
+            idx = s.pw_ids[w]
+            if s.io_state[idx] != IO_IDLE and not (s.proj_ready[idx] >> p) & 1:
+                pending = True
+                break
+        if not pending:
+            break
+        if release_one(s, &spent):
             continue
         pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
     pthread_mutex_unlock(&s.lanes.mu)
@@ -1578,8 +1701,10 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
         defer_planned_evictions(s)
     else:  # measured: deferring a layer's own evictions did not win (docs/benchmarks.md)
         drop_planned_evictions(s, True)
+    s.pw_layer = -1
     if n_loads > 0 or s.core.n_adopted > 0:
-        load_and_wait(s, layer)
+        if not queue_loads(s, layer):
+            load_and_wait(s, layer)
     if not s.fault:
         if t.ne[1] == 1:
             if s.prefetch_k > 0:
@@ -1652,7 +1777,7 @@ cdef void capture(stream_t * s, ggml_tensor * t) noexcept nogil:
 
 cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept nogil:
     cdef stream_t * s = <stream_t *> user_data
-    cdef int layer
+    cdef int layer, p
     if s.mode == C_MODE_CAPTURE:
         if ask:
             capture(s, t)
@@ -1661,6 +1786,11 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
     if (s.mode != C_MODE_STREAM and s.mode != C_MODE_REFERENCE) or s.fault:
         return ask == 0  # after a fault the abort callback stops the decode at the next node
     if strncmp(t.name, b"ffn_moe_topk-", TOPK_PREFIX_LEN) != 0:
+        if ask and s.pw_layer >= 0 and s.mode == C_MODE_STREAM:
+            p = reads_projection(s, t)
+            if p >= 0:  # before it computes: its projection, then compute up to it now
+                await_projection(s, p)
+                return 1
         return ask == 0
     layer = parse_layer(t.name, TOPK_PREFIX_LEN)
     if layer < 0:
@@ -1741,8 +1871,9 @@ cdef class ExpertStreamer:
 
     def __cinit__(self, *, int n_layer, int n_expert, int n_proj, uintptr_t fault_flag_address=0):
         cdef stream_t * s
-        if n_layer <= 0 or n_expert <= 0 or n_proj <= 0:
-            raise ValueError("n_layer, n_expert and n_proj must be positive")
+        cdef int i
+        if n_layer <= 0 or n_expert <= 0 or not 0 < n_proj <= 4:
+            raise ValueError("n_layer and n_expert must be positive, n_proj in 1..4")
         self.s = <stream_t *> calloc(1, sizeof(stream_t))
         if self.s == NULL:
             raise MemoryError()
@@ -1755,6 +1886,12 @@ cdef class ExpertStreamer:
         s.stall_layer = <double *> calloc(n_layer, sizeof(double))
         s.recycled_mark = <uint8_t *> calloc(n_layer * n_expert, 1)
         s.recycle = 1
+        s.proj_ready = <uint8_t *> calloc(n_layer * n_expert, 1)
+        s.pw_ids = <int32_t *> calloc(n_expert, sizeof(int32_t))
+        s.pw_layer = -1
+        s.proj_waits = 1
+        for i in range(n_proj):
+            s.proj_order[i] = i
         s.last_route = <int32_t *> calloc(n_layer * n_expert, sizeof(int32_t))
         s.last_route_n = <int *> calloc(n_layer, sizeof(int))
         s.lanes.queue_cap = 4 * n_layer * n_expert + 16
@@ -1774,6 +1911,7 @@ cdef class ExpertStreamer:
         if (s.core == NULL or s.projs == NULL or s.captured == NULL or s.io_state == NULL
                 or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL
                 or s.lanes.rel == NULL or s.stall_layer == NULL or s.recycled_mark == NULL
+                or s.proj_ready == NULL or s.pw_ids == NULL
                 or s.r.gate_w == NULL or s.r.gate_b == NULL or s.r.sel_b == NULL):
             raise MemoryError()
         s.fault_flag = <int *> fault_flag_address
@@ -1789,6 +1927,8 @@ cdef class ExpertStreamer:
         free(self.s.io_state)
         free(self.s.stall_layer)
         free(self.s.recycled_mark)
+        free(self.s.proj_ready)
+        free(self.s.pw_ids)
         free(self.s.last_route)
         free(self.s.last_route_n)
         free(self.s.lanes.queue)
@@ -2355,6 +2495,18 @@ cdef class ExpertStreamer:
         self.s.recycle = 1 if on else 0
 
     @property
+    def projection_waits(self) -> bool:
+        """Whether a layer's expert projections are waited for one by one, by the nodes
+        that read them (the compute of one overlaps the reads of the next; on by default,
+        where worker lanes run), instead of all at the layer's topk. Between decodes only;
+        for A/B measurements."""
+        return self.s.proj_waits != 0
+
+    @projection_waits.setter
+    def projection_waits(self, bint on):
+        self.s.proj_waits = 1 if on else 0
+
+    @property
     def lane_delay_us(self) -> int:
         """Tests only: the worker lanes sleep this many microseconds before each projection
         they read (a slow disk); 0 (the default) in use."""
@@ -2442,6 +2594,7 @@ cdef class ExpertStreamer:
             "evict_wait_s": s.evict_wait_s,
             "orphaned": s.orphaned,
             "orphans_cut": s.orphans_cut,
+            "projection_waits": s.proj_splits,
             "recycled": s.recycled,
             "recycling": s.recycle != 0,
             "prefetch_issued": c.prefetch_issued,

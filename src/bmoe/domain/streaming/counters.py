@@ -29,6 +29,7 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "evict_wait_s": 0.0,
     "reads_orphaned": 0,
     "orphans_cut": 0,
+    "projection_waits": 0,
     "rank_s": 0.0,
     "rank_wait_s": 0.0,
     "rank_worker": False,
@@ -65,6 +66,7 @@ class StreamCounters:
     evict_wait_s: float = 0.0  # ... the eval thread's wait (inside mgmt_s)
     reads_orphaned: int = 0  # evictions left to their read's lane, which gave the pages back after
     orphans_cut: int = 0  # ... whose read stopped before its last projection
+    projection_waits: int = 0  # graph nodes that waited for one expert projection of their layer
     # decode routing (docs/read-ahead.md): slots are (token, layer, selected expert)
     decode_slots: int = 0
     predict_layers: tuple[tuple[int, int], ...] = ()  # per layer: (slots predicted, slots agreed)
