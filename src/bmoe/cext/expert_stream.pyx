@@ -125,12 +125,14 @@ cdef extern from * nogil:
     """
     static inline int bmoe_claim(int * p) { return __sync_bool_compare_and_swap(p, 0, 1); }
     static inline void bmoe_store(int * p, int v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+    static inline int bmoe_load(int * p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
     static inline long long bmoe_fetch_add(long long * p, long long v) {
         return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
     }
     """
     int bmoe_claim(int * p)
     void bmoe_store(int * p, int v)
+    int bmoe_load(int * p)
     long long bmoe_fetch_add(long long * p, long long v)
 
 cdef enum:
@@ -394,7 +396,9 @@ cdef struct stream_t:
     int pw_done                    # bit p: projection p was waited for
     uint8_t * proj_ready           # [n_layer * n_expert]: bit p: projection p of an entry
                                    # being read is in memory (set by the worker lanes)
-    int proj_order[4]              # the projections in the order the graph reads them
+    int proj_order[4]              # the projections in the order the graph reads them (the
+                                   # eval thread's copy; it learns it)
+    int proj_order_packed          # ... published to the lanes in one store: 4 bits each
     int proj_seen                  # how many of them the graph has shown so far
     int64_t proj_splits            # nodes that waited for a projection
     int lane_delay_us              # tests only: worker lanes sleep this long before each
@@ -777,8 +781,9 @@ cdef int read_entry_now(stream_t * s, int32_t idx, int lane, bint stoppable=Fals
     cdef job_t job
     cdef double t0 = 0.0
     cdef int layer = idx // s.core.n_expert
+    cdef int order = bmoe_load(&s.proj_order_packed)  # one read: a whole permutation
     for j in range(s.n_proj):
-        p = s.proj_order[j]  # the graph's order: the first projection it reads comes first
+        p = (order >> (4 * j)) & 15  # the graph's order: the first projection it reads first
         if s.projs[layer * s.n_proj + p].base == NULL:
             continue
         if stoppable and j > 0 and s.io_state[idx] == IO_ORPHAN:
@@ -984,7 +989,7 @@ cdef void await_projection(stream_t * s, int p) noexcept nogil:
     """Wait until projection ``p`` of every wanted entry of the awaited layer is in memory
     (its read done, or that projection's part of it); give pages back meanwhile. The wait
     counts as stall."""
-    cdef int w, k
+    cdef int w, k, packed
     cdef int32_t idx
     cdef bint pending
     cdef double spent = 0.0
@@ -1001,6 +1006,10 @@ cdef void await_projection(stream_t * s, int p) noexcept nogil:
                     s.proj_order[s.proj_seen] = p
                     break
             s.proj_seen += 1
+            packed = 0
+            for k in range(s.n_proj):
+                packed |= s.proj_order[k] << (4 * k)
+            bmoe_store(&s.proj_order_packed, packed)
     s.pw_done |= 1 << p
     s.proj_splits += 1
     pthread_mutex_lock(&s.lanes.mu)
@@ -1892,6 +1901,7 @@ cdef class ExpertStreamer:
         s.proj_waits = 1
         for i in range(n_proj):
             s.proj_order[i] = i
+            s.proj_order_packed |= i << (4 * i)
         s.last_route = <int32_t *> calloc(n_layer * n_expert, sizeof(int32_t))
         s.last_route_n = <int *> calloc(n_layer, sizeof(int))
         s.lanes.queue_cap = 4 * n_layer * n_expert + 16
