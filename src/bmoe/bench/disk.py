@@ -66,35 +66,30 @@ def _open_for_reads(path: Path) -> tuple[int, bool]:
     return fd, True
 
 
-def _read_blocks(path: Path, limit: int, lane: int, n_lanes: int, done: list[int]) -> None:
-    """Read blocks ``lane, lane + n_lanes, ...`` of 4 MiB below ``limit``; count them in ``done[lane]``."""
+def _read_offsets(path: Path, offsets: list[int], block: int, limit: int, lane: int, done: list[int]) -> None:
+    """Read ``block`` bytes at each offset; count those below ``limit`` in ``done[lane]``."""
     fd, _ = _open_for_reads(path)
-    buf = mmap.mmap(-1, BLOCK)  # page aligned, as O_DIRECT needs
+    buf = mmap.mmap(-1, block)  # page aligned, as O_DIRECT needs
     try:
-        offset = lane * BLOCK
-        while offset < limit:
+        for offset in offsets:
             n = os.preadv(fd, [buf], offset)
             if n <= 0:
                 break
             done[lane] += min(n, limit - offset)
-            offset += n_lanes * BLOCK
     finally:
         os.close(fd)
         buf.close()
 
 
-def measure_bandwidth(path: Path, max_bytes: int | None = None, n_lanes: int = 1) -> Bandwidth:
-    """Read (the first ``max_bytes`` of) the file in 4 MiB blocks on ``n_lanes`` threads,
-    after dropping it from the page cache."""
+def _timed_reads(path: Path, lanes: list[list[int]], block: int, limit: int) -> Bandwidth:
+    """Drop the file from the page cache, then read each lane's offsets on its own thread."""
     drop_from_page_cache(path)
-    size = path.stat().st_size
-    limit = size if max_bytes is None else min(size, max_bytes)
     fd, odirect = _open_for_reads(path)
     os.close(fd)
-    done = [0] * n_lanes
+    done = [0] * len(lanes)
     threads = [
-        threading.Thread(target=_read_blocks, args=(path, limit, lane, n_lanes, done))
-        for lane in range(n_lanes)
+        threading.Thread(target=_read_offsets, args=(path, offsets, block, limit, lane, done))
+        for lane, offsets in enumerate(lanes)
     ]
     t0 = time.perf_counter()
     for t in threads:
@@ -104,21 +99,16 @@ def measure_bandwidth(path: Path, max_bytes: int | None = None, n_lanes: int = 1
     seconds = time.perf_counter() - t0
     if not odirect:
         drop_from_page_cache(path)
-    return Bandwidth(bytes=sum(done), seconds=seconds, lanes=n_lanes, odirect=odirect)
+    return Bandwidth(bytes=sum(done), seconds=seconds, lanes=len(lanes), odirect=odirect)
 
 
-def _read_offsets(path: Path, offsets: list[int], block: int, lane: int, done: list[int]) -> None:
-    fd, _ = _open_for_reads(path)
-    buf = mmap.mmap(-1, block)
-    try:
-        for offset in offsets:
-            n = os.preadv(fd, [buf], offset)
-            if n <= 0:
-                break
-            done[lane] += n
-    finally:
-        os.close(fd)
-        buf.close()
+def measure_bandwidth(path: Path, max_bytes: int | None = None, n_lanes: int = 1) -> Bandwidth:
+    """Read (the first ``max_bytes`` of) the file in 4 MiB blocks on ``n_lanes`` threads
+    (blocks ``lane, lane + n_lanes, ...``), after dropping it from the page cache."""
+    size = path.stat().st_size
+    limit = size if max_bytes is None else min(size, max_bytes)
+    offsets = list(range(0, limit, BLOCK))
+    return _timed_reads(path, [offsets[lane::n_lanes] for lane in range(n_lanes)], BLOCK, limit)
 
 
 def measure_random_reads(
@@ -127,23 +117,8 @@ def measure_random_reads(
     """Read ``total_bytes`` in ``block``-sized reads at random ``block``-aligned offsets of the
     file (distinct, dealt round-robin to ``n_lanes`` threads), after dropping it from the
     page cache."""
-    drop_from_page_cache(path)
-    n_blocks = path.stat().st_size // block
+    size = path.stat().st_size
+    n_blocks = size // block
     count = max(1, min(n_blocks, total_bytes // block))
     offsets = [b * block for b in random.Random(seed).sample(range(n_blocks), count)]
-    fd, odirect = _open_for_reads(path)
-    os.close(fd)
-    done = [0] * n_lanes
-    threads = [
-        threading.Thread(target=_read_offsets, args=(path, offsets[lane::n_lanes], block, lane, done))
-        for lane in range(n_lanes)
-    ]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - t0
-    if not odirect:
-        drop_from_page_cache(path)
-    return Bandwidth(bytes=sum(done), seconds=seconds, lanes=n_lanes, odirect=odirect)
+    return _timed_reads(path, [offsets[lane::n_lanes] for lane in range(n_lanes)], block, size)
