@@ -580,6 +580,17 @@ cdef bint settle_entry(stream_t * s, int32_t i, bint wait) noexcept nogil:
     return orphan
 
 
+cdef void settle_planned(stream_t * s, bint wait) noexcept nogil:
+    """Settle the plan's evicted entries (``settle_entry``), marking those left to their
+    lane (``recycled_mark`` 2: neither recycled nor released here)."""
+    cdef int m
+    cdef int32_t i
+    for m in range(s.core.n_evictions):
+        i = s.core.plan_evictions[m]
+        if settle_entry(s, i, wait):
+            s.recycled_mark[i] = 2
+
+
 cdef void drop_planned_evictions(stream_t * s, bint recycle) noexcept nogil:
     """Give back the plan's evicted entries' pages now (on this thread); with ``recycle``,
     those the plan's loads can take move there instead. With ``recycle`` (a layer's plan),
@@ -589,10 +600,7 @@ cdef void drop_planned_evictions(stream_t * s, bint recycle) noexcept nogil:
     cdef int32_t i
     cdef int n_expert = s.core.n_expert
     cdef double t0 = now()
-    for m in range(s.core.n_evictions):
-        i = s.core.plan_evictions[m]
-        if settle_entry(s, i, not recycle):
-            s.recycled_mark[i] = 2  # orphaned: its lane releases it
+    settle_planned(s, not recycle)
     if recycle:
         recycle_planned(s)
     for m in range(s.core.n_evictions):
@@ -615,10 +623,7 @@ cdef void defer_planned_evictions(stream_t * s) noexcept nogil:
     if s.lanes.started == 0 or s.lanes.n_workers == 0 or not s.defer_release:
         drop_planned_evictions(s, True)
         return
-    for m in range(s.core.n_evictions):
-        i = s.core.plan_evictions[m]
-        if settle_entry(s, i, False):
-            s.recycled_mark[i] = 2  # orphaned: its lane releases it
+    settle_planned(s, False)
     t0 = now()
     recycle_planned(s)
     s.release_s += now() - t0
@@ -878,6 +883,24 @@ cdef bint is_wanted(stream_t * s, int32_t idx, int layer) noexcept nogil:
     return idx // s.core.n_expert == layer and s.core.wanted[idx % s.core.n_expert] != 0
 
 
+cdef void queue_plan_first(stream_t * s) noexcept nogil:
+    """Put the plan's loads, and the adopted entries' reads still queued, at the front of the
+    lanes' queue, in plan order (mutex held)."""
+    cdef int w
+    cdef int32_t idx
+    for w in range(s.core.n_adopted - 1, -1, -1):
+        idx = s.core.plan_adopted[w]
+        if s.io_state[idx] == IO_QUEUED and queue_push(s, idx, True) < 0:
+            read_popped(s, idx, 0)  # the ring is full: read it here
+    for w in range(s.core.n_loads - 1, -1, -1):
+        idx = s.core.plan_loads[w]
+        if s.tr.io_on:
+            s.tr.spec_entry[idx] = 0
+        claim_for_read(s, idx)
+        if queue_push(s, idx, True) < 0:
+            read_popped(s, idx, 0)
+
+
 cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
     """Read the plan's loads and wait for them and for the adopted entries' reads: the loads
     and the adopted reads still queued go to the front; the asker reads them too (lane 0),
@@ -897,17 +920,7 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
         s.stall_layer[layer] += t0
         return
     pthread_mutex_lock(&s.lanes.mu)
-    for w in range(s.core.n_adopted - 1, -1, -1):
-        idx = s.core.plan_adopted[w]
-        if s.io_state[idx] == IO_QUEUED and queue_push(s, idx, True) < 0:
-            read_popped(s, idx, 0)  # the ring is full: read it here
-    for w in range(s.core.n_loads - 1, -1, -1):
-        idx = s.core.plan_loads[w]
-        if s.tr.io_on:
-            s.tr.spec_entry[idx] = 0
-        claim_for_read(s, idx)
-        if queue_push(s, idx, True) < 0:
-            read_popped(s, idx, 0)
+    queue_plan_first(s)
     if s.lanes.queue_len > 1:
         pthread_cond_broadcast(&s.lanes.work)
     while True:
@@ -939,21 +952,10 @@ cdef bint queue_loads(stream_t * s, int layer) noexcept nogil:
     node that reads one of the layer's projections waits for it (``await_projection``).
     False where no worker lane runs (then ``load_and_wait``)."""
     cdef int w
-    cdef int32_t idx
     if not s.proj_waits or s.lanes.started == 0 or s.lanes.n_workers == 0:
         return False
     pthread_mutex_lock(&s.lanes.mu)
-    for w in range(s.core.n_adopted - 1, -1, -1):
-        idx = s.core.plan_adopted[w]
-        if s.io_state[idx] == IO_QUEUED and queue_push(s, idx, True) < 0:
-            read_popped(s, idx, 0)
-    for w in range(s.core.n_loads - 1, -1, -1):
-        idx = s.core.plan_loads[w]
-        if s.tr.io_on:
-            s.tr.spec_entry[idx] = 0
-        claim_for_read(s, idx)
-        if queue_push(s, idx, True) < 0:
-            read_popped(s, idx, 0)
+    queue_plan_first(s)
     pthread_cond_broadcast(&s.lanes.work)
     pthread_mutex_unlock(&s.lanes.mu)
     s.pw_n = 0
