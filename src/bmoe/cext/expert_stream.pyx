@@ -1316,20 +1316,22 @@ cdef void stop_rank_worker(stream_t * s) noexcept nogil:
     r.w_started = 0
 
 
-cdef int rank_targets(stream_t * s, int layer, int * targets) noexcept nogil:
-    """The layers a decode layer's router input ranks: the next MoE layer (prediction) and
-    the one N MoE layers on (route-ahead)."""
+cdef int rank_targets(stream_t * s, int layer, int * targets, int * committed) noexcept nogil:
+    """The layers a decode layer's router input ranks, in order: the next MoE layer
+    (prediction: ``committed`` 0) and the one N MoE layers on (route-ahead: 1)."""
     cdef routing_t * r = &s.r
     cdef int n = 0, target
     if r.predict:
         target = moe_layer_ahead(s, layer, 1)
         if target >= 0:
             targets[n] = target
+            committed[n] = 0
             n += 1
     if r.route_ahead:
         target = moe_layer_ahead(s, layer, r.route_ahead)
         if target >= 0:
             targets[n] = target
+            committed[n] = 1
             n += 1
     return n
 
@@ -1338,10 +1340,11 @@ cdef bint ask_rankings(stream_t * s, int layer) noexcept nogil:
     """Hand this layer's rankings to the worker (before its load); False when it does not
     run or there is nothing to rank (``rank_ahead`` then ranks on this thread)."""
     cdef routing_t * r = &s.r
+    cdef int committed[2]
     if not (r.w_started and r.use_worker) or r.x == NULL or r.disarmed:
         return False
     pthread_mutex_lock(&r.w_mu)
-    r.w_n = rank_targets(s, layer, r.w_targets)
+    r.w_n = rank_targets(s, layer, r.w_targets, committed)
     r.w_pending = 1 if r.w_n > 0 else 0
     if r.w_pending:
         pthread_cond_signal(&r.w_cv)
@@ -1594,19 +1597,16 @@ cdef void rank_ahead(stream_t * s, int layer, bint asked) noexcept nogil:
     When the worker was ``asked`` for the rankings, wait for them first (whether it finished
     during the load or not, the reads are issued here: the same decisions either way)."""
     cdef routing_t * r = &s.r
-    cdef int target
+    cdef int j, n
+    cdef int targets[2]
+    cdef int committed[2]
     if asked:
         await_rankings(s)
     if r.x == NULL or r.disarmed:
         return
-    if r.predict:
-        target = moe_layer_ahead(s, layer, 1)
-        if target >= 0:
-            rank_and_issue(s, target, r.predict & 2, False, asked)
-    if r.route_ahead:
-        target = moe_layer_ahead(s, layer, r.route_ahead)
-        if target >= 0:
-            rank_and_issue(s, target, True, True, asked)
+    n = rank_targets(s, layer, targets, committed)
+    for j in range(n):  # a guess is read ahead only with --predict-prefetch
+        rank_and_issue(s, targets[j], committed[j] or r.predict & 2, committed[j], asked)
 
 
 # -- traces ----------------------------------------------------------------------------------
