@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from bmoe.domain.streaming import StreamCounters, StreamReport
 from bmoe.domain.summary import routing_lines
 
@@ -46,3 +48,15 @@ def test_each_policy_reports_what_it_did() -> None:
         "moe-watchdog: the router evaluated here disagreed with the graph's (3 checks): prediction and "
         "route-ahead are disarmed for this session",
     ]
+
+
+def test_the_cost_says_where_the_rankings_were_made() -> None:
+    def line(**made: object) -> str:
+        counters = StreamCounters(route_ahead_committed=4, route_ahead_slots=8, route_ahead_agree=6)
+        decode = attrs.evolve(counters, **made)  # type: ignore[arg-type]
+        return routing_lines(report(decode))[0]
+
+    assert line(rank_s=0.01, rank_wait_s=0.005, rank_worker=True).endswith(
+        "ranking 1.00 ms/token on the worker (the eval thread waited 0.50), issuing reads 0.00 ms/token"
+    )
+    assert line(rank_s=0.01).endswith("ranking 1.00 ms/token, issuing reads 0.00 ms/token")

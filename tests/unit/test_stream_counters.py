@@ -60,20 +60,6 @@ def test_the_cache_line_says_where_evicted_pages_went_back() -> None:
     )
 
 
-def test_the_routing_lines_say_where_the_rankings_were_made() -> None:
-    from bmoe.domain.summary import routing_lines
-
-    def line(**kw: object) -> str:
-        decode = StreamCounters(route_ahead_committed=4, route_ahead_slots=8, route_ahead_agree=6, **kw)  # type: ignore[arg-type]
-        report = StreamReport(prefill=StreamCounters(), decode=decode, decode_steps=2, decode_wall_s=0.2)
-        return routing_lines(report)[0]
-
-    assert "ranking 1.00 ms/token on the worker (the eval thread waited 0.50), issuing" in line(
-        rank_s=0.002, rank_wait_s=0.001, rank_worker=True
-    )
-    assert "ranking 1.00 ms/token, issuing" in line(rank_s=0.002)
-
-
 def test_the_cache_line_counts_evictions_under_a_running_read() -> None:
     decode = StreamCounters(
         hits=9, misses=3, evictions=4, reads_orphaned=3, orphans_cut=2, evict_waits=1, evict_wait_s=0.01
