@@ -10,8 +10,14 @@
    dense bytes (everything but routed experts) are copied in once, so nothing in use still
    points into the file, and the experts' pages stay empty until a read fills them;
 3. *open*: the files are opened for the read lanes (``O_DIRECT`` where allowed) and the
-   budget set. The caller then switches the C callback to the fast path or to the
-   reference policy (``bmoe.runtime.streaming``).
+   budget set;
+4. *repack* (unless ``--no-repack``): the weights llama.cpp would repack at load are
+   repacked as it does (``bmoe.adapters.llama.repack``): the dense ones moved into a
+   ``CPU_REPACK`` buffer (their overlay pages given back), the routed experts' tensors
+   tagged so that the lanes write each expert repacked as they read it.
+
+The caller then switches the C callback to the fast path or to the reference policy
+(``bmoe.runtime.streaming``).
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from pathlib import Path
 import attrs
 
 from bmoe.adapters.expert_source import streamer_fault
-from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation, read_layout
+from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation, read_header_values, read_layout
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.llama.repack import CpuRepack, DenseRepack, ExpertRepack
 from bmoe.adapters.model_files import MappedFiles
 from bmoe.adapters.native_errors import native_call
 from bmoe.adapters.router_gates import RouterGates
@@ -49,6 +56,16 @@ def _page_floor(x: int) -> int:
 
 def _page_ceil(x: int) -> int:
     return _page_floor(x + PAGE - 1)
+
+
+def has_streamable_experts(path: Path) -> bool:
+    """Whether the GGUF at ``path`` is a MoE model of the expert registry (read from its
+    header, before loading: a model that will run resident is loaded as one)."""
+    arch = str(read_header_values(path, ["general.architecture"]).get("general.architecture", ""))
+    if expert_projections(arch) is None:
+        return False
+    key = f"{arch}.expert_count"
+    return int(read_header_values(path, [key]).get(key, 0)) > 1
 
 
 def plan_projections(
@@ -138,6 +155,69 @@ class StreamingInfo:
     entry_bytes: int  # one (layer, expert) cache entry: all its projections (the largest layer's)
     recycling: bool = True  # evicted pages move under the next read's slices
     recycling_off: str = ""  # why not, when it is off
+    repack: RepackInfo = attrs.field(factory=lambda: RepackInfo(asked=False))
+
+
+@attrs.frozen
+class RepackInfo:
+    """Which weights compute in llama.cpp's repacked layout (``CPU_REPACK``)."""
+
+    asked: bool  # False: --no-repack
+    available: bool = False  # this llama.cpp has the CPU_REPACK buffer type
+    dense_tensors: int = 0
+    dense_bytes: int = 0
+    expert_tensors: int = 0  # routed-expert tensors written repacked
+    expert_tensors_total: int = 0
+
+    def summary(self) -> str:
+        """For the ``mode:`` line: ``weights repacked (dense 12 tensors, 3.2 MiB; experts 12/12
+        tensors)``, or why not."""
+        if not self.asked:
+            return "weights in the file's layout (--no-repack)"
+        if not self.available:
+            return "weights in the file's layout (this llama.cpp has no CPU_REPACK buffer type)"
+        if not self.dense_tensors and not self.expert_tensors:
+            return "weights in the file's layout (no weight of this model has a repacked form here)"
+        return (
+            f"weights repacked (dense {self.dense_tensors} tensors, {self.dense_bytes / 1048576:.1f} MiB; "
+            f"experts {self.expert_tensors}/{self.expert_tensors_total} tensors)"
+        )
+
+
+def _repack(
+    model: LlamaModel, streamer: expert_stream.ExpertStreamer, found: list[tuple[int, int, TensorLocation]]
+) -> RepackInfo:
+    """Repack what llama.cpp would (after the overlay and the routers' copies: the dense
+    bytes are read from the overlay, whose pages are given back once moved)."""
+    cpu = CpuRepack.find()
+    if cpu is None:
+        return RepackInfo(asked=True)
+    weights = streamer.captured_weights()
+    expert_names = {loc.name for _, _, loc in found}
+    n_used = model.n_expert_used
+    wanted = {name: t for name, (t, use) in weights.items() if cpu.wants(t, use, n_used)}
+    with native_call("repacking the dense weights"):
+        dense = DenseRepack(cpu, [t for name, t in wanted.items() if name not in expert_names])
+        model.keep_until_closed(dense)
+        for address, n_bytes in dense.previous:
+            expert_stream.give_back(address, n_bytes)
+        experts = {name: t for name, t in wanted.items() if name in expert_names}
+        expert = ExpertRepack(cpu, experts.values())
+        model.keep_until_closed(expert)
+    n_repacked = 0
+    for layer, p, loc in found:
+        template = expert.templates.get(experts.get(loc.name, 0), 0)
+        if template:
+            streamer.set_projection_repack(layer, p, template, expert.tensor_set)
+            n_repacked += 1
+    return RepackInfo(
+        asked=True,
+        available=True,
+        dense_tensors=dense.n_tensors,
+        dense_bytes=dense.n_bytes,
+        expert_tensors=n_repacked,
+        expert_tensors_total=len(found),
+    )
 
 
 class ExpertStreaming:
@@ -190,6 +270,7 @@ class ExpertStreaming:
         config: StreamConfig,
         *,
         available_bytes: Callable[[], int],
+        repack: bool = True,
     ) -> ExpertStreaming:
         # 1. capture: where did llama.cpp put each file?
         streamer.mode = expert_stream.MODE_CAPTURE
@@ -280,6 +361,8 @@ class ExpertStreaming:
                 raise StreamingUnavailable(
                     "the routers (ffn_gate_inp) are not where the routing policies need them"
                 )
+        # 5. repacked weights, as llama.cpp would have them
+        repacked = _repack(model, streamer, found) if repack else RepackInfo(asked=False)
         info = StreamingInfo(
             budget=budget,
             odirect=odirect,
@@ -290,6 +373,7 @@ class ExpertStreaming:
             entry_bytes=max(per_expert.values()),
             recycling=streamer.recycle,
             recycling_off=recycling_off,
+            repack=repacked,
         )
         return cls(streamer, layout, info, gates)
 

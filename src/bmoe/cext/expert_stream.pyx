@@ -67,6 +67,7 @@ from bmoe.cext.graph_names cimport PROBS_PREFIX_LEN, TOPK_PREFIX_LEN, parse_laye
 from bmoe.cext.ggml cimport (
     GGML_MAX_SRC,
     GGML_OP_MUL_MAT,
+    GGML_OP_MUL_MAT_ID,
     GGML_OP_NONE,
     GGML_TYPE_F32,
     GGML_TYPE_I32,
@@ -160,6 +161,9 @@ cdef enum:
     PAGE = 4096
     MAX_CAPTURE = 16384
     NAME_LEN = 64
+    USE_MUL_MAT = 1        # a weight captured as the matrix of a mul_mat node
+    USE_MUL_MAT_ID = 2     # ... of a mul_mat_id node (routed experts)
+    USE_OTHER = 4          # ... as any other operand (get_rows, add, mul, ...)
 
 # fault kinds
 cdef enum:
@@ -186,6 +190,11 @@ cdef struct proj_t:
     int64_t slice_bytes    # nb[2]
     int file_index
     int64_t file_offset    # of expert 0
+    ggml_tensor * repack   # one expert's shape in llama.cpp's CPU_REPACK buffer type, with
+                           # its traits (weight_repack.Templates); NULL: the file's layout
+
+
+ctypedef void (*tensor_set_f)(ggml_tensor *, const void *, size_t, size_t) noexcept nogil
 
 
 cdef struct job_t:
@@ -195,11 +204,14 @@ cdef struct job_t:
     int64_t size
     int result             # 0, or -errno; -EIO for a short read
     int file_index
+    ggml_tensor * repack   # the projection's template (NULL: copied as read)
 
 
 cdef struct capture_t:
     char name[64]
     uintptr_t address
+    ggml_tensor * tensor
+    int uses               # USE_* bits: how the graph's nodes read it
 
 
 cdef struct lanes_t:
@@ -364,6 +376,9 @@ cdef struct stream_t:
     int n_lanes
     char ** bounce                 # [n_lanes], each bounce_size bytes, page aligned
     int64_t bounce_size
+    tensor_set_f tensor_set        # ggml_backend_tensor_set (repacked projections only)
+    ggml_tensor * lane_tensor      # [n_lanes]: each lane's copy of a template, pointed at the
+                                   # slice it writes
     lanes_t lanes
     uint8_t * io_state             # [n_layer * n_expert]: IO_IDLE, IO_QUEUED, IO_READING,
                                    # IO_RELEASE, IO_RELEASING
@@ -719,6 +734,20 @@ cdef int64_t read_exact(int fd, char * buf, int64_t length, int64_t offset) noex
     return done
 
 
+cdef void land(stream_t * s, job_t * job, int lane, const char * src) noexcept nogil:
+    """Write one projection's bytes, read in the file's layout, into its slice: copied, or
+    repacked by llama.cpp (``ggml_backend_tensor_set`` on the lane's copy of the template,
+    pointed at the slice)."""
+    cdef ggml_tensor * t
+    if job.repack == NULL:
+        memcpy(job.dest, src, job.size)
+        return
+    t = &s.lane_tensor[lane]
+    t[0] = job.repack[0]
+    t.data = job.dest
+    s.tensor_set(t, src, 0, job.size)
+
+
 cdef int run_job(stream_t * s, job_t * job, int lane) noexcept nogil:
     cdef int64_t a0, a1, got
     cdef char * buf
@@ -731,9 +760,15 @@ cdef int run_job(stream_t * s, job_t * job, int lane) noexcept nogil:
             return <int> got
         if got < job.offset + job.size - a0:
             return -EIO
-        memcpy(job.dest, buf + (job.offset - a0), job.size)
+        land(s, job, lane, buf + (job.offset - a0))
         return 0
-    got = read_exact(job.fd, job.dest, job.size, job.offset)
+    if job.repack != NULL:  # the repack reads another buffer than it writes
+        got = read_exact(job.fd, s.bounce[lane], job.size, job.offset)
+        if got >= job.size:
+            land(s, job, lane, s.bounce[lane])
+            return 0
+    else:
+        got = read_exact(job.fd, job.dest, job.size, job.offset)
     if got < 0:
         return <int> got
     if got < job.size:
@@ -749,6 +784,7 @@ cdef void fill_job(stream_t * s, job_t * job, int layer, int expert, int p) noex
     job.offset = pr.file_offset + expert * pr.slice_bytes
     job.size = pr.slice_bytes
     job.result = 0
+    job.repack = pr.repack
 
 
 cdef void trace_read(stream_t * s, job_t * job, int32_t idx, int p, int lane, double t0) noexcept nogil:
@@ -1763,19 +1799,25 @@ cdef void reference(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
 # -- capture -----------------------------------------------------------------------------
 
 cdef void capture(stream_t * s, ggml_tensor * t) noexcept nogil:
-    cdef int j, c
+    cdef int j, c, use
     cdef ggml_tensor * src
     cdef int known
     for j in range(10):
         src = t.src[j]
         if src == NULL or src.op != GGML_OP_NONE or src.data == NULL or src.name[0] == 0:
             continue
-        known = 0
+        use = USE_OTHER
+        if j == 0 and t.op == GGML_OP_MUL_MAT:
+            use = USE_MUL_MAT
+        elif j == 0 and t.op == GGML_OP_MUL_MAT_ID:
+            use = USE_MUL_MAT_ID
+        known = -1
         for c in range(s.n_captured):
             if strncmp(s.captured[c].name, src.name, NAME_LEN) == 0:
-                known = 1
+                known = c
                 break
-        if known:
+        if known >= 0:
+            s.captured[known].uses |= use
             continue
         if s.n_captured >= MAX_CAPTURE:
             s.capture_overflow = 1
@@ -1783,6 +1825,8 @@ cdef void capture(stream_t * s, ggml_tensor * t) noexcept nogil:
         strncpy(s.captured[s.n_captured].name, src.name, NAME_LEN - 1)
         s.captured[s.n_captured].name[NAME_LEN - 1] = 0
         s.captured[s.n_captured].address = <uintptr_t> src.data
+        s.captured[s.n_captured].tensor = src
+        s.captured[s.n_captured].uses = use
         s.n_captured += 1
 
 
@@ -1843,6 +1887,19 @@ def advise_hugepages(uintptr_t address, size_t length, bint on):
     cdef uintptr_t p1 = (address + length) & ~(<uintptr_t> (PAGE - 1))
     if p1 > p0:
         madvise(<void *> p0, p1 - p0, MADV_HUGEPAGE if on else MADV_NOHUGEPAGE)
+
+
+def give_back(uintptr_t address, int64_t length) -> int:
+    """Give back the pages lying wholly inside ``[address, address + length)`` of the
+    overlay (memory nothing reads any more: a dense weight moved to a repacked buffer);
+    returns the bytes given back. Pages shared with a neighbour stay."""
+    cdef uintptr_t p0 = (address + PAGE - 1) & ~(<uintptr_t> (PAGE - 1))
+    cdef uintptr_t p1 = (address + length) & ~(<uintptr_t> (PAGE - 1))
+    if p1 <= p0:
+        return 0
+    if madvise(<void *> p0, p1 - p0, MADV_DONTNEED) != 0:
+        raise OSError(errno, f"madvise: {strerror(errno).decode()}")
+    return p1 - p0
 
 
 def fill_from_file(int fd, int64_t offset, uintptr_t address, int64_t length):
@@ -2023,6 +2080,8 @@ cdef class ExpertStreamer:
                 free(s.bounce[i])
             free(s.bounce)
             s.bounce = NULL
+        free(s.lane_tensor)
+        s.lane_tensor = NULL
 
     def close(self):
         """Stop serving (the callback does nothing from now on) and close the files and
@@ -2369,6 +2428,37 @@ cdef class ExpertStreamer:
             out[self.s.captured[c].name.decode("utf-8", "replace")] = self.s.captured[c].address
         return out
 
+    def captured_weights(self):
+        """``{tensor name: (tensor address, uses)}`` of every weight seen in capture mode;
+        ``uses``: 1 the matrix of a ``mul_mat``, 2 of a ``mul_mat_id``, 4 any other operand
+        (bits or-ed over every node that reads it)."""
+        out = {}
+        for c in range(self.s.n_captured):
+            name = self.s.captured[c].name.decode("utf-8", "replace")
+            out[name] = (<uintptr_t> self.s.captured[c].tensor, self.s.captured[c].uses)
+        return out
+
+    def set_projection_repack(self, int layer, int proj, uintptr_t template, uintptr_t tensor_set):
+        """From now on, write projection ``proj`` of ``layer`` repacked: through
+        ``tensor_set`` (``ggml_backend_tensor_set``) on a copy of ``template`` (one expert's
+        shape in llama.cpp's CPU_REPACK buffer type, ``weight_repack.Templates``) pointed at
+        the slice. Only between decodes, before anything of the projection is resident."""
+        if not (0 <= layer < self.s.core.n_layer and 0 <= proj < self.s.n_proj):
+            raise ValueError("layer or projection out of range")
+        cdef proj_t * pr = &self.s.projs[layer * self.s.n_proj + proj]
+        if pr.base == NULL:
+            raise ValueError(f"projection {proj} of layer {layer} is not set")
+        if template == 0 or tensor_set == 0:
+            raise ValueError("template and tensor_set must be non-null")
+        pr.repack = <ggml_tensor *> template
+        self.s.tensor_set = <tensor_set_f> tensor_set
+
+    def projection_repacked(self, int layer, int proj) -> bool:
+        """Whether projection ``proj`` of ``layer`` is written repacked."""
+        if not (0 <= layer < self.s.core.n_layer and 0 <= proj < self.s.n_proj):
+            return False
+        return self.s.projs[layer * self.s.n_proj + proj].repack != NULL
+
     @property
     def capture_overflow(self) -> bool:
         """True when the graph had more weights than capture can record (``MAX_CAPTURE``)."""
@@ -2456,6 +2546,9 @@ cdef class ExpertStreamer:
             for i in range(n_lanes):
                 if posix_memalign(<void **> &self.s.bounce[i], PAGE, self.s.bounce_size) != 0:
                     raise MemoryError()
+            self.s.lane_tensor = <ggml_tensor *> calloc(n_lanes, sizeof(ggml_tensor))
+            if self.s.lane_tensor == NULL:
+                raise MemoryError()
             self.s.lanes.threads = <pthread_t *> calloc(n_lanes, sizeof(pthread_t))
             self.s.worker_args = <worker_arg_t *> calloc(n_lanes, sizeof(worker_arg_t))
             if self.s.lanes.threads == NULL or self.s.worker_args == NULL:

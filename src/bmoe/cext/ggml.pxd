@@ -29,6 +29,7 @@ cdef extern from "ggml.h" nogil:
 
     struct ggml_tensor:
         ggml_type type
+        void * buffer        # struct ggml_backend_buffer *
         int64_t ne[4]
         size_t nb[4]
         ggml_op op
@@ -37,3 +38,9 @@ cdef extern from "ggml.h" nogil:
         size_t view_offs
         void * data
         char name[64]
+        void * extra         # the buffer type's per-tensor state (CPU_REPACK: its repack traits)
+
+    struct ggml_init_params:
+        size_t mem_size
+        void * mem_buffer
+        bool no_alloc

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.decide_probe import LlamaDecideProbe
-from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
+from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable, has_streamable_experts
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.adapters.llama.context import CCallback
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
@@ -79,6 +79,10 @@ class SessionConfig:
       them and refuses them);
     - ``n_expert_used``: run a MoE model with this many experts per token instead of its
       own top-k (lossy; ``ConfigError`` outside ``1..n_expert`` or for a dense model).
+    - ``repack``: compute with weights in llama.cpp's repacked layout (``CPU_REPACK``), as
+      stock llama.cpp does by default: resident, llama.cpp repacks at load; streamed, bmoe
+      repacks the same weights (each expert as it is read). False (``--no-repack``): the
+      file's layout everywhere. Either way streamed output equals resident output.
     """
 
     model_path: Path
@@ -90,6 +94,7 @@ class SessionConfig:
     stream: StreamConfig = attrs.field(factory=StreamConfig)
     decide: DecideConfig = attrs.field(factory=DecideConfig)
     n_expert_used: int | None = None
+    repack: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.n_predict < 0:
@@ -112,9 +117,17 @@ class Session:
         self.notes: list[str] = []  # lines for the user about how the session runs
         self.streaming: StreamingControl | None = None
         self._on_load = on_load
+        # a model without routed experts in the registry runs resident even if asked to
+        # stream: it is loaded as one (llama.cpp repacks it)
+        self._repack_at_load = config.repack and not (
+            config.stream.enabled and has_streamable_experts(config.model_path)
+        )
         self.model = LlamaModel(
             config.model_path,
             ModelParams(
+                # resident: llama.cpp repacks at load; streamed: attach repacks (the experts
+                # must stay where the streamer reads them)
+                use_extra_bufts=self._repack_at_load,
                 n_expert_used=config.n_expert_used,
                 on_progress=None if on_load is None else (lambda f: on_load("loading the model", f)),
             ),
@@ -151,7 +164,7 @@ class Session:
         try:
             streamer, layout, found = ExpertStreaming.new_streamer(self.model, self._flag.fault_address)
         except StreamingUnavailable as why:
-            self.notes.append(f"moe-stream: {why}; running resident")
+            self.notes.append(f"moe-stream: {why}; running resident{self._layout_note(config)}")
             ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(None))
             return ctx, None
         ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(streamer))
@@ -159,12 +172,19 @@ class Session:
             if self._on_load is not None:
                 self._on_load("setting up expert streaming", 0.0)
             streaming = ExpertStreaming.attach(
-                self.model, ctx, streamer, layout, found, config.stream, available_bytes=available_bytes
+                self.model,
+                ctx,
+                streamer,
+                layout,
+                found,
+                config.stream,
+                available_bytes=available_bytes,
+                repack=config.repack,
             )
             if self._on_load is not None:
                 self._on_load("setting up expert streaming", 1.0)
         except StreamingUnavailable as why:
-            self.notes.append(f"moe-stream: {why}; running resident")
+            self.notes.append(f"moe-stream: {why}; running resident{self._layout_note(config)}")
             return ctx, None
         except BaseException:
             ctx.close()
@@ -182,6 +202,13 @@ class Session:
             off = streaming.info.recycling_off
             self.notes.append(f"moe-cache: evicted pages are given back, not recycled: {off}")
         return ctx, control
+
+    def _layout_note(self, config: SessionConfig) -> str:
+        """What a resident fallback of a streamed load computes with: a model loaded for
+        streaming keeps its weights in the file's layout."""
+        if config.repack and not self._repack_at_load:
+            return " (weights in the file's layout: loaded for streaming)"
+        return ""
 
     def _hook(self, inner: CCallback | None) -> CCallback | None:
         """The context's eval callback: ``inner`` (the streamer's, or none), wrapped by the

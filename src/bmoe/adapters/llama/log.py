@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import llama_cpp
 
+from bmoe.cext import log_filter
+
 _ERROR_LEVEL = 4  # GGML_LOG_LEVEL_ERROR (3 is WARN)
 _CONT_LEVEL = 5  # GGML_LOG_LEVEL_CONT: continues the previous line
 # What llama.cpp logs as errors when a decode is aborted through the abort callback (a
@@ -73,10 +75,18 @@ def capture_compute_buffers() -> Iterator[dict[str, int]]:
         _capture.found = previous
 
 
+# llama.cpp calls the C filter (bmoe.cext.log_filter), which drops the debug line each weight
+# repack logs (streaming repacks every expert it reads, on the read lanes) and passes every
+# other line to _log_callback
+_filter = llama_cpp.llama_log_callback(log_filter.callback_address())
+_forward = ctypes.c_void_p(ctypes.cast(_log_callback, ctypes.c_void_p).value)
+
+
 def set_llama_verbose(verbose: bool) -> None:
-    """Show all of llama.cpp's log (True) or only its errors (False, the default)."""
+    """Show all of llama.cpp's log (True) or only its errors (False, the default). The
+    debug line llama.cpp logs for each weight it repacks is never shown."""
     _state["verbose"] = int(verbose)
-    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    llama_cpp.llama_log_set(_filter, _forward)
 
 
 _backend_ready = False

@@ -6,6 +6,7 @@ import ctypes
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 import attrs
 import llama_cpp
@@ -14,6 +15,10 @@ from bmoe.adapters.gguf_layout import read_header_values, validate_model_files
 from bmoe.adapters.llama.log import ensure_backend
 from bmoe.domain.chat import with_one_bos
 from bmoe.errors import ConfigError, ModelLoadError, TokenizeError
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
 
 
 @attrs.frozen
@@ -89,6 +94,7 @@ class LlamaModel:
                 "or missing tensors; run with --verbose to see llama.cpp's reason)"
             )
         self._ptr: llama_cpp.llama_model_p | None = ptr
+        self._after_free: list[Closable] = []
         self._vocab = llama_cpp.llama_model_get_vocab(ptr)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
 
@@ -100,10 +106,17 @@ class LlamaModel:
             raise ValueError("the model is closed")
         return self._ptr
 
+    def keep_until_closed(self, owner: Closable) -> None:
+        """Close ``owner`` right after the model is freed (memory its tensors point into:
+        repacked weight buffers)."""
+        self._after_free.append(owner)
+
     def close(self) -> None:
         if self._ptr is not None:
             llama_cpp.llama_model_free(self._ptr)
             self._ptr = None
+        while self._after_free:
+            self._after_free.pop().close()
 
     def __enter__(self) -> LlamaModel:
         return self

@@ -1,0 +1,144 @@
+"""Weights in llama.cpp's repacked layout (``CPU_REPACK``) for a model loaded without it.
+
+Stock llama.cpp repacks at load (``use_extra_bufts``): every weight whose matmul its CPU
+backend has a repacked kernel for is copied into a ``CPU_REPACK`` buffer, interleaved for
+the SIMD kernels. That copies the whole model into anonymous memory, which streaming
+cannot afford, so a streamed model is loaded with repacking off and repacked here, weight
+by weight, exactly as llama.cpp decides and does it:
+
+- which weights: those llama.cpp's loader would place in ``CPU_REPACK`` (the op each feeds,
+  as the capture decode saw it, tested on the CPU device with a stand-in in that buffer
+  type: ``weight_repack.supported``);
+- dense weights move into one ``CPU_REPACK`` buffer (allocated and filled by llama.cpp);
+- routed-expert tensors keep the streamer's memory, get the buffer type's traits, and
+  each expert is repacked by llama.cpp as a lane reads it (``ExpertRepack``).
+
+All through llama.cpp's functions (``weight_repack.FUNCTIONS``, resolved from the library
+llama-cpp-python loaded); the gates check the result against llama.cpp's own load-time
+repack, bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable
+
+import attrs
+import llama_cpp._ggml as ggml_lib
+
+from bmoe.cext import weight_repack
+
+REPACK_BUFT_NAME = b"CPU_REPACK"
+_DEVICE_TYPE_CPU = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
+USE_MUL_MAT = 1  # capture's use bits (expert_stream.captured_weights)
+USE_MUL_MAT_ID = 2
+USE_OTHER = 4
+
+
+def _function(name: str) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    return getattr(ggml_lib.libggml, name)
+
+
+def _address(name: str) -> int:
+    return int(ctypes.cast(_function(name), ctypes.c_void_p).value or 0)
+
+
+@attrs.frozen
+class CpuRepack:
+    """llama.cpp's CPU device and its ``CPU_REPACK`` buffer type (``find`` locates them)."""
+
+    device: int
+    buft: int
+
+    @classmethod
+    def find(cls) -> CpuRepack | None:
+        """The CPU device's ``CPU_REPACK`` buffer type, or None where this build of llama.cpp
+        has none (then weights stay in the file's layout, as with ``--no-repack``)."""
+        try:
+            weight_repack.bind({name: _address(name) for name in weight_repack.FUNCTIONS})
+            by_type = _function("ggml_backend_dev_by_type")
+            by_type.restype, by_type.argtypes = ctypes.c_void_p, [ctypes.c_int]
+            reg_of = _function("ggml_backend_dev_backend_reg")
+            reg_of.restype, reg_of.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+            proc = _function("ggml_backend_reg_get_proc_address")
+            proc.restype, proc.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+            name_of = _function("ggml_backend_buft_name")
+            name_of.restype, name_of.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        except (AttributeError, KeyError):
+            return None
+        device = by_type(_DEVICE_TYPE_CPU)
+        if not device:
+            return None
+        get_extra = proc(reg_of(device), b"ggml_backend_dev_get_extra_bufts")
+        if not get_extra:
+            return None
+        extra_bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get_extra)(device)
+        i = 0
+        while extra_bufts and extra_bufts[i]:
+            if name_of(extra_bufts[i]) == REPACK_BUFT_NAME:
+                return cls(device=int(device), buft=int(extra_bufts[i]))
+            i += 1
+        return None
+
+    def wants(self, tensor: int, uses: int, n_expert_used: int) -> bool:
+        """Whether llama.cpp would repack this weight: read only as the matrix of a
+        ``mul_mat`` (or, routed experts, a ``mul_mat_id``), and the CPU device runs that op
+        on it from a ``CPU_REPACK`` buffer."""
+        if uses == USE_MUL_MAT:
+            return weight_repack.supported(tensor, weight_repack.OP_MUL_MAT, 0, self.buft, self.device)
+        if uses == USE_MUL_MAT_ID:
+            return weight_repack.supported(
+                tensor, weight_repack.OP_MUL_MAT_ID, max(1, n_expert_used), self.buft, self.device
+            )
+        return False
+
+
+class DenseRepack:
+    """Dense weights moved into one ``CPU_REPACK`` buffer (freed by ``close``, after the model)."""
+
+    def __init__(self, repack: CpuRepack, tensors: list[int]) -> None:
+        self.n_tensors = len(tensors)
+        self.n_bytes = weight_repack.aligned_size(repack.buft, tensors) if tensors else 0
+        self._buffer = weight_repack.alloc_buffer(repack.buft, self.n_bytes) if tensors else 0
+        self.previous: list[tuple[int, int]] = (
+            weight_repack.move_to_buffer(self._buffer, repack.buft, tensors) if tensors else []
+        )
+
+    def close(self) -> None:
+        weight_repack.free_buffer(self._buffer)
+        self._buffer = 0
+
+
+class ExpertRepack:
+    """Routed-expert tensors computed by the repacked kernels: each tagged with a
+    ``CPU_REPACK`` buffer (which holds none of their bytes: they stay in the streamer's
+    memory) and given a template of one expert's shape for the lanes. ``close`` frees the
+    buffer and the templates, after the model (the tensors point at the buffer until then)."""
+
+    def __init__(self, repack: CpuRepack, tensors: Iterable[int]) -> None:
+        tensors = list(tensors)
+        self._tag = weight_repack.alloc_buffer(repack.buft, 64)
+        self._templates: weight_repack.Templates | None = weight_repack.Templates(max(1, len(tensors)))
+        self.templates: dict[int, int] = {}  # tensor address -> its template (0: not repacked)
+        for tensor in tensors:
+            template = self._templates.add(tensor, self._tag)
+            self.templates[tensor] = template if template and weight_repack.tag(tensor, self._tag) else 0
+        self.tensor_set = weight_repack.tensor_set_address()
+
+    def close(self) -> None:
+        self._templates = None
+        weight_repack.free_buffer(self._tag)
+        self._tag = 0
+
+
+def buffer_type_name(tensor: int) -> str:
+    """The name of the buffer type a weight lives in (``CPU``, ``CPU_REPACK``, ...; ``""``
+    for none)."""
+    buffer = weight_repack.tensor_info(tensor)["buffer"]
+    if not buffer:
+        return ""
+    get_type = _function("ggml_backend_buffer_get_type")
+    get_type.restype, get_type.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    name_of = _function("ggml_backend_buft_name")
+    name_of.restype, name_of.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    return bytes(name_of(get_type(buffer)) or b"").decode()
