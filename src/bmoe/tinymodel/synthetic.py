@@ -10,7 +10,10 @@ from the shapes), then each tensor's bytes are drawn, written and dropped, so me
 at one tensor (the biggest is one ``*_exps`` tensor, ~113 MB at the default shape).
 
 Quantized weights are raw blocks: Q4_0 = an f16 scale then 16 bytes of 4-bit values
-(``w = (q - 8) * d``), Q8_0 = an f16 scale then 32 int8 values. The nibbles/bytes are
+(``w = (q - 8) * d``), Q8_0 = an f16 scale then 32 int8 values, Q4_K (a K-quant: 256
+values per block) = f16 ``d`` and ``dmin``, 12 bytes of 6-bit sub-block scales and minimums,
+128 bytes of 4-bit values; every sub-block gets scale 1 and minimum 8 and ``dmin = d``, so
+``w = (q - 8) * d`` as in Q4_0. The nibbles/bytes are
 uniform random, made zero-mean (see ``_symmetric_codes``), and the scale of a tensor is
 chosen so its weights have RMS ``1/sqrt(fan_in)`` (as the fixtures' ``WeightInit.matrix``):
 every projection keeps its input's magnitude and the model stays finite. Norms and the
@@ -48,6 +51,10 @@ from bmoe.tinymodel.writer import add_tokenizer
 
 ARCH = "qwen3moe"
 QK = 32  # values per Q4_0 / Q8_0 block
+# Q4_K's 12 sub-block bytes for scale 1 and minimum 8 in each of its 8 sub-blocks (llama.cpp's
+# packing: bytes 0-3 the low 6 bits of scales 0-3, 4-7 of minimums 0-3, 8-11 the low 4 bits
+# of scales and minimums 4-7; their high 2 bits are the top bits of bytes 0-7, zero here)
+_Q4_K_SUBBLOCKS = bytes([1, 1, 1, 1, 8, 8, 8, 8, 0x81, 0x81, 0x81, 0x81])
 
 
 @attrs.frozen
@@ -59,9 +66,15 @@ class QuantFormat:
     file_type: LlamaFileType
     block_bytes: int
     code_rms: float  # RMS of the dequantized value for d = 1 and uniform random codes
+    block_values: int = QK
 
     def n_bytes(self, n_values: int) -> int:
-        return n_values // QK * self.block_bytes
+        return n_values // self.block_values * self.block_bytes
+
+    @property
+    def header_bytes(self) -> int:
+        """Bytes before a block's codes: the f16 scale (Q4_K: and dmin, and the sub-blocks)."""
+        return 16 if self.ggml_type == GGMLQuantizationType.Q4_K else 2
 
 
 QUANTS: dict[str, QuantFormat] = {
@@ -70,6 +83,10 @@ QUANTS: dict[str, QuantFormat] = {
     "q4_0": QuantFormat("q4_0", GGMLQuantizationType.Q4_0, LlamaFileType.MOSTLY_Q4_0, 18, 17.5**0.5),
     # Q8_0: w = q d, q int8 with -128 replaced by 0: E[w^2] = 2 * sum(k^2, 1..127) / 256
     "q8_0": QuantFormat("q8_0", GGMLQuantizationType.Q8_0, LlamaFileType.MOSTLY_Q8_0, 34, 5397.5**0.5),
+    # Q4_K: w = d * 1 * q - dmin * 8 with dmin = d, the codes as Q4_0's (see _Q4_K_SUBBLOCKS)
+    "q4_k": QuantFormat(
+        "q4_k", GGMLQuantizationType.Q4_K, LlamaFileType.MOSTLY_Q4_K_M, 144, 17.5**0.5, block_values=256
+    ),
 }
 
 
@@ -96,11 +113,12 @@ class SyntheticShape:
                 raise ValueError(f"{name} must be >= 1")
         if self.n_expert_used > self.n_expert:
             raise ValueError("top-k cannot exceed the number of experts")
+        block = self.fmt.block_values
         for name in ("n_embd", "n_ff_exp"):
-            if getattr(self, name) % QK:
-                raise ValueError(f"{name} must be a multiple of {QK} (quantization blocks)")
-        if (self.heads * self.head_dim) % QK:
-            raise ValueError(f"n_head * head_dim must be a multiple of {QK}")
+            if getattr(self, name) % block:
+                raise ValueError(f"{name} must be a multiple of {block} ({self.quant} blocks)")
+        if (self.heads * self.head_dim) % block:
+            raise ValueError(f"n_head * head_dim must be a multiple of {block}")
         if self.heads % self.kv_heads:
             raise ValueError("n_head must be a multiple of n_head_kv")
 
@@ -169,15 +187,19 @@ def quantized_random(
 ) -> npt.NDArray[np.uint8]:
     """Raw blocks of a random tensor whose weights have RMS ``target_rms`` (one scale per tensor)."""
     n_values = int(np.prod(shape))
-    n_blocks = n_values // QK
+    n_blocks = n_values // fmt.block_values
     out = np.empty((n_blocks, fmt.block_bytes), dtype=np.uint8)
     scale = np.float16(target_rms / fmt.code_rms)
     if not np.isfinite(scale) or scale == 0:
         raise ValueError(f"scale {target_rms / fmt.code_rms} is not representable in f16")
     out[:, :2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
-    codes = fmt.block_bytes - 2
+    if fmt.ggml_type == GGMLQuantizationType.Q4_K:
+        out[:, 2:4] = out[:, :2]  # dmin = d
+        out[:, 4:16] = np.frombuffer(_Q4_K_SUBBLOCKS, dtype=np.uint8)
+    start = fmt.header_bytes
+    codes = fmt.block_bytes - start
     raw = np.frombuffer(rng.bytes(n_blocks * codes), dtype=np.uint8).reshape(n_blocks, codes)
-    out[:, 2:] = _symmetric_codes(fmt, raw)
+    out[:, start:] = _symmetric_codes(fmt, raw)
     return out.reshape(-1)
 
 
@@ -189,7 +211,7 @@ def _symmetric_codes(fmt: QuantFormat, raw: npt.NDArray[np.uint8]) -> npt.NDArra
     random router would send every token to the same few experts. Mapping the one unpaired
     code to zero removes the offset.
     """
-    if fmt.ggml_type == GGMLQuantizationType.Q4_0:
+    if fmt.ggml_type in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_K):
         lo = raw & 0x0F
         hi = raw >> 4
         lo[lo == 0] = 8
