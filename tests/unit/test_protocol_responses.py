@@ -118,7 +118,7 @@ EXPECTED_LINES = {
 
 # The keys of docs/protocol.md, in its order: the contract (choice_p_renorm: a key bmoe adds).
 PROTOCOL_KEYS = {
-    "BMOE_READY": "load_s arch n_ctx n_expert_used think_ctl",
+    "BMOE_READY": "load_s arch n_ctx n_expert_used think_ctl repacked weights",
     "BMOE_BEGIN": "id",
     "BMOE_PROGRESS": """step steps wall_ms io_ms compute_ms mgmt_ms stall_ms read_mb cache_hit_pct
         delta_text delta_reasoning""",

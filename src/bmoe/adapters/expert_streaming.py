@@ -42,6 +42,7 @@ from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
 from bmoe.domain.streaming import Budget, ReadFault, StreamConfig, StreamCounters, StreamFault, resolve_budget
 from bmoe.domain.streaming.page_recycling import recycling_fits, worst_case_mappings
 from bmoe.domain.streaming.rank_worker import rank_on_worker
+from bmoe.domain.weight_layout import WeightLayout
 
 PAGE = 4096
 
@@ -155,43 +156,17 @@ class StreamingInfo:
     entry_bytes: int  # one (layer, expert) cache entry: all its projections (the largest layer's)
     recycling: bool = True  # evicted pages move under the next read's slices
     recycling_off: str = ""  # why not, when it is off
-    repack: RepackInfo = attrs.field(factory=lambda: RepackInfo(asked=False))
-
-
-@attrs.frozen
-class RepackInfo:
-    """Which weights compute in llama.cpp's repacked layout (``CPU_REPACK``)."""
-
-    asked: bool  # False: --no-repack
-    available: bool = False  # this llama.cpp has the CPU_REPACK buffer type
-    dense_tensors: int = 0
-    dense_bytes: int = 0
-    expert_tensors: int = 0  # routed-expert tensors written repacked
-    expert_tensors_total: int = 0
-
-    def summary(self) -> str:
-        """For the ``mode:`` line: ``weights repacked (dense 12 tensors, 3.2 MiB; experts 12/12
-        tensors)``, or why not."""
-        if not self.asked:
-            return "weights in the file's layout (--no-repack)"
-        if not self.available:
-            return "weights in the file's layout (this llama.cpp has no CPU_REPACK buffer type)"
-        if not self.dense_tensors and not self.expert_tensors:
-            return "weights in the file's layout (no weight of this model has a repacked form here)"
-        return (
-            f"weights repacked (dense {self.dense_tensors} tensors, {self.dense_bytes / 1048576:.1f} MiB; "
-            f"experts {self.expert_tensors}/{self.expert_tensors_total} tensors)"
-        )
+    repack: WeightLayout = attrs.field(factory=lambda: WeightLayout(asked=False))
 
 
 def _repack(
     model: LlamaModel, streamer: expert_stream.ExpertStreamer, found: list[tuple[int, int, TensorLocation]]
-) -> RepackInfo:
+) -> WeightLayout:
     """Repack what llama.cpp would (after the overlay and the routers' copies: the dense
     bytes are read from the overlay, whose pages are given back once moved)."""
     cpu = CpuRepack.find()
     if cpu is None:
-        return RepackInfo(asked=True)
+        return WeightLayout(asked=True)
     weights = streamer.captured_weights()
     expert_names = {loc.name for _, _, loc in found}
     n_used = model.n_expert_used
@@ -210,7 +185,7 @@ def _repack(
         if template:
             streamer.set_projection_repack(layer, p, template, expert.tensor_set)
             n_repacked += 1
-    return RepackInfo(
+    return WeightLayout(
         asked=True,
         available=True,
         dense_tensors=dense.n_tensors,
@@ -362,7 +337,7 @@ class ExpertStreaming:
                     "the routers (ffn_gate_inp) are not where the routing policies need them"
                 )
         # 5. repacked weights, as llama.cpp would have them
-        repacked = _repack(model, streamer, found) if repack else RepackInfo(asked=False)
+        repacked = _repack(model, streamer, found) if repack else WeightLayout(asked=False)
         info = StreamingInfo(
             budget=budget,
             odirect=odirect,

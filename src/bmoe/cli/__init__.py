@@ -110,6 +110,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
         n_predict=args.n_predict,
         verbose=args.verbose,
         n_expert_used=args.n_expert_used,
+        repack=not args.no_repack,
         decide=decide_config(args),
         stream=stream_config(args),
     )
@@ -296,6 +297,7 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
                 mode = "mode: resident" + ("" if args.moe_stream else " (expert streaming not enabled)")
             if session.n_expert:
                 mode += f"; {session.arch}, {session.n_expert} experts, top-{session.n_expert_used}"
+            mode += f"; {session.weight_layout.summary()}"
             load_s = session.load_s
             if csv_file is not None:
                 csv_file.write(metrics_trailer(run_summary(result, load_s)))

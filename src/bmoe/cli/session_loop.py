@@ -160,6 +160,8 @@ class SessionLoop:
                 n_ctx=s.n_ctx,
                 n_expert_used=s.n_expert_used,
                 think_ctl=s.think_ctl,
+                repacked=s.weight_layout.repacked,
+                weights=s.weight_layout.summary(),
             )
         )
         threading.Thread(target=self._read, name="bmoe-stdin", daemon=True).start()

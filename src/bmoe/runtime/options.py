@@ -37,6 +37,12 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         help="prompt batch and ubatch size (default: 64; 512 with --moe-stream, at most -c)",
     )
     p.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="keep the weights in the file's layout: no CPU_REPACK (stock llama.cpp's default, which "
+        "bmoe follows resident and streamed, repacks them for faster kernels)",
+    )
+    p.add_argument(
         "--n-expert-used",
         type=int,
         default=None,

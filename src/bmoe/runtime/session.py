@@ -35,6 +35,7 @@ from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
+from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
     ConfigError,
     ContextOverflowError,
@@ -243,6 +244,18 @@ class Session:
     @property
     def n_expert_used(self) -> int:
         return self.model.n_expert_used
+
+    @property
+    def weight_layout(self) -> WeightLayout:
+        """Which weights compute in llama.cpp's repacked layout."""
+        if self.streaming is not None:
+            return self.streaming.info.repack
+        if not self.config.repack:
+            return WeightLayout(asked=False)
+        if not self._repack_at_load:
+            return WeightLayout(asked=True, streaming_load=True)
+        repacked = self.model.repacked_bytes
+        return WeightLayout(asked=True, available=True, by_llama=True, dense_bytes=repacked)
 
     @property
     def think_ctl(self) -> bool:

@@ -76,6 +76,7 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
         think=not args.no_think,
         verbose=args.verbose,
         n_expert_used=args.n_expert_used,
+        repack=not args.no_repack,
         decide=decide_config(args),
         stream=stream_config(args),
     )

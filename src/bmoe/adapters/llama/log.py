@@ -32,19 +32,26 @@ _ABORTED = re.compile(
 _state: dict[str, int] = {"verbose": 0, "last_level": 0}
 # llama_context::sched_reserve, once per backend whose buffer holds more than a byte:
 # "sched_reserve:        CPU compute buffer size =     0.25 MiB"
-_COMPUTE_BUFFER = re.compile(rb"(\S+) compute buffer size = +([0-9]+(?:\.[0-9]+)?) MiB")
-_capture = threading.local()  # .found: the dict the calling thread's capture fills, or None
+# and llama_model_loader, once per buffer the weights were loaded into:
+# "load_tensors:   CPU_REPACK model buffer size =  1336.00 MiB"
+_BUFFER_SIZES = {
+    "compute": re.compile(rb"(\S+) compute buffer size = +([0-9]+(?:\.[0-9]+)?) MiB"),
+    "model": re.compile(rb"(\S+) model buffer size = +([0-9]+(?:\.[0-9]+)?) MiB"),
+}
+_capture = threading.local()  # .compute, .model: the dicts the calling thread's captures fill
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]  # ctypes CFUNCTYPE is untyped
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     effective = _state["last_level"] if level == _CONT_LEVEL else level
     _state["last_level"] = effective
-    found = getattr(_capture, "found", None)
-    if found is not None:
-        match = _COMPUTE_BUFFER.search(text)
-        if match:  # a later reservation replaces an earlier one of the same backend
-            found[match.group(1).decode("utf-8", errors="replace")] = round(float(match.group(2)) * 1048576)
+    for kind, pattern in _BUFFER_SIZES.items():
+        found = getattr(_capture, kind, None)
+        if found is not None:
+            match = pattern.search(text)
+            if match:  # a later reservation replaces an earlier one of the same backend
+                name = match.group(1).decode("utf-8", errors="replace")
+                found[name] = round(float(match.group(2)) * 1048576)
     if shown(effective, text):
         sys.stderr.write(text.decode("utf-8", errors="replace"))
         sys.stderr.flush()
@@ -58,21 +65,32 @@ def shown(level: int, text: bytes) -> bool:
     return level == _ERROR_LEVEL and not _ABORTED.search(text)
 
 
-@contextlib.contextmanager
-def capture_compute_buffers() -> Iterator[dict[str, int]]:
+def capture_compute_buffers() -> contextlib.AbstractContextManager[dict[str, int]]:
     """Around creating a context: the compute buffers llama.cpp logs that it reserved, in
     bytes per backend (``{"CPU": 263680}``; empty if it logged none). Only lines logged by
     the calling thread count (llama.cpp reserves synchronously, in the creating thread), so
     contexts created at once in other threads do not mix in. The figure is the log's, to
     0.01 MiB."""
+    return _capturing("compute")
+
+
+def capture_model_buffers() -> contextlib.AbstractContextManager[dict[str, int]]:
+    """Around loading a model: the buffers llama.cpp loaded the weights into, in bytes per
+    buffer type (``{"CPU_Mapped": ..., "CPU_REPACK": ...}``), as its log says them; as
+    ``capture_compute_buffers``, only the calling thread's lines."""
+    return _capturing("model")
+
+
+@contextlib.contextmanager
+def _capturing(kind: str) -> Iterator[dict[str, int]]:
     found: dict[str, int] = {}
-    previous = getattr(_capture, "found", None)
+    previous = getattr(_capture, kind, None)
     set_llama_verbose(bool(_state["verbose"]))  # ours, even if something else replaced it
-    _capture.found = found
+    setattr(_capture, kind, found)
     try:
         yield found
     finally:
-        _capture.found = previous
+        setattr(_capture, kind, previous)
 
 
 # llama.cpp calls the C filter (bmoe.cext.log_filter), which drops the debug line each weight

@@ -12,7 +12,7 @@ import attrs
 import llama_cpp
 
 from bmoe.adapters.gguf_layout import read_header_values, validate_model_files
-from bmoe.adapters.llama.log import ensure_backend
+from bmoe.adapters.llama.log import capture_model_buffers, ensure_backend
 from bmoe.domain.chat import with_one_bos
 from bmoe.errors import ConfigError, ModelLoadError, TokenizeError
 
@@ -25,10 +25,11 @@ class Closable(Protocol):
 class ModelParams:
     """How a model is loaded.
 
-    The defaults are the ones streaming needs and that make an oracle comparable: the file
-    is memory-mapped (tensors point into the mapping at their file offsets), nothing is
-    offloaded, and weight repacking (``use_extra_bufts``) is off so expert tensors keep the
-    file's layout.
+    The defaults are the ones streaming needs: the file is memory-mapped (tensors point into
+    the mapping at their file offsets), nothing is offloaded, and weight repacking
+    (``use_extra_bufts``) is off so expert tensors keep the file's layout (streaming repacks
+    them itself, ``bmoe.adapters.llama.repack``). A resident session turns repacking on, as
+    stock llama.cpp does.
     """
 
     use_mmap: bool = True
@@ -86,8 +87,11 @@ class LlamaModel:
 
             progress_ref = llama_cpp.llama_progress_callback(progress)
             cparams.progress_callback = progress_ref
-        ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), cparams)
+        with capture_model_buffers() as buffers:
+            ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), cparams)
         del progress_ref  # llama.cpp calls it during the load only
+        # bytes per buffer type llama.cpp loaded the weights into (its log's figures)
+        self.weight_buffers: dict[str, int] = dict(buffers)
         if not ptr:
             raise ModelLoadError(
                 f"llama.cpp could not load {self.path} (not a GGUF, an unsupported architecture, "
@@ -139,6 +143,11 @@ class LlamaModel:
             if n < size:
                 return buf.value.decode("utf-8", errors="replace")
             size = n + 1
+
+    @property
+    def repacked_bytes(self) -> int:
+        """Bytes llama.cpp repacked at load (its ``CPU_REPACK`` buffers; 0 with repacking off)."""
+        return self.weight_buffers.get("CPU_REPACK", 0)
 
     @property
     def arch(self) -> str:

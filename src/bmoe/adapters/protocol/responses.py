@@ -49,6 +49,8 @@ class Ready:
     - ``n_expert_used``: experts routed per token.
     - ``think_ctl``: whether the chat template honours ``enable_thinking``, i.e. whether a
       request's ``think`` changes anything.
+    - ``repacked``: whether weights compute in llama.cpp's repacked layout (``CPU_REPACK``);
+      ``weights``: which, in words (the ``mode:`` line's).
     """
 
     TAG: ClassVar[str] = "BMOE_READY"
@@ -58,6 +60,8 @@ class Ready:
     n_ctx: int = attrs.field(converter=as_int)
     n_expert_used: int = attrs.field(converter=as_int)
     think_ctl: bool = attrs.field(validator=_is_bool)
+    repacked: bool = attrs.field(validator=_is_bool, default=False)
+    weights: str = attrs.field(validator=_is_str, default="")
 
 
 @attrs.frozen(kw_only=True)
