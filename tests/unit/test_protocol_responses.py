@@ -27,7 +27,10 @@ from bmoe.adapters.protocol import (
 )
 from bmoe.errors import BmoeError
 
-READY = Ready(load_s=12.5, arch="qwen3moe", n_ctx=4096, n_expert_used=8, think_ctl=True)
+READY = Ready(
+    load_s=12.5, arch="qwen3moe", n_ctx=4096, n_expert_used=8, think_ctl=True, repacked=True,
+    weights="weights repacked by llama.cpp at load (CPU_REPACK 1.5 MiB)",
+)  # fmt: skip
 BEGIN = Begin(id=1)
 PROGRESS = Progress(
     step=3,
@@ -90,7 +93,8 @@ ERROR = Error(
 
 EXPECTED_LINES = {
     READY: (
-        b'BMOE_READY {"load_s":12.5,"arch":"qwen3moe","n_ctx":4096,"n_expert_used":8,"think_ctl":true}\n'
+        b'BMOE_READY {"load_s":12.5,"arch":"qwen3moe","n_ctx":4096,"n_expert_used":8,"think_ctl":true,'
+        b'"repacked":true,"weights":"weights repacked by llama.cpp at load (CPU_REPACK 1.5 MiB)"}\n'
     ),
     BEGIN: b'BMOE_BEGIN {"id":1}\n',
     PROGRESS: (
