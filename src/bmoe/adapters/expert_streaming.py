@@ -171,6 +171,11 @@ def _repack(
     expert_names = {loc.name for _, _, loc in found}
     n_used = model.n_expert_used
     wanted = {name: t for name, (t, use) in weights.items() if cpu.wants(t, use, n_used)}
+    # An A/B switch for benchmarks only (docs/benchmarks.md): the dense weights' share of the
+    # gain and the experts' (the output then matches no resident run)
+    parts = os.environ.get("BMOE_REPACK_PARTS", "all")
+    if parts in ("dense", "experts"):
+        wanted = {n: t for n, t in wanted.items() if (n in expert_names) == (parts == "experts")}
     with native_call("repacking the dense weights"):
         dense = DenseRepack(cpu, [t for name, t in wanted.items() if name not in expert_names])
         model.keep_until_closed(dense)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig, prompt_batch
@@ -27,7 +28,14 @@ def cache_mb(text: str) -> int | None:
 
 def add_context_options(p: argparse.ArgumentParser) -> None:
     """``-t``, ``-c``, ``-b`` (the context ``context_params`` builds) and ``--n-expert-used``."""
-    p.add_argument("-t", "--threads", type=int, default=2, help="compute threads (default: 2)")
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="compute threads (default: one per physical core this process may use, as llama.cpp's "
+        f"tools choose; here {physical_cores()})",
+    )
     p.add_argument("-c", "--ctx-size", type=int, default=512, help="context length (default: 512)")
     p.add_argument(
         "-b",
@@ -208,4 +216,5 @@ def decide_config(args: argparse.Namespace) -> DecideConfig:
 def context_params(args: argparse.Namespace) -> ContextParams:
     """``-c``, ``-b`` (streaming's default prompt batch when unsaid) and ``-t``."""
     batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
-    return ContextParams(n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=args.threads)
+    threads = args.threads if args.threads is not None else physical_cores()
+    return ContextParams(n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=threads)

@@ -13,6 +13,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama.log import capture_compute_buffers
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.status import check_decode
@@ -48,7 +49,7 @@ class ContextParams:
     n_ctx: int = 256
     n_batch: int = 64
     n_ubatch: int = 64
-    n_threads: int = 2
+    n_threads: int = attrs.field(factory=physical_cores)  # one per physical core (-t)
     flash_attn: FlashAttn = "auto"
     swa_full: bool = False
 
