@@ -45,6 +45,14 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         help="prompt batch and ubatch size (default: 64; 512 with --moe-stream, at most -c)",
     )
     p.add_argument(
+        "-fa",
+        "--flash-attn",
+        choices=("on", "off", "auto"),
+        default="off",
+        help="flash attention, as llama.cpp's flag (default: off, the faster on the CPUs measured: "
+        "docs/benchmarks.md)",
+    )
+    p.add_argument(
         "--no-repack",
         action="store_true",
         help="keep the weights in the file's layout: no CPU_REPACK (stock llama.cpp's default, which "
@@ -217,4 +225,6 @@ def context_params(args: argparse.Namespace) -> ContextParams:
     """``-c``, ``-b`` (streaming's default prompt batch when unsaid) and ``-t``."""
     batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
     threads = args.threads if args.threads is not None else physical_cores()
-    return ContextParams(n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=threads)
+    return ContextParams(
+        n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=threads, flash_attn=args.flash_attn
+    )

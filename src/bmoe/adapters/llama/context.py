@@ -50,7 +50,9 @@ class ContextParams:
     n_batch: int = 64
     n_ubatch: int = 64
     n_threads: int = attrs.field(factory=physical_cores)  # one per physical core (-t)
-    flash_attn: FlashAttn = "auto"
+    # off: on a 2-core x86 VM, auto (on) decoded 28% slower at 2,000 tokens of context and
+    # prefilled no faster (docs/benchmarks.md); llama-cpp-python's Llama defaults to off too
+    flash_attn: FlashAttn = "off"
     swa_full: bool = False
 
     def __attrs_post_init__(self) -> None:
