@@ -1,5 +1,6 @@
 """``python -m bmoe.bench`` end to end on the tiny ``qwen3moe``: stock llama-cpp-python and
-bmoe streaming, each in its own process, the same teacher-forced tokens, one round."""
+bmoe streaming, each in its own process, the same prompt prefilled then the same
+teacher-forced tokens, one round."""
 
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
     assert stream["x_stock_norepack"] > 0 and stream["ceiling_tok_s"] > 0
     assert result["bandwidth"]["sequential"]["bytes"] > 0
 
+    # the default prompt, prefilled in one llama_decode by both, then the decode after it
+    assert result["prompt_tokens"] == 464 and result["n_ctx"] == 464 + 8
+    for s in summaries.values():
+        assert s["prompt_tokens"] == 464 and s["prefill_tok_s"] > 0 and s["prefill_s"] > 0
+    [stream_run] = result["runs"]["stream-1"]
+    assert stream_run["prefill_read_bytes"] > 0 and stream_run["prefill_stall_s"] >= 0
+    assert stream["prefill_read_mib"] == stream_run["prefill_read_bytes"] / 2**20
+    assert "prefill_read_bytes" not in result["runs"]["stock-norepack"][0]  # no streamer there
+    assert stream["prefill_x_stock"] == stream["prefill_tok_s"] / summaries["stock-norepack"]["prefill_tok_s"]
+    assert result["prefill_baseline"]["key"] == "stock-norepack"  # stock was not asked for
+    assert result["prefill_baseline"]["stock_state"] == "not run"
+
     [check] = result["token_checks"]
     assert check["key"] == "stream-1" and check["reference"] == "stock-norepack"
     assert check["equal"] and check["compared"] == 8
@@ -53,6 +66,9 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
 
     md = (out / "bench.md").read_text()
     assert "| bmoe stream, cache 1 MiB" in md and "routing check:" in md
+    assert "| prefill tok/s | prefill x stock-norepack (stock not run) |" in md
+    assert "Prefill: the text's first 464 tokens in one `llama_decode`" in md
     assert "the same 8 greedy tokens as stock llama-cpp-python (mmap, repacking off)" in md
     assert md in proc.stdout
     assert "round 1/1: bmoe stream" in proc.stderr  # progress goes to stderr
+    assert "prefill " in proc.stderr and "tok/s over 464 tokens, decode " in proc.stderr
