@@ -1,6 +1,7 @@
 """``python -m bmoe.bench`` end to end on the tiny ``qwen3moe``: stock llama-cpp-python and
 bmoe streaming, each in its own process, the same prompt prefilled then the same
-teacher-forced tokens, one round."""
+teacher-forced tokens, one round; and ``stock`` skipped, saying why, under a memory limit
+smaller than the model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 
 def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
@@ -72,3 +75,32 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
     assert md in proc.stdout
     assert "round 1/1: bmoe stream" in proc.stderr  # progress goes to stderr
     assert "prefill " in proc.stderr and "tok/s over 464 tokens, decode " in proc.stderr
+
+
+def test_stock_under_a_limit_smaller_than_the_model_is_said_up_front_and_skipped(
+    tiny_model_path: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The tiny model (4.4 MiB) in a 2 MiB group: ``stock`` is not started, the report says why;
+    nothing else is asked, so nothing loads the model."""
+    model = tiny_model_path("qwen3moe")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "bmoe.bench", "-m", str(model), "--configs", "stock", "--mem-limit-mb", "2"]
+    cmd += ["--warmup", "2", "--tokens", "6", "--rounds", "1", "--no-chart", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if proc.returncode == 2 and "memory cgroup" in proc.stderr:
+        pytest.skip(f"no writable memory cgroup here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    mib = model.stat().st_size / 2**20
+    reason = (
+        f"llama.cpp's default load repacks the weights into {mib:.1f} MiB of anonymous memory, more "
+        "than the 2 MiB limit (run stock-norepack, or raise --mem-limit-mb)"
+    )
+    assert f"bench: stock: skipped: {reason}\n" in proc.stderr
+    assert proc.stderr.index("stock: skipped") < proc.stderr.index("bench: disk:")  # before measuring
+    assert "round 1/1" not in proc.stderr  # no process started for it
+    result = json.loads((out / "bench.json").read_text())
+    assert result["skipped"] == {"stock": reason} and result["runs"] == {"stock": []}
+    [summary] = result["summaries"]
+    assert summary["skipped"] == reason and summary["tok_s"] is None
+    assert f"| stock llama-cpp-python (mmap, its defaults: repacking on) | skipped: {reason} |" in proc.stdout

@@ -1,6 +1,6 @@
 """The pure parts of ``python -m bmoe.bench``: arguments, budgets, round order, the medians
 and ratios of the report, the token and routing checks, cgroup site choice, teacher forcing,
-the timed prefill and its columns."""
+the timed prefill and its columns, the memory limit's skip of ``stock``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from bmoe.bench import report
 from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup, candidate_sites
 from bmoe.bench.decode import teacher_force
 from bmoe.bench.main import make_plan, parser
+from bmoe.bench.memory_fit import repack_skip_reason, skipped_configs
 from bmoe.bench.prefill import PREFILL_BATCH, timed_prefill
 from bmoe.bench.procfs import parse_io
 
@@ -75,9 +76,10 @@ def test_more_tokens_than_the_text_holds_is_refused() -> None:
     assert make_plan(_args(), n_text_tokens=544).fed == 544
 
 
-def test_the_help_says_what_the_prompt_does() -> None:
+def test_the_help_says_what_the_prompt_and_the_memory_limit_do() -> None:
     text = " ".join(parser().format_help().split())
     assert "--prompt-tokens" in text and "one timed llama_decode" in text and "0: no prefill measure" in text
+    assert "stock (weights repacked into anonymous memory at load) is skipped" in text
 
 
 def test_budgets_resolve_against_the_experts_and_always_include_the_probe() -> None:
@@ -465,9 +467,9 @@ def test_without_a_prefill_there_are_no_prefill_figures() -> None:
     assert row.startswith("| R | 2.00 | 500.0 |  |  |")  # decode, step, then empty prefill cells
 
 
-def _stocks_and_stream(stock: list[dict]) -> list[report.Summary]:
+def _stocks_and_stream(stock: list[dict], skipped: str | None = None) -> list[report.Summary]:
     return [
-        report.summarize(cf.BenchConfig("stock", "st", "stock"), stock),
+        report.summarize(cf.BenchConfig("stock", "st", "stock"), stock, skipped),
         report.summarize(
             cf.BenchConfig("stock-norepack", "sn", "stock-norepack"), [_prefilled(_run(0.25, 4000), 20.0)]
         ),
@@ -493,7 +495,25 @@ def test_the_prefill_ratio_is_against_stock_in_the_same_run() -> None:
     assert "| s0 | 2.00 | 500.0 | 60.00 | 2.00 |" in table
 
 
-def test_a_failed_or_absent_stock_makes_the_ratio_fall_back_to_norepack_and_say_so() -> None:
+def test_a_skipped_stock_is_listed_with_its_reason_and_the_ratio_falls_back_to_norepack() -> None:
+    reason = "llama.cpp's default load repacks the weights into 5.2 GiB of anonymous memory, more than ..."
+    out = report.with_ratios(_stocks_and_stream([], skipped=reason), 400.0)
+    stock, _, stream = out
+    assert not stock.ok and stock.skipped == reason and stock.tok_s is None
+    assert stream.prefill_x_stock == pytest.approx(3.0)  # 60 over stock-norepack's 20
+    assert stream.x_stock is None and stream.x_stock_norepack == pytest.approx(8.0)
+    baseline = report.stock_baseline(out)
+    assert (baseline.key, baseline.stock_state) == ("stock-norepack", "skipped")
+    assert baseline.stock_skipped == reason
+    table = report.markdown_table(out, baseline)
+    assert "prefill x stock-norepack (stock skipped)" in table.splitlines()[0]
+    assert f"| st | skipped: {reason} |" in table and "failed" not in table
+    lines = report.summary_lines(out, [], report.check_routing(None), 1, baseline)
+    assert f"- prefill x stock: against sn, since stock was skipped ({reason})" in lines
+    assert f"- st: skipped: {reason}" in lines
+
+
+def test_a_failed_or_absent_stock_also_falls_back_and_says_which() -> None:
     failed = report.with_ratios(_stocks_and_stream([{"error": "exit status -9"}]), 400.0)
     assert report.stock_baseline(failed).column() == "prefill x stock-norepack (stock failed)"
     absent = report.with_ratios(_stocks_and_stream([])[1:], 400.0)
@@ -506,9 +526,59 @@ def test_a_failed_or_absent_stock_makes_the_ratio_fall_back_to_norepack_and_say_
     )
 
 
+def test_conclude_reports_the_skipped_configurations_without_rounds() -> None:
+    configs = cf.build_configs(["stock", "stock-norepack", "stream"], [cf.Budget(mib=0)], 4 * MIB)
+    same = {"argmax": [1, 2, 3]}
+    runs = {
+        "stock": [],
+        "stock-norepack": [{**_prefilled(_run(1.0, 1000), 10.0), **same}],
+        "stream-0": [{**_prefilled(_run(2.0, 500, read=MIB), 30.0, read=MIB, stall=0.0), **same}],
+        "stream-1": [{**_prefilled(_run(2.0, 500, read=MIB), 20.0, read=MIB, stall=0.0), **same}],
+    }
+    outcome = report.conclude(configs, runs, 4 * MIB, 400.0, {"stock": "too big"})
+    by_key = {s.key: s for s in outcome.summaries}
+    assert by_key["stock"].skipped == "too big" and by_key["stream-0"].skipped is None
+    assert outcome.baseline.key == "stock-norepack"
+    assert by_key["stream-0"].prefill_x_stock == pytest.approx(3.0)
+    assert [t.key for t in outcome.checks] == ["stream-0", "stream-1"]
+    assert all(t.equal for t in outcome.checks)
+
+
 def test_a_rounds_progress_line_gives_its_prefill_and_its_decode() -> None:
     from bmoe.bench.main import finished_text
 
     r = _prefilled(_run(2.5, 400), 123.4)
     assert finished_text(r) == "prefill 123.40 tok/s over 400 tokens, decode 2.50 tok/s over 10 tokens"
     assert finished_text(_run(2.5, 400)) == "decode 2.50 tok/s over 10 tokens"
+
+
+# -- the memory limit ------------------------------------------------------------------------
+
+
+def test_stock_is_skipped_when_the_model_is_larger_than_the_limit() -> None:
+    reason = repack_skip_reason(5_630_000_000, 2048)
+    assert reason == (
+        "llama.cpp's default load repacks the weights into 5.2 GiB of anonymous memory, more than the "
+        "2048 MiB limit (run stock-norepack, or raise --mem-limit-mb)"
+    )
+    small = repack_skip_reason(600 * MIB, 512)
+    assert small is not None and "into 600.0 MiB of anonymous memory, more than the 512 MiB limit" in small
+    assert repack_skip_reason(5_630_000_000, 0) is None  # no limit
+    assert repack_skip_reason(2048 * MIB, 2048) is None  # exactly the limit: it may fit
+    assert repack_skip_reason(2048 * MIB + 1, 2048) is not None
+
+
+def test_only_the_repacking_stock_is_skipped_not_the_mmap_one() -> None:
+    configs = cf.build_configs(list(cf.KINDS), [cf.Budget(mib=0)], 4000 * MIB)
+    skipped = skipped_configs(configs, 5_630_000_000, 2048)
+    assert list(skipped) == ["stock"] and skipped["stock"].startswith("llama.cpp's default load repacks")
+    assert skipped_configs(configs, 5_630_000_000, 8192) == {}
+    assert skipped_configs(configs[1:], 5_630_000_000, 2048) == {}  # no stock asked
+
+
+def test_a_skipped_stock_does_not_fail_the_bench() -> None:
+    from bmoe.bench.main import exit_status
+
+    skipped = report.summarize(cf.BenchConfig("stock", "st", "stock"), [], "too big")
+    stream = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=MIB)])
+    assert exit_status([skipped, stream], [report.TokenCheck("stream-0", "stock-norepack", 8, 8, None)]) == 0

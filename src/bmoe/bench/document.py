@@ -17,7 +17,7 @@ from bmoe.bench.prefill import PREFILL_BATCH
 @attrs.frozen
 class RunFacts:
     """How the run was made: the command, the machine, the disk, the prefill's and the
-    decode's settings."""
+    decode's settings, and the configurations skipped (``{key: reason}``)."""
 
     command: str
     model: Path
@@ -33,6 +33,7 @@ class RunFacts:
     rounds: int
     mem_limit_mb: int
     prompt_tokens: int = 0
+    skipped: dict[str, str] = attrs.field(factory=dict)
 
 
 def disk_text(seq: Bandwidth, lanes: Bandwidth) -> str:
@@ -106,6 +107,7 @@ def payload(
         "mem_limit_mb": run.mem_limit_mb,
         "n_ctx": run.n_ctx,
         "prompt_tokens": run.prompt_tokens,
+        "skipped": run.skipped,
         "prefill_baseline": attrs.asdict(baseline := outcome.baseline) | {"text": baseline.text()},
         "summaries": [attrs.asdict(s) for s in outcome.summaries],
         "token_checks": [attrs.asdict(t) | {"equal": t.equal} for t in outcome.checks],

@@ -4,10 +4,11 @@ One run: the model (``-m``, or the synthetic bench model at ``--size-gb``, made 
 cached), the disk's ``O_DIRECT`` bandwidth measured on it, then every configuration in its
 own process after the model file is dropped from the page cache, optionally inside a memory
 cgroup (``--mem-limit-mb``), all fed the same text: its first ``--prompt-tokens`` in one
-timed prefill, then token by token, in interleaved rounds. Writes ``bench.json``,
-``bench.md`` and ``bench.png`` into ``--out``; the Markdown also goes to stdout, progress to
-stderr. Exit status 1 when a bmoe configuration failed or bmoe's greedy tokens differ from
-stock's.
+timed prefill, then token by token, in interleaved rounds. Under a memory limit smaller than
+the model file, ``stock`` (which repacks the weights into anonymous memory at load) is said
+up front and skipped (:mod:`~bmoe.bench.memory_fit`). Writes ``bench.json``, ``bench.md`` and
+``bench.png`` into ``--out``; the Markdown also goes to stdout, progress to stderr. Exit
+status 1 when a bmoe configuration failed or bmoe's greedy tokens differ from stock's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from bmoe.bench import configs as cf
 from bmoe.bench import document, report
 from bmoe.bench.cgroup import CgroupError, MemoryGroup, machine_sites
 from bmoe.bench.disk import MIB, measure_bandwidth, measure_random_reads
+from bmoe.bench.memory_fit import skipped_configs
 from bmoe.bench.prefill import DEFAULT_PROMPT_TOKENS, PREFILL_BATCH
 from bmoe.bench.progress import make_progress
 from bmoe.bench.text import TEXT
@@ -99,7 +101,11 @@ def parser() -> argparse.ArgumentParser:
         help="context length (default: prompt-tokens + warmup + tokens, at least 256)",
     )
     p.add_argument(
-        "--mem-limit-mb", type=int, default=0, help="run each configuration in a memory cgroup of N MiB"
+        "--mem-limit-mb",
+        type=int,
+        default=0,
+        help="run each configuration in a memory cgroup of N MiB; stock (weights repacked into "
+        "anonymous memory at load) is skipped, saying so, when the model file is larger than N MiB",
     )
     p.add_argument(
         "--bw-max-mib",
@@ -226,7 +232,10 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             return 2
     experts = expert_bytes(model)
     configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch, plan.policies)
-    schedule = cf.interleave(configs, args.rounds)
+    skipped = skipped_configs(configs, model.stat().st_size, args.mem_limit_mb)
+    for key, reason in skipped.items():
+        print(f"bench: {key}: skipped: {reason}", file=sys.stderr)
+    schedule = cf.interleave([c for c in configs if c.key not in skipped], args.rounds)
     for c in configs:
         if args.mem_limit_mb and c.cache_mib and c.cache_mib >= args.mem_limit_mb:
             print(
@@ -287,7 +296,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     finally:
         progress.close()
 
-    outcome = report.conclude(configs, runs, experts, seq.mib_s)
+    outcome = report.conclude(configs, runs, experts, seq.mib_s, skipped)
     title = args.title or f"{model.name}" + (
         f", memory limit {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
     )
@@ -315,6 +324,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         rounds=args.rounds,
         mem_limit_mb=args.mem_limit_mb,
         prompt_tokens=args.prompt_tokens,
+        skipped=skipped,
     )
     md = document.markdown(run, outcome, title=title, chart=chart)
     (args.out / "bench.md").write_text(md)
@@ -338,8 +348,8 @@ def finished_text(result: dict[str, Any]) -> str:
 
 def exit_status(summaries: Sequence[report.Summary], checks: Sequence[report.TokenCheck]) -> int:
     """1 when a bmoe configuration failed or its greedy tokens differ from stock's. A stock
-    configuration that fails (its repacked weights OOM-killed under a memory limit, say) is a
-    finding the report shows, not a failure of the bench."""
+    configuration that fails (its repacked weights OOM-killed under a memory limit, say) or is
+    skipped is a finding the report shows, not a failure of the bench."""
     tokens_ok = all(t.equal for t in checks if not t.key.startswith("stock"))
     bmoe_ok = all(s.ok for s in summaries if not s.kind.startswith("stock"))
     return 0 if tokens_ok and bmoe_ok else 1

@@ -29,7 +29,8 @@ def median(values: Sequence[float]) -> float | None:
 @attrs.frozen
 class Summary:
     """One configuration over its rounds. Rates are medians of the rounds that finished;
-    peaks are the largest of any round."""
+    peaks are the largest of any round. ``skipped``: why it was not run at all (the memory
+    limit, :mod:`~bmoe.bench.memory_fit`)."""
 
     key: str
     label: str
@@ -58,6 +59,7 @@ class Summary:
     of_probe_ceiling: float | None = None  # per round: tok/s x MiB/token / that probe (median)
     errors: list[str] = attrs.field(factory=list)
     notes: list[str] = attrs.field(factory=list)
+    skipped: str | None = None
     prompt_tokens: int = 0  # prefilled in one llama_decode before the decode (0: no prefill)
     prefill_tok_s: float | None = None
     prefill_tok_s_rounds: list[float | None] = attrs.field(factory=list)
@@ -80,9 +82,9 @@ def _prefill_median(ok: Sequence[dict[str, Any]], key: str, scale: float = 1.0) 
     return median([float(r[key]) / scale for r in ok if r.get(key) is not None])
 
 
-def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
+def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]], skipped: str | None = None) -> Summary:
     """Median tok/s and step, per-token reads, hit rate and peaks of one configuration, and
-    its prefill's median tok/s and reads."""
+    its prefill's median tok/s and reads; ``skipped``: why it did not run (no rounds)."""
     ok = [r for r in runs if "tok_s" in r and not r.get("error")]
     per_tok: list[float] = []
     kernel: list[float] = []
@@ -143,6 +145,7 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
         of_probe_ceiling=median(of_probe),
         errors=[str(r["error"]) for r in runs if r.get("error")],
         notes=notes,
+        skipped=skipped,
         prompt_tokens=min((int(r.get("prompt_tokens", 0)) for r in ok), default=0),
         prefill_tok_s=_prefill_median(ok, "prefill_tok_s"),
         prefill_tok_s_rounds=[
@@ -164,12 +167,13 @@ STOCK_NOREPACK = "stock-norepack"
 class StockBaseline:
     """The configuration the prefill ratios divide by: ``stock`` (llama.cpp's defaults,
     repacking on) when it has a prefill figure in this run, else ``stock-norepack``, and
-    ``stock_state`` says why stock is not it ("failed", "not run"); ``key`` None
+    ``stock_state`` says why stock is not it ("skipped", "failed", "not run"); ``key`` None
     when neither has a figure (or no prefill was measured)."""
 
     key: str | None
     label: str | None = None
     stock_state: str | None = None  # None: stock is the baseline (or no prefill was measured)
+    stock_skipped: str | None = None  # the skip's reason, when stock was skipped
 
     @property
     def fallback(self) -> bool:
@@ -185,7 +189,7 @@ class StockBaseline:
         """The report's line on a fallback (None when stock is the baseline)."""
         if self.stock_state is None:
             return None
-        why = f"stock was {self.stock_state}"
+        why = f"stock was {self.stock_state}" + (f" ({self.stock_skipped})" if self.stock_skipped else "")
         if self.key is None:
             return f"prefill x stock: no stock prefill to divide by: {why}, and {STOCK_NOREPACK} has none"
         return f"prefill x stock: against {self.label}, since {why}"
@@ -199,11 +203,16 @@ def stock_baseline(summaries: Sequence[Summary]) -> StockBaseline:
     stock = by_key.get(STOCK)
     if stock is not None and stock.prefill_tok_s:
         return StockBaseline(STOCK, stock.label)
-    state = "not run" if stock is None else "failed"
+    if stock is None:
+        state, skipped = "not run", None
+    elif stock.skipped is not None:
+        state, skipped = "skipped", stock.skipped
+    else:
+        state, skipped = "failed", None
     norepack = by_key.get(STOCK_NOREPACK)
     if norepack is None or not norepack.prefill_tok_s:
-        return StockBaseline(None, None, state)
-    return StockBaseline(STOCK_NOREPACK, norepack.label, state)
+        return StockBaseline(None, None, state, skipped)
+    return StockBaseline(STOCK_NOREPACK, norepack.label, state, skipped)
 
 
 def with_ratios(summaries: Sequence[Summary], bandwidth_mib_s: float) -> list[Summary]:
@@ -348,7 +357,9 @@ def markdown_table(summaries: Sequence[Summary], baseline: StockBaseline | None 
     ]
     rows = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for s in summaries:
-        if not s.ok:
+        if s.skipped is not None:
+            cells = [s.label, f"skipped: {s.skipped}"] + [""] * (len(head) - 2)
+        elif not s.ok:
             cells = [s.label, f"failed: {'; '.join(dict.fromkeys(s.errors))}"] + [""] * (len(head) - 2)
         else:
             cells = [
@@ -413,7 +424,7 @@ def summary_lines(
     baseline: StockBaseline | None = None,
 ) -> list[str]:
     """The report's list: the checks, the prefill ratio's baseline when it is not stock,
-    then per configuration its rounds, its prefill's reads, its notes and failures."""
+    then per configuration its skip, its rounds, its prefill's reads, its notes and failures."""
     baseline = baseline if baseline is not None else stock_baseline(summaries)
     lines = [f"- {routing.text()}"]
     if (fallback := baseline.text()) is not None:
@@ -429,6 +440,9 @@ def summary_lines(
                 f"first difference at position {t.first_difference}"
             )
     for s in summaries:
+        if s.skipped is not None:
+            lines.append(f"- {s.label}: skipped: {s.skipped}")
+            continue
         if rounds > 1 and s.ok:
             lines.append(f"- {s.label}: decode tok/s of the {rounds} rounds {_rates(s.tok_s_rounds)}")
             if s.prefill_tok_s is not None:
@@ -464,12 +478,17 @@ def conclude(
     runs: dict[str, list[dict[str, Any]]],
     expert_bytes: int,
     bandwidth_mib_s: float,
+    skipped: dict[str, str] | None = None,
 ) -> Outcome:
     """Summaries (medians, ratios, disk ceiling), greedy tokens against stock's (each
-    configuration's first round that finished) and the routing probe's verdict."""
+    configuration's first round that finished) and the routing probe's verdict.
+    ``skipped``: ``{key: reason}`` of the configurations not run (they have no rounds)."""
     from bmoe.bench.configs import routing_probe
 
-    summaries = with_ratios([summarize(c, runs[c.key]) for c in configs], bandwidth_mib_s)
+    skipped = skipped or {}
+    summaries = with_ratios(
+        [summarize(c, runs.get(c.key, []), skipped.get(c.key)) for c in configs], bandwidth_mib_s
+    )
     argmax = {
         key: next(r["argmax"] for r in rs if "argmax" in r)
         for key, rs in runs.items()
