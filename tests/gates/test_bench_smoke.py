@@ -1,5 +1,7 @@
 """``python -m bmoe.bench`` end to end on the tiny ``qwen3moe``: stock llama-cpp-python and
-bmoe streaming, each in its own process, the same teacher-forced tokens, one round."""
+bmoe streaming, each in its own process, the same prompt prefilled then the same
+teacher-forced tokens, one round; and ``stock`` skipped, saying why, under a memory limit
+smaller than the model."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 
 def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
@@ -46,6 +50,18 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
     assert stream["x_stock_norepack"] > 0 and stream["ceiling_tok_s"] > 0
     assert result["bandwidth"]["sequential"]["bytes"] > 0
 
+    # the default prompt, prefilled in one llama_decode by both, then the decode after it
+    assert result["prompt_tokens"] == 464 and result["n_ctx"] == 464 + 8
+    for s in summaries.values():
+        assert s["prompt_tokens"] == 464 and s["prefill_tok_s"] > 0 and s["prefill_s"] > 0
+    [stream_run] = result["runs"]["stream-1"]
+    assert stream_run["prefill_read_bytes"] > 0 and stream_run["prefill_stall_s"] >= 0
+    assert stream["prefill_read_mib"] == stream_run["prefill_read_bytes"] / 2**20
+    assert "prefill_read_bytes" not in result["runs"]["stock-norepack"][0]  # no streamer there
+    assert stream["prefill_x_stock"] == stream["prefill_tok_s"] / summaries["stock-norepack"]["prefill_tok_s"]
+    assert result["prefill_baseline"]["key"] == "stock-norepack"  # stock was not asked for
+    assert result["prefill_baseline"]["stock_state"] == "not run"
+
     [check] = result["token_checks"]
     assert check["key"] == "stream-1" and check["reference"] == "stock-norepack"
     assert check["equal"] and check["compared"] == 8
@@ -53,6 +69,38 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
 
     md = (out / "bench.md").read_text()
     assert "| bmoe stream, cache 1 MiB" in md and "routing check:" in md
+    assert "| prefill tok/s | prefill x stock-norepack (stock not run) |" in md
+    assert "Prefill: the text's first 464 tokens in one `llama_decode`" in md
     assert "the same 8 greedy tokens as stock llama-cpp-python (mmap, repacking off)" in md
     assert md in proc.stdout
     assert "round 1/1: bmoe stream" in proc.stderr  # progress goes to stderr
+    assert "prefill " in proc.stderr and "tok/s over 464 tokens, decode " in proc.stderr
+
+
+def test_stock_under_a_limit_smaller_than_the_model_is_said_up_front_and_skipped(
+    tiny_model_path: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The tiny model (4.4 MiB) in a 2 MiB group: ``stock`` is not started, the report says why;
+    nothing else is asked, so nothing loads the model."""
+    model = tiny_model_path("qwen3moe")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "bmoe.bench", "-m", str(model), "--configs", "stock", "--mem-limit-mb", "2"]
+    cmd += ["--warmup", "2", "--tokens", "6", "--rounds", "1", "--no-chart", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if proc.returncode == 2 and "memory cgroup" in proc.stderr:
+        pytest.skip(f"no writable memory cgroup here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    mib = model.stat().st_size / 2**20
+    reason = (
+        f"llama.cpp's default load repacks the weights into {mib:.1f} MiB of anonymous memory, more "
+        "than the 2 MiB limit (run stock-norepack, or raise --mem-limit-mb)"
+    )
+    assert f"bench: stock: skipped: {reason}\n" in proc.stderr
+    assert proc.stderr.index("stock: skipped") < proc.stderr.index("bench: disk:")  # before measuring
+    assert "round 1/1" not in proc.stderr  # no process started for it
+    result = json.loads((out / "bench.json").read_text())
+    assert result["skipped"] == {"stock": reason} and result["runs"] == {"stock": []}
+    [summary] = result["summaries"]
+    assert summary["skipped"] == reason and summary["tok_s"] is None
+    assert f"| stock llama-cpp-python (mmap, its defaults: repacking on) | skipped: {reason} |" in proc.stdout

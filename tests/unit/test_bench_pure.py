@@ -1,9 +1,11 @@
 """The pure parts of ``python -m bmoe.bench``: arguments, budgets, round order, the medians
-and ratios of the report, the token and routing checks, cgroup site choice, teacher forcing."""
+and ratios of the report, the token and routing checks, cgroup site choice, teacher forcing,
+the timed prefill and its columns, the memory limit's skip of ``stock``."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -14,6 +16,8 @@ from bmoe.bench import report
 from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup, candidate_sites
 from bmoe.bench.decode import teacher_force
 from bmoe.bench.main import make_plan, parser
+from bmoe.bench.memory_fit import repack_skip_reason, skipped_configs
+from bmoe.bench.prefill import PREFILL_BATCH, timed_prefill
 from bmoe.bench.procfs import parse_io
 
 MIB = 1024 * 1024
@@ -26,10 +30,17 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_defaults_run_every_kind_at_three_budgets() -> None:
-    plan = make_plan(_args())
+    args = _args()
+    plan = make_plan(args)
     assert plan.kinds == list(cf.KINDS)
     assert plan.budgets == [cf.Budget(mib=0), cf.Budget(percent=25.0), cf.Budget(percent=50.0)]
-    assert plan.n_ctx == 256
+    assert args.prompt_tokens == 464
+    assert plan.fed == 464 + 16 + 64 and plan.n_ctx == 544  # the prompt, then the decode after it
+
+
+def test_without_a_prefill_the_context_holds_the_decode_only() -> None:
+    plan = make_plan(_args("--prompt-tokens", "0"))
+    assert plan.fed == 80 and plan.n_ctx == 256
 
 
 def test_model_and_size_exclude_each_other() -> None:
@@ -46,7 +57,10 @@ def test_model_and_size_exclude_each_other() -> None:
         (["--budgets", "-5"], "negative"),
         (["--tokens", "0"], "--tokens >= 1"),
         (["--rounds", "0"], "--rounds >= 1"),
-        (["--ctx", "100", "--warmup", "60", "--tokens", "60"], "cannot hold 120"),
+        (["--ctx", "100", "--prompt-tokens", "0", "--warmup", "60", "--tokens", "60"], "cannot hold 120"),
+        (["--ctx", "512", "--prompt-tokens", "500", "--warmup", "8", "--tokens", "8"], "cannot hold 516"),
+        (["--prompt-tokens", "513"], "between 0 and 512"),
+        (["--prompt-tokens", "-1"], "between 0 and 512"),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(argv: list[str], message: str) -> None:
@@ -56,7 +70,16 @@ def test_bad_arguments_say_what_is_wrong(argv: list[str], message: str) -> None:
 
 def test_more_tokens_than_the_text_holds_is_refused() -> None:
     with pytest.raises(cf.BenchConfigError, match="the text holds 50 tokens"):
-        make_plan(_args("--warmup", "16", "--tokens", "64"), n_text_tokens=50)
+        make_plan(_args("--prompt-tokens", "0", "--warmup", "16", "--tokens", "64"), n_text_tokens=50)
+    with pytest.raises(cf.BenchConfigError, match=r"--prompt-tokens \+ --warmup \+ --tokens = 544"):
+        make_plan(_args(), n_text_tokens=543)
+    assert make_plan(_args(), n_text_tokens=544).fed == 544
+
+
+def test_the_help_says_what_the_prompt_and_the_memory_limit_do() -> None:
+    text = " ".join(parser().format_help().split())
+    assert "--prompt-tokens" in text and "one timed llama_decode" in text and "0: no prefill measure" in text
+    assert "stock (weights repacked into anonymous memory at load) is skipped" in text
 
 
 def test_budgets_resolve_against_the_experts_and_always_include_the_probe() -> None:
@@ -353,3 +376,209 @@ def test_random_reads_read_what_they_were_asked_at_distinct_offsets(tmp_path: Pa
     bw = measure_random_reads(f, 5 * MIB, block=MIB, n_lanes=2, seed=3)
     assert (bw.bytes, bw.lanes) == (5 * MIB, 2) and bw.seconds > 0
     assert measure_random_reads(f, 64 * MIB, block=MIB, n_lanes=3).bytes == 8 * MIB  # at most the file
+
+
+# -- the prefill -----------------------------------------------------------------------------
+
+
+class FakePrefiller:
+    """Records each prefill; a prefill of n tokens takes n / 100 s of the fake clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.prefilled: list[list[int]] = []
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.prefilled.append(list(tokens))
+        self.clock[0] += len(tokens) / 100
+
+
+def test_the_prefill_takes_the_prompt_in_one_call_and_times_it() -> None:
+    clock = [5.0]
+    stepper = FakePrefiller(clock)
+    done = timed_prefill(stepper, list(range(40)), clock=lambda: clock[0])
+    assert stepper.prefilled == [list(range(40))]
+    assert done.tokens == 40 and done.seconds == pytest.approx(0.4) and done.tok_s == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("n", [0, PREFILL_BATCH + 1])
+def test_a_prefill_is_one_batch_of_one_to_512_tokens(n: int) -> None:
+    stepper = FakePrefiller([0.0])
+    with pytest.raises(ValueError, match="1 to 512 tokens"):
+        timed_prefill(stepper, [7] * n)
+    assert stepper.prefilled == []
+
+
+def test_after_a_prefill_the_decode_continues_the_same_sequence_at_its_end() -> None:
+    clock = [0.0]
+    stepper = FakeStepper(clock)
+    tokens = [10, 11, 12, 13, 14, 15, 16, 17]
+    done: list[int] = []
+    d = teacher_force(
+        stepper, tokens, warmup=1, measure=2, start=4, on_token=done.append, clock=lambda: clock[0]
+    )
+    assert stepper.fed == [(14, 4), (15, 5), (16, 6)]  # the prompt's 4 tokens are not fed again
+    assert d.argmax == [15, 16, 17] and d.warmup == 1 and d.measured == 2
+    assert done == [1, 2, 3]  # decode steps; the child adds the prompt for its progress lines
+    with pytest.raises(ValueError, match="4 \\+ 2 \\+ 3 tokens asked, the sequence holds 8"):
+        teacher_force(FakeStepper([0.0]), tokens, 2, 3, start=4)
+
+
+def _prefilled(r: dict, tok_s: float, *, read: int | None = None, stall: float | None = None) -> dict:
+    """``r`` (a round from ``_run``) with a prefill of 400 tokens at ``tok_s``."""
+    out = {**r, "prompt_tokens": 400, "prefill_tok_s": tok_s, "prefill_s": 400 / tok_s}
+    out["prefill_kernel_read_bytes"] = 300 * MIB
+    if read is not None:
+        out["prefill_read_bytes"] = read
+        out["prefill_stall_s"] = stall
+    return out
+
+
+def test_prefill_figures_are_medians_of_the_rounds_that_finished() -> None:
+    config = cf.BenchConfig("stream-100", "S", "stream", cache_mib=100)
+    runs = [
+        _prefilled(_run(3.0, 300, read=MIB), 40.0, read=900 * MIB, stall=2.0),
+        {"error": "timed out"},
+        _prefilled(_run(5.0, 200, read=MIB), 80.0, read=700 * MIB, stall=1.0),
+        _prefilled(_run(4.0, 250, read=MIB), 50.0, read=800 * MIB, stall=3.0),
+    ]
+    s = report.summarize(config, runs)
+    assert s.prompt_tokens == 400
+    assert s.prefill_tok_s == 50.0 and s.prefill_tok_s_rounds == [40.0, None, 80.0, 50.0]
+    assert s.prefill_s == pytest.approx(8.0)  # the median of 10, 5 and 8 s
+    assert s.prefill_read_mib == pytest.approx(800.0) and s.prefill_stall_s == pytest.approx(2.0)
+    assert s.prefill_kernel_read_mib == pytest.approx(300.0)
+    assert s.tok_s == 4.0  # the decode's figures are the decode's alone
+    lines = report.summary_lines([s], [], report.check_routing(None), rounds=4)
+    assert "- S: prefill tok/s of the 4 rounds 40.00, failed, 80.00, 50.00" in lines
+    assert "- S: decode tok/s of the 4 rounds 3.00, failed, 5.00, 4.00" in lines
+    reads = (
+        "- S: the prefill of 400 tokens read 800 MiB (bmoe's counters), the compute waited 2.00 s for "
+        "reads (medians of the rounds)"
+    )
+    assert reads in lines
+
+
+def test_without_a_prefill_there_are_no_prefill_figures() -> None:
+    s = report.summarize(cf.BenchConfig("resident", "R", "resident"), [_run(2.0, 500)])
+    assert s.prompt_tokens == 0 and s.prefill_tok_s is None and s.prefill_tok_s_rounds == [None]
+    assert report.stock_baseline([s]) == report.StockBaseline(None)
+    [row] = report.markdown_table([s]).splitlines()[2:]
+    assert row.startswith("| R | 2.00 | 500.0 |  |  |")  # decode, step, then empty prefill cells
+
+
+def _stocks_and_stream(stock: list[dict], skipped: str | None = None) -> list[report.Summary]:
+    return [
+        report.summarize(cf.BenchConfig("stock", "st", "stock"), stock, skipped),
+        report.summarize(
+            cf.BenchConfig("stock-norepack", "sn", "stock-norepack"), [_prefilled(_run(0.25, 4000), 20.0)]
+        ),
+        report.summarize(
+            cf.BenchConfig("stream-0", "s0", "stream", 0),
+            [_prefilled(_run(2.0, 500, read=1000 * MIB), 60.0, read=2000 * MIB, stall=1.0)],
+        ),
+    ]
+
+
+def test_the_prefill_ratio_is_against_stock_in_the_same_run() -> None:
+    out = report.with_ratios(_stocks_and_stream([_prefilled(_run(0.5, 2000), 30.0)]), 400.0)
+    stock, norepack, stream = out
+    assert stream.prefill_x_stock == pytest.approx(2.0) and norepack.prefill_x_stock == pytest.approx(2 / 3)
+    assert stock.prefill_x_stock == pytest.approx(1.0)
+    assert stream.x_stock == pytest.approx(4.0)  # the decode's ratio is unchanged
+    baseline = report.stock_baseline(out)
+    assert baseline == report.StockBaseline("stock", "st") and baseline.text() is None
+    table = report.markdown_table(out)
+    head = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    assert head[:3] == ["configuration", "decode tok/s", "median decode step ms"]
+    assert head[3:5] == ["prefill tok/s", "prefill x stock"]
+    assert "| s0 | 2.00 | 500.0 | 60.00 | 2.00 |" in table
+
+
+def test_a_skipped_stock_is_listed_with_its_reason_and_the_ratio_falls_back_to_norepack() -> None:
+    reason = "llama.cpp's default load repacks the weights into 5.2 GiB of anonymous memory, more than ..."
+    out = report.with_ratios(_stocks_and_stream([], skipped=reason), 400.0)
+    stock, _, stream = out
+    assert not stock.ok and stock.skipped == reason and stock.tok_s is None
+    assert stream.prefill_x_stock == pytest.approx(3.0)  # 60 over stock-norepack's 20
+    assert stream.x_stock is None and stream.x_stock_norepack == pytest.approx(8.0)
+    baseline = report.stock_baseline(out)
+    assert (baseline.key, baseline.stock_state) == ("stock-norepack", "skipped")
+    assert baseline.stock_skipped == reason
+    table = report.markdown_table(out, baseline)
+    assert "prefill x stock-norepack (stock skipped)" in table.splitlines()[0]
+    assert f"| st | skipped: {reason} |" in table and "failed" not in table
+    lines = report.summary_lines(out, [], report.check_routing(None), 1, baseline)
+    assert f"- prefill x stock: against sn, since stock was skipped ({reason})" in lines
+    assert f"- st: skipped: {reason}" in lines
+
+
+def test_a_failed_or_absent_stock_also_falls_back_and_says_which() -> None:
+    failed = report.with_ratios(_stocks_and_stream([{"error": "exit status -9"}]), 400.0)
+    assert report.stock_baseline(failed).column() == "prefill x stock-norepack (stock failed)"
+    absent = report.with_ratios(_stocks_and_stream([])[1:], 400.0)
+    assert report.stock_baseline(absent).column() == "prefill x stock-norepack (stock not run)"
+    assert absent[1].prefill_x_stock == pytest.approx(3.0)
+    alone = report.with_ratios(_stocks_and_stream([])[2:], 400.0)
+    assert alone[0].prefill_x_stock is None
+    assert report.stock_baseline(alone).text() == (
+        "prefill x stock: no stock prefill to divide by: stock was not run, and stock-norepack has none"
+    )
+
+
+def test_conclude_reports_the_skipped_configurations_without_rounds() -> None:
+    configs = cf.build_configs(["stock", "stock-norepack", "stream"], [cf.Budget(mib=0)], 4 * MIB)
+    same = {"argmax": [1, 2, 3]}
+    runs = {
+        "stock": [],
+        "stock-norepack": [{**_prefilled(_run(1.0, 1000), 10.0), **same}],
+        "stream-0": [{**_prefilled(_run(2.0, 500, read=MIB), 30.0, read=MIB, stall=0.0), **same}],
+        "stream-1": [{**_prefilled(_run(2.0, 500, read=MIB), 20.0, read=MIB, stall=0.0), **same}],
+    }
+    outcome = report.conclude(configs, runs, 4 * MIB, 400.0, {"stock": "too big"})
+    by_key = {s.key: s for s in outcome.summaries}
+    assert by_key["stock"].skipped == "too big" and by_key["stream-0"].skipped is None
+    assert outcome.baseline.key == "stock-norepack"
+    assert by_key["stream-0"].prefill_x_stock == pytest.approx(3.0)
+    assert [t.key for t in outcome.checks] == ["stream-0", "stream-1"]
+    assert all(t.equal for t in outcome.checks)
+
+
+def test_a_rounds_progress_line_gives_its_prefill_and_its_decode() -> None:
+    from bmoe.bench.main import finished_text
+
+    r = _prefilled(_run(2.5, 400), 123.4)
+    assert finished_text(r) == "prefill 123.40 tok/s over 400 tokens, decode 2.50 tok/s over 10 tokens"
+    assert finished_text(_run(2.5, 400)) == "decode 2.50 tok/s over 10 tokens"
+
+
+# -- the memory limit ------------------------------------------------------------------------
+
+
+def test_stock_is_skipped_when_the_model_is_larger_than_the_limit() -> None:
+    reason = repack_skip_reason(5_630_000_000, 2048)
+    assert reason == (
+        "llama.cpp's default load repacks the weights into 5.2 GiB of anonymous memory, more than the "
+        "2048 MiB limit (run stock-norepack, or raise --mem-limit-mb)"
+    )
+    small = repack_skip_reason(600 * MIB, 512)
+    assert small is not None and "into 600.0 MiB of anonymous memory, more than the 512 MiB limit" in small
+    assert repack_skip_reason(5_630_000_000, 0) is None  # no limit
+    assert repack_skip_reason(2048 * MIB, 2048) is None  # exactly the limit: it may fit
+    assert repack_skip_reason(2048 * MIB + 1, 2048) is not None
+
+
+def test_only_the_repacking_stock_is_skipped_not_the_mmap_one() -> None:
+    configs = cf.build_configs(list(cf.KINDS), [cf.Budget(mib=0)], 4000 * MIB)
+    skipped = skipped_configs(configs, 5_630_000_000, 2048)
+    assert list(skipped) == ["stock"] and skipped["stock"].startswith("llama.cpp's default load repacks")
+    assert skipped_configs(configs, 5_630_000_000, 8192) == {}
+    assert skipped_configs(configs[1:], 5_630_000_000, 2048) == {}  # no stock asked
+
+
+def test_a_skipped_stock_does_not_fail_the_bench() -> None:
+    from bmoe.bench.main import exit_status
+
+    skipped = report.summarize(cf.BenchConfig("stock", "st", "stock"), [], "too big")
+    stream = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=MIB)])
+    assert exit_status([skipped, stream], [report.TokenCheck("stream-0", "stock-norepack", 8, 8, None)]) == 0

@@ -3,9 +3,10 @@
 Modules, each one concern: :mod:`~bmoe.bench.configs` (what runs, in which order),
 :mod:`~bmoe.bench.model` (the cached synthetic bench model), :mod:`~bmoe.bench.disk`
 (page cache, ``O_DIRECT`` bandwidth), :mod:`~bmoe.bench.cgroup` (the memory limit),
-:mod:`~bmoe.bench.decode` (teacher forcing), :mod:`~bmoe.bench.child` (one configuration in
-its process), :mod:`~bmoe.bench.runner` (the parent's side of it), :mod:`~bmoe.bench.report`
-(medians, ratios, checks, the table), :mod:`~bmoe.bench.document` (bench.md, bench.json),
-:mod:`~bmoe.bench.chart`, :mod:`~bmoe.bench.progress`
-and :mod:`~bmoe.bench.main` (the command).
+:mod:`~bmoe.bench.memory_fit` (what a memory limit rules out), :mod:`~bmoe.bench.prefill`
+(the timed prompt), :mod:`~bmoe.bench.decode` (teacher forcing), :mod:`~bmoe.bench.child`
+(one configuration in its process), :mod:`~bmoe.bench.runner` (the parent's side of it),
+:mod:`~bmoe.bench.report` (medians, ratios, checks, the table), :mod:`~bmoe.bench.document`
+(bench.md, bench.json), :mod:`~bmoe.bench.chart`, :mod:`~bmoe.bench.progress` and
+:mod:`~bmoe.bench.main` (the command).
 """

@@ -2,14 +2,18 @@
 
 The parent starts ``python -m bmoe.bench --child``, puts the process in the memory group
 (if any), then writes the spec (one JSON line) to its stdin: nothing is loaded before the
-process is in its group. The child prints ``PROGRESS <tokens done>`` lines while it
-decodes and one ``RESULT <json>`` line at the end, on stdout.
+process is in its group. After the load the child prefills the first
+``spec["prompt_tokens"]`` tokens in one timed ``llama_decode`` (none when 0), then
+teacher-forces the rest from there. It prints ``PROGRESS <tokens done>`` lines (the prompt's
+tokens count once it is prefilled) and one ``RESULT <json>`` line at the end, on stdout.
 
 Stock runs use llama-cpp-python's own owner classes (``llama_cpp._internals``, what its
 ``Llama`` class is built on) with llama.cpp's default model parameters (mmap; weight
 repacking on unless the configuration turns it off) and ``Llama``'s default of flash
 attention off; nothing of bmoe's is involved. bmoe runs open a ``Session`` with flash
-attention off too, so the greedy choices of all configurations can be compared.
+attention off too, so the greedy choices of all configurations can be compared, and with
+``Llama``'s batch sizes (``n_batch = n_ubatch = 512``, bmoe's own default is smaller) so
+every configuration prefills the prompt in the same one ubatch.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ import numpy as np
 
 from bmoe.bench import procfs
 from bmoe.bench.decode import Stepper, teacher_force
+from bmoe.bench.prefill import PREFILL_BATCH, Prefiller, timed_prefill
 
 PROGRESS_TAG = "PROGRESS "
 RESULT_TAG = "RESULT "
@@ -41,15 +46,20 @@ class StockStepper:
         mparams.use_extra_bufts = repack  # llama.cpp's default is True (weights repacked)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
-        cparams.n_batch = cparams.n_ubatch = 512  # Llama's defaults (llama.cpp's n_batch is 2048)
+        cparams.n_batch = cparams.n_ubatch = PREFILL_BATCH  # Llama's defaults (llama.cpp's n_batch: 2048)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # Llama(flash_attn=False)
         self._model = _internals.LlamaModel(path_model=str(model), params=mparams, verbose=False)
         self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
-        self._batch = _internals.LlamaBatch(n_tokens=1, embd=0, n_seq_max=1, verbose=False)
+        # room for the prompt; a decode step uses its first slot
+        self._batch = _internals.LlamaBatch(n_tokens=PREFILL_BATCH, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx.ctx))
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self._batch.set_batch(tokens, 0, False)  # logits for the last token only
+        self._ctx.decode(self._batch)
 
     def step(self, token: int, pos: int) -> None:
         self._batch.set_batch([token], pos, False)
@@ -83,12 +93,21 @@ class BmoeStepper:
         )
         config = SessionConfig(
             model_path=Path(spec["model"]),
-            context=ContextParams(n_ctx=spec["n_ctx"], n_threads=spec["threads"], flash_attn="off"),
+            context=ContextParams(
+                n_ctx=spec["n_ctx"],
+                n_batch=PREFILL_BATCH,
+                n_ubatch=PREFILL_BATCH,
+                n_threads=spec["threads"],
+                flash_attn="off",
+            ),
             stream=stream,
         )
         self.session = Session.open(config)
         self.n_ctx = self.session.n_ctx
         self.notes = list(self.session.notes)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.session.ctx.decode(tokens, 0)  # one chunk: n_batch is PREFILL_BATCH
 
     def step(self, token: int, pos: int) -> None:
         self.session.ctx.decode([token], pos)
@@ -152,8 +171,33 @@ def _delta(after: dict[str, float] | None, before: dict[str, float] | None) -> d
     return {k: after[k] - before[k] for k in after}
 
 
+def prefill_figures(stepper: StockStepper | BmoeStepper, tokens: Sequence[int]) -> dict[str, Any]:
+    """Prefill ``tokens`` in one timed ``llama_decode``: its seconds and tok/s, what the
+    kernel fetched from storage meanwhile, and for a streamed configuration what the
+    streamer read for it and how long the compute waited for those reads."""
+    counters = stepper.counters() if isinstance(stepper, BmoeStepper) else None
+    read_start = procfs.read_bytes()
+    prefiller: Prefiller = stepper
+    done = timed_prefill(prefiller, tokens)
+    read_end = procfs.read_bytes()
+    out: dict[str, Any] = {
+        "prompt_tokens": done.tokens,
+        "prefill_s": done.seconds,
+        "prefill_tok_s": done.tok_s,
+    }
+    if read_start is not None and read_end is not None:
+        out["prefill_kernel_read_bytes"] = read_end - read_start
+    if isinstance(stepper, BmoeStepper):
+        read = _delta(stepper.counters(), counters)
+        if read is not None:
+            out["prefill_read_bytes"] = int(read["bytes_read"])
+            out["prefill_stall_s"] = read["stall_s"]
+    return out
+
+
 def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, Any]:
-    """Load the configuration, teacher-force ``spec["tokens"]``, return the figures."""
+    """Load the configuration, prefill the first ``spec["prompt_tokens"]`` of
+    ``spec["tokens"]`` (if any), teacher-force the rest, return the figures."""
     import time
 
     t0 = time.perf_counter()
@@ -166,7 +210,11 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
     out: dict[str, Any] = {"key": spec["key"], "load_s": time.perf_counter() - t0, "n_ctx": stepper.n_ctx}
     try:
         out["after_load"] = procfs.status_bytes()
-        out["peak_reset"] = procfs.reset_peak_rss()  # VmHWM from here on is the decode's
+        out["peak_reset"] = procfs.reset_peak_rss()  # VmHWM from here on: the prefill's and the decode's
+        prompt = int(spec.get("prompt_tokens", 0))
+        if prompt:
+            out.update(prefill_figures(stepper, spec["tokens"][:prompt]))
+            emit(f"{PROGRESS_TAG}{prompt}", flush=True)
         marks: dict[str, Any] = {}
 
         def measure_start() -> None:
@@ -177,7 +225,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
                 marks["counters"] = stepper.counters()
 
         def on_token(done: int) -> None:
-            emit(f"{PROGRESS_TAG}{done}", flush=True)
+            emit(f"{PROGRESS_TAG}{prompt + done}", flush=True)
 
         steps: Stepper = stepper
         decode = teacher_force(
@@ -188,6 +236,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
             max_seconds=spec["max_seconds"],
             on_token=on_token,
             on_measure_start=measure_start,
+            start=prompt,
         )
         read_end = procfs.read_bytes()
         wall = time.perf_counter() - marks["t"]
@@ -208,7 +257,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
             out["notes"] = stepper.notes + decode.notes
             out["counters"] = _delta(stepper.counters(), marks.get("counters"))
             out["stream_info"] = stepper.stream_info()
-        out["end"] = procfs.status_bytes()  # VmHWM: the decode's peak (since the reset)
+        out["end"] = procfs.status_bytes()  # VmHWM: the prefill's and decode's peak (since the reset)
     finally:
         stepper.close()
     if not math.isfinite(out.get("tok_s", 0.0)):

@@ -2,7 +2,8 @@
 
 Every configuration is fed the same tokens, so their routing, their reads and their greedy
 choices (the argmax after each token) can be compared position by position. Only the steps
-after ``warmup`` are timed.
+after ``warmup`` are timed. A run that prefilled a prompt first (:mod:`~bmoe.bench.prefill`)
+starts the decode at the prompt's end: the same sequence, continued.
 """
 
 from __future__ import annotations
@@ -58,40 +59,44 @@ def teacher_force(
     on_token: Callable[[int], None] = lambda done: None,
     on_measure_start: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.perf_counter,
+    start: int = 0,
 ) -> Decode:
-    """Feed ``tokens[:warmup]`` untimed, then ``tokens[warmup:warmup + measure]`` timed.
+    """Feed ``warmup`` tokens untimed, then ``measure`` timed, from ``tokens[start]`` on, each
+    at its own position (``start`` > 0: the first ``start`` tokens were prefilled).
 
     ``max_seconds`` caps the warm-up and the measure, each (a configuration that thrashes
     may take minutes per token); a cut is said in ``notes``. ``on_token(done)`` follows each
-    step; ``on_measure_start`` runs once before the first timed step (counters snapshot).
+    step (``done``: decode steps so far, the prefill not counted); ``on_measure_start`` runs
+    once before the first timed step (counters snapshot).
     """
-    if warmup < 0 or measure < 1:
-        raise ValueError(f"need warmup >= 0 and measure >= 1, got {warmup} and {measure}")
-    if warmup + measure > len(tokens):
-        raise ValueError(f"{warmup} + {measure} tokens asked, the sequence holds {len(tokens)}")
+    if warmup < 0 or measure < 1 or start < 0:
+        raise ValueError(f"need warmup >= 0, measure >= 1, start >= 0, got {warmup}, {measure}, {start}")
+    if start + warmup + measure > len(tokens):
+        raise ValueError(f"{start} + {warmup} + {measure} tokens asked, the sequence holds {len(tokens)}")
     notes: list[str] = []
     argmax: list[int] = []
     deadline = clock() + max_seconds
-    pos = 0
-    while pos < warmup:
-        stepper.step(tokens[pos], pos)
+    done = 0
+    while done < warmup:
+        stepper.step(tokens[start + done], start + done)
         argmax.append(stepper.argmax())
-        pos += 1
-        on_token(pos)
-        if clock() > deadline and pos < warmup:
-            notes.append(f"warm-up cut at {pos} of {warmup} tokens by the time cap ({max_seconds:g} s)")
+        done += 1
+        on_token(done)
+        if clock() > deadline and done < warmup:
+            notes.append(f"warm-up cut at {done} of {warmup} tokens by the time cap ({max_seconds:g} s)")
             break
-    done_warmup = pos
+    done_warmup = done
     on_measure_start()
     steps: list[float] = []
     t_start = clock()
     deadline = t_start + max_seconds
-    for pos in range(done_warmup, done_warmup + measure):
+    for done in range(done_warmup, done_warmup + measure):
+        pos = start + done
         t = clock()
         stepper.step(tokens[pos], pos)
         steps.append(clock() - t)
         argmax.append(stepper.argmax())  # outside the timed step
-        on_token(pos + 1)
+        on_token(done + 1)
         if clock() > deadline and len(steps) < measure:
             notes.append(
                 f"measure cut at {len(steps)} of {measure} tokens by the time cap ({max_seconds:g} s)"

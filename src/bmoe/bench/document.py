@@ -11,11 +11,13 @@ import attrs
 
 from bmoe.bench import report
 from bmoe.bench.disk import MIB, Bandwidth
+from bmoe.bench.prefill import PREFILL_BATCH
 
 
 @attrs.frozen
 class RunFacts:
-    """How the run was made: the command, the machine, the disk, the decode's settings."""
+    """How the run was made: the command, the machine, the disk, the prefill's and the
+    decode's settings, and the configurations skipped (``{key: reason}``)."""
 
     command: str
     model: Path
@@ -30,6 +32,8 @@ class RunFacts:
     n_ctx: int
     rounds: int
     mem_limit_mb: int
+    prompt_tokens: int = 0
+    skipped: dict[str, str] = attrs.field(factory=dict)
 
 
 def disk_text(seq: Bandwidth, lanes: Bandwidth) -> str:
@@ -41,10 +45,21 @@ def disk_text(seq: Bandwidth, lanes: Bandwidth) -> str:
     )
 
 
+def prefill_text(prompt_tokens: int) -> str:
+    """The report's sentence on the prefill ("" when none was measured)."""
+    if not prompt_tokens:
+        return ""
+    return (
+        f"Prefill: the text's first {prompt_tokens} tokens in one `llama_decode` (n_batch = n_ubatch "
+        f"= {PREFILL_BATCH} everywhere), timed, after the load and before the decode. "
+    )
+
+
 def markdown(run: RunFacts, outcome: report.Outcome, *, title: str, chart: Path | None) -> str:
     f = run.facts
     limit = f", inside a memory cgroup of {run.mem_limit_mb} MiB" if run.mem_limit_mb else ""
     size = run.model.stat().st_size
+    decode_from = f" from position {run.prompt_tokens} on" if run.prompt_tokens else ""
     lines = [
         f"## {title} ({time.strftime('%Y-%m-%d')})",
         "",
@@ -57,17 +72,19 @@ def markdown(run: RunFacts, outcome: report.Outcome, *, title: str, chart: Path 
         f"experts {run.expert_bytes / MIB:,.0f} MiB) on {f['filesystem']}. Disk, measured in the same "
         f"run: {disk_text(run.sequential, run.lanes)}.",
         "",
-        f"Decode: teacher forcing over the built-in English text, {run.warmup} warm-up tokens then "
-        f"{run.tokens} measured, one token per `llama_decode`, {run.threads} compute threads, "
-        f"{run.io_threads} read lanes, flash attention off everywhere, n_ctx {run.n_ctx}, "
-        f"{run.rounds} interleaved rounds, each configuration in a fresh process after dropping "
-        f"the model from the page cache{limit}.",
+        f"{prefill_text(run.prompt_tokens)}Decode: teacher forcing over the built-in English text"
+        f"{decode_from}, {run.warmup} warm-up tokens then {run.tokens} measured, one token per "
+        f"`llama_decode`, {run.threads} compute threads, {run.io_threads} read lanes, flash attention "
+        f"off everywhere, n_ctx {run.n_ctx}, {run.rounds} interleaved rounds, each configuration in a "
+        f"fresh process after dropping the model from the page cache{limit}.",
         "",
-        report.markdown_table(outcome.summaries),
+        report.markdown_table(outcome.summaries, outcome.baseline),
         "",
         report.LEGEND,
         "",
-        *report.summary_lines(outcome.summaries, outcome.checks, outcome.routing, run.rounds),
+        *report.summary_lines(
+            outcome.summaries, outcome.checks, outcome.routing, run.rounds, outcome.baseline
+        ),
         "",
     ]
     if chart is not None:
@@ -89,6 +106,9 @@ def payload(
         "expert_bytes": run.expert_bytes,
         "mem_limit_mb": run.mem_limit_mb,
         "n_ctx": run.n_ctx,
+        "prompt_tokens": run.prompt_tokens,
+        "skipped": run.skipped,
+        "prefill_baseline": attrs.asdict(baseline := outcome.baseline) | {"text": baseline.text()},
         "summaries": [attrs.asdict(s) for s in outcome.summaries],
         "token_checks": [attrs.asdict(t) | {"equal": t.equal} for t in outcome.checks],
         "routing": attrs.asdict(routing := outcome.routing) | {"text": routing.text()},

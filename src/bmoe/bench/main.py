@@ -3,10 +3,12 @@
 One run: the model (``-m``, or the synthetic bench model at ``--size-gb``, made once and
 cached), the disk's ``O_DIRECT`` bandwidth measured on it, then every configuration in its
 own process after the model file is dropped from the page cache, optionally inside a memory
-cgroup (``--mem-limit-mb``), all fed the same text token by token, in interleaved rounds.
-Writes ``bench.json``, ``bench.md`` and ``bench.png`` into ``--out``; the Markdown also goes
-to stdout, progress to stderr. Exit status 1 when a bmoe configuration failed or bmoe's
-greedy tokens differ from stock's.
+cgroup (``--mem-limit-mb``), all fed the same text: its first ``--prompt-tokens`` in one
+timed prefill, then token by token, in interleaved rounds. Under a memory limit smaller than
+the model file, ``stock`` (which repacks the weights into anonymous memory at load) is said
+up front and skipped (:mod:`~bmoe.bench.memory_fit`). Writes ``bench.json``, ``bench.md`` and
+``bench.png`` into ``--out``; the Markdown also goes to stdout, progress to stderr. Exit
+status 1 when a bmoe configuration failed or bmoe's greedy tokens differ from stock's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from bmoe.bench import configs as cf
 from bmoe.bench import document, report
 from bmoe.bench.cgroup import CgroupError, MemoryGroup, machine_sites
 from bmoe.bench.disk import MIB, measure_bandwidth, measure_random_reads
+from bmoe.bench.memory_fit import skipped_configs
+from bmoe.bench.prefill import DEFAULT_PROMPT_TOKENS, PREFILL_BATCH
 from bmoe.bench.progress import make_progress
 from bmoe.bench.text import TEXT
 
@@ -39,7 +43,8 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m bmoe.bench",
         description=(
             "Benchmark bmoe (resident, and streaming at several cache budgets) against stock "
-            "llama-cpp-python on one model, optionally under a memory limit."
+            "llama-cpp-python on one model: a timed prefill of the prompt, then a teacher-forced "
+            "decode, optionally under a memory limit."
         ),
     )
     model = p.add_mutually_exclusive_group()
@@ -77,15 +82,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rounds", type=int, default=2, help="interleaved rounds over the configurations (median)"
     )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=DEFAULT_PROMPT_TOKENS,
+        help=f"prefill this many tokens of the text in one timed llama_decode before the decode, which "
+        f"continues after them (at most {PREFILL_BATCH}, the batch of every configuration; 0: no "
+        f"prefill measure; default {DEFAULT_PROMPT_TOKENS})",
+    )
     p.add_argument("--warmup", type=int, default=16, help="fed tokens before the measure")
     p.add_argument("--tokens", type=int, default=64, help="fed tokens measured")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp compute threads")
     p.add_argument("--io-threads", type=int, default=4, help="bmoe's read lanes")
     p.add_argument(
-        "--ctx", type=int, default=0, help="context length (default: warmup + tokens, at least 256)"
+        "--ctx",
+        type=int,
+        default=0,
+        help="context length (default: prompt-tokens + warmup + tokens, at least 256)",
     )
     p.add_argument(
-        "--mem-limit-mb", type=int, default=0, help="run each configuration in a memory cgroup of N MiB"
+        "--mem-limit-mb",
+        type=int,
+        default=0,
+        help="run each configuration in a memory cgroup of N MiB; stock (weights repacked into "
+        "anonymous memory at load) is skipped, saying so, when the model file is larger than N MiB",
     )
     p.add_argument(
         "--bw-max-mib",
@@ -117,6 +137,7 @@ class Plan:
     kinds: list[str]
     budgets: list[cf.Budget]
     n_ctx: int
+    fed: int  # tokens of the text each configuration takes: prompt, warm-up, measure
     prefetch: tuple[int, ...] = ()
     policies: tuple[cf.Policy, ...] = ()
 
@@ -131,16 +152,26 @@ def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Pla
         raise cf.BenchConfigError("need --rounds >= 1")
     if args.mem_limit_mb < 0:
         raise cf.BenchConfigError("--mem-limit-mb must be >= 0")
-    fed = args.warmup + args.tokens
+    if not 0 <= args.prompt_tokens <= PREFILL_BATCH:
+        raise cf.BenchConfigError(
+            f"--prompt-tokens must be between 0 and {PREFILL_BATCH} (one llama_decode of one "
+            f"{PREFILL_BATCH}-token batch), not {args.prompt_tokens}"
+        )
+    fed = args.prompt_tokens + args.warmup + args.tokens
     if n_text_tokens is not None and fed > n_text_tokens:
-        raise cf.BenchConfigError(f"--warmup + --tokens = {fed}, the text holds {n_text_tokens} tokens")
+        raise cf.BenchConfigError(
+            f"--prompt-tokens + --warmup + --tokens = {fed}, the text holds {n_text_tokens} tokens"
+        )
     n_ctx = args.ctx or max(256, fed)
     if n_ctx < fed:
-        raise cf.BenchConfigError(f"--ctx {n_ctx} cannot hold {fed} fed tokens")
+        raise cf.BenchConfigError(
+            f"--ctx {n_ctx} cannot hold {fed} fed tokens (--prompt-tokens + --warmup + --tokens)"
+        )
     return Plan(
         kinds=kinds,
         budgets=budgets,
         n_ctx=n_ctx,
+        fed=fed,
         prefetch=cf.parse_prefetch(args.prefetch),
         policies=cf.parse_policies(args.policies),
     )
@@ -201,7 +232,10 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             return 2
     experts = expert_bytes(model)
     configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch, plan.policies)
-    schedule = cf.interleave(configs, args.rounds)
+    skipped = skipped_configs(configs, model.stat().st_size, args.mem_limit_mb)
+    for key, reason in skipped.items():
+        print(f"bench: {key}: skipped: {reason}", file=sys.stderr)
+    schedule = cf.interleave([c for c in configs if c.key not in skipped], args.rounds)
     for c in configs:
         if args.mem_limit_mb and c.cache_mib and c.cache_mib >= args.mem_limit_mb:
             print(
@@ -219,7 +253,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     lanes = measure_bandwidth(model, cap, n_lanes=args.io_threads) if args.io_threads > 1 else seq
     print(f"bench: disk: {document.disk_text(seq, lanes)}", file=sys.stderr)
 
-    fed = args.warmup + args.tokens
+    fed = plan.fed
     progress = make_progress(fed * len(schedule))
     runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in configs}
     t0 = time.perf_counter()
@@ -233,6 +267,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 "routing": config.stream_kwargs(),
                 "model": str(model),
                 "tokens": tokens[:fed],
+                "prompt_tokens": args.prompt_tokens,
                 "warmup": args.warmup,
                 "measure": args.tokens,
                 "n_ctx": plan.n_ctx,
@@ -257,11 +292,11 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             if "error" in r:
                 progress.end(f"{config.label}: failed: {r['error']}")
             else:
-                progress.end(f"{config.label}: {r['tok_s']:.2f} tok/s over {r['measured_tokens']} tokens")
+                progress.end(f"{config.label}: {finished_text(r)}")
     finally:
         progress.close()
 
-    outcome = report.conclude(configs, runs, experts, seq.mib_s)
+    outcome = report.conclude(configs, runs, experts, seq.mib_s, skipped)
     title = args.title or f"{model.name}" + (
         f", memory limit {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
     )
@@ -288,6 +323,8 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         n_ctx=plan.n_ctx,
         rounds=args.rounds,
         mem_limit_mb=args.mem_limit_mb,
+        prompt_tokens=args.prompt_tokens,
+        skipped=skipped,
     )
     md = document.markdown(run, outcome, title=title, chart=chart)
     (args.out / "bench.md").write_text(md)
@@ -301,10 +338,18 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     return exit_status(outcome.summaries, outcome.checks)
 
 
+def finished_text(result: dict[str, Any]) -> str:
+    """A finished round's progress line: its prefill (if measured) and its decode."""
+    decode = f"decode {result['tok_s']:.2f} tok/s over {result['measured_tokens']} tokens"
+    if result.get("prefill_tok_s") is None:
+        return decode
+    return f"prefill {result['prefill_tok_s']:.2f} tok/s over {result['prompt_tokens']} tokens, {decode}"
+
+
 def exit_status(summaries: Sequence[report.Summary], checks: Sequence[report.TokenCheck]) -> int:
     """1 when a bmoe configuration failed or its greedy tokens differ from stock's. A stock
-    configuration that fails (its repacked weights OOM-killed under a memory limit, say) is a
-    finding the report shows, not a failure of the bench."""
+    configuration that fails (its repacked weights OOM-killed under a memory limit, say) or is
+    skipped is a finding the report shows, not a failure of the bench."""
     tokens_ok = all(t.equal for t in checks if not t.key.startswith("stock"))
     bmoe_ok = all(s.ok for s in summaries if not s.kind.startswith("stock"))
     return 0 if tokens_ok and bmoe_ok else 1

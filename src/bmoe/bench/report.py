@@ -29,7 +29,8 @@ def median(values: Sequence[float]) -> float | None:
 @attrs.frozen
 class Summary:
     """One configuration over its rounds. Rates are medians of the rounds that finished;
-    peaks are the largest of any round."""
+    peaks are the largest of any round. ``skipped``: why it was not run at all (the memory
+    limit, :mod:`~bmoe.bench.memory_fit`)."""
 
     key: str
     label: str
@@ -58,6 +59,15 @@ class Summary:
     of_probe_ceiling: float | None = None  # per round: tok/s x MiB/token / that probe (median)
     errors: list[str] = attrs.field(factory=list)
     notes: list[str] = attrs.field(factory=list)
+    skipped: str | None = None
+    prompt_tokens: int = 0  # prefilled in one llama_decode before the decode (0: no prefill)
+    prefill_tok_s: float | None = None
+    prefill_tok_s_rounds: list[float | None] = attrs.field(factory=list)
+    prefill_s: float | None = None
+    prefill_read_mib: float | None = None  # what the streamer read for the prefill (bmoe's counters)
+    prefill_stall_s: float | None = None  # the prefill's wait for those reads
+    prefill_kernel_read_mib: float | None = None  # /proc/<pid>/io read_bytes over the prefill
+    prefill_x_stock: float | None = None  # prefill tok/s over the stock baseline's (StockBaseline)
 
     @property
     def ok(self) -> bool:
@@ -68,8 +78,13 @@ def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
-    """Median tok/s and step, per-token reads, hit rate and peaks of one configuration."""
+def _prefill_median(ok: Sequence[dict[str, Any]], key: str, scale: float = 1.0) -> float | None:
+    return median([float(r[key]) / scale for r in ok if r.get(key) is not None])
+
+
+def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]], skipped: str | None = None) -> Summary:
+    """Median tok/s and step, per-token reads, hit rate and peaks of one configuration, and
+    its prefill's median tok/s and reads; ``skipped``: why it did not run (no rounds)."""
     ok = [r for r in runs if "tok_s" in r and not r.get("error")]
     per_tok: list[float] = []
     kernel: list[float] = []
@@ -130,13 +145,83 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]]) -> Summary:
         of_probe_ceiling=median(of_probe),
         errors=[str(r["error"]) for r in runs if r.get("error")],
         notes=notes,
+        skipped=skipped,
+        prompt_tokens=min((int(r.get("prompt_tokens", 0)) for r in ok), default=0),
+        prefill_tok_s=_prefill_median(ok, "prefill_tok_s"),
+        prefill_tok_s_rounds=[
+            float(r["prefill_tok_s"]) if r in ok and r.get("prefill_tok_s") is not None else None
+            for r in runs
+        ],
+        prefill_s=_prefill_median(ok, "prefill_s"),
+        prefill_read_mib=_prefill_median(ok, "prefill_read_bytes", MIB),
+        prefill_stall_s=_prefill_median(ok, "prefill_stall_s"),
+        prefill_kernel_read_mib=_prefill_median(ok, "prefill_kernel_read_bytes", MIB),
     )
 
 
-def with_ratios(summaries: Sequence[Summary], bandwidth_mib_s: float) -> list[Summary]:
-    """Each configuration's tok/s over both stock ones', and its disk ceiling: the tok/s the
-    measured bandwidth allows at its MiB read per token (bmoe's counters)."""
+STOCK = "stock"
+STOCK_NOREPACK = "stock-norepack"
+
+
+@attrs.frozen
+class StockBaseline:
+    """The configuration the prefill ratios divide by: ``stock`` (llama.cpp's defaults,
+    repacking on) when it has a prefill figure in this run, else ``stock-norepack``, and
+    ``stock_state`` says why stock is not it ("skipped", "failed", "not run"); ``key`` None
+    when neither has a figure (or no prefill was measured)."""
+
+    key: str | None
+    label: str | None = None
+    stock_state: str | None = None  # None: stock is the baseline (or no prefill was measured)
+    stock_skipped: str | None = None  # the skip's reason, when stock was skipped
+
+    @property
+    def fallback(self) -> bool:
+        return self.key is not None and self.key != STOCK
+
+    def column(self) -> str:
+        """The ratio's column heading, naming the baseline when it is not stock."""
+        if self.fallback:
+            return f"prefill x {self.key} (stock {self.stock_state})"
+        return "prefill x stock"
+
+    def text(self) -> str | None:
+        """The report's line on a fallback (None when stock is the baseline)."""
+        if self.stock_state is None:
+            return None
+        why = f"stock was {self.stock_state}" + (f" ({self.stock_skipped})" if self.stock_skipped else "")
+        if self.key is None:
+            return f"prefill x stock: no stock prefill to divide by: {why}, and {STOCK_NOREPACK} has none"
+        return f"prefill x stock: against {self.label}, since {why}"
+
+
+def stock_baseline(summaries: Sequence[Summary]) -> StockBaseline:
+    """``stock`` if it measured a prefill, else ``stock-norepack`` (saying why)."""
     by_key = {s.key: s for s in summaries}
+    if not any(s.prefill_tok_s for s in summaries):
+        return StockBaseline(None)  # no prefill measured (--prompt-tokens 0), or nothing finished
+    stock = by_key.get(STOCK)
+    if stock is not None and stock.prefill_tok_s:
+        return StockBaseline(STOCK, stock.label)
+    if stock is None:
+        state, skipped = "not run", None
+    elif stock.skipped is not None:
+        state, skipped = "skipped", stock.skipped
+    else:
+        state, skipped = "failed", None
+    norepack = by_key.get(STOCK_NOREPACK)
+    if norepack is None or not norepack.prefill_tok_s:
+        return StockBaseline(None, None, state, skipped)
+    return StockBaseline(STOCK_NOREPACK, norepack.label, state, skipped)
+
+
+def with_ratios(summaries: Sequence[Summary], bandwidth_mib_s: float) -> list[Summary]:
+    """Each configuration's decode tok/s over both stock ones', its prefill tok/s over the
+    stock baseline's (``stock_baseline``), and its disk ceiling: the tok/s the measured
+    bandwidth allows at its MiB read per token (bmoe's counters)."""
+    by_key = {s.key: s for s in summaries}
+    base = stock_baseline(summaries)
+    base_prefill = by_key[base.key].prefill_tok_s if base.key is not None else None
 
     def ratio(s: Summary, key: str) -> float | None:
         base = by_key.get(key)
@@ -154,6 +239,9 @@ def with_ratios(summaries: Sequence[Summary], bandwidth_mib_s: float) -> list[Su
                 s,
                 x_stock=ratio(s, "stock"),
                 x_stock_norepack=ratio(s, "stock-norepack"),
+                prefill_x_stock=(
+                    s.prefill_tok_s / base_prefill if base_prefill and s.prefill_tok_s is not None else None
+                ),
                 ceiling_tok_s=ceiling,
                 of_ceiling=s.tok_s / ceiling if ceiling and s.tok_s is not None else None,
             )
@@ -241,11 +329,16 @@ def _per_tok(v: float | None) -> str:
     return f"{v:,.1f}" if v >= 10 or v == 0 else f"{v:.2f}"
 
 
-def markdown_table(summaries: Sequence[Summary]) -> str:
+def markdown_table(summaries: Sequence[Summary], baseline: StockBaseline | None = None) -> str:
+    """One row per configuration; ``baseline`` names the prefill ratio's column (default:
+    the one ``stock_baseline`` picks)."""
+    baseline = baseline if baseline is not None else stock_baseline(summaries)
     head = [
         "configuration",
-        "tok/s",
-        "median step ms",
+        "decode tok/s",
+        "median decode step ms",
+        "prefill tok/s",
+        baseline.column(),
         "MiB read/tok (bmoe)",
         "MiB read/tok (kernel)",
         "hit %",
@@ -264,13 +357,17 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
     ]
     rows = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for s in summaries:
-        if not s.ok:
+        if s.skipped is not None:
+            cells = [s.label, f"skipped: {s.skipped}"] + [""] * (len(head) - 2)
+        elif not s.ok:
             cells = [s.label, f"failed: {'; '.join(dict.fromkeys(s.errors))}"] + [""] * (len(head) - 2)
         else:
             cells = [
                 s.label,
                 _f(s.tok_s, ".2f"),
                 _f(s.step_ms, ".1f"),
+                _f(s.prefill_tok_s, ".2f"),
+                _f(s.prefill_x_stock, ".2f"),
                 _per_tok(s.mib_per_tok),
                 _per_tok(s.kernel_mib_per_tok),
                 _f(None if s.hit_rate is None else 100 * s.hit_rate, ".1f"),
@@ -292,29 +389,46 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
 
 
 LEGEND = (
-    "tok/s: median over the rounds of measured tokens / their decode time; median step: the median "
-    "of the rounds' median `llama_decode` times. MiB read/tok (bmoe): the streamer's counters; "
+    "Decode tok/s: median over the rounds of measured tokens / their decode time; median decode "
+    "step: the median of the rounds' median `llama_decode` times. Prefill tok/s: median over the "
+    "rounds of the prompt's tokens / the time of the one `llama_decode` that took them all "
+    "(n_batch = n_ubatch = 512 in every configuration), before the decode; prefill x stock: that "
+    "over stock's (llama.cpp's defaults, repacking on), or over stock-norepack's where stock has no "
+    "figure, as its heading then says. MiB read/tok (bmoe): the streamer's counters; "
     "(kernel): `/proc/<pid>/io` read_bytes of the configuration's process over the measured tokens, "
     "what the kernel fetched from storage for it (mmap faults and read-ahead included). Hit %: "
     "(layer, expert) lookups found in the cache. Stall: the compute's wait for reads. Early reads used: "
     "reads ahead (prefill's whole next layer, --prefetch, --predict-prefetch, --route-ahead) that a "
     "layer then used. Slot agreement: the stale gate's prediction (or route-ahead's committed "
     "selection) against the router's own. Peak RSS: `VmHWM`, reset once the model was "
-    "loaded. Group peak: the memory group's peak (page cache included). x stock: tok/s over stock "
-    "llama-cpp-python's. Of disk ceiling: tok/s / (measured O_DIRECT bandwidth / MiB read per "
-    "token), the bandwidth measured at the start of the run (sequential). Disk MiB/s next to it: "
-    "random O_DIRECT reads (`--probe-mib`, 2 MiB blocks on the read lanes) right before each round "
-    "of the configuration, median; of that ceiling: per round, tok/s x MiB read per token / that "
-    "round's probe, median (this disk's speed moves within minutes). Other CPU load: CPUs other "
-    "processes kept busy during the measure (near 1 on a "
-    "2-CPU machine: the row is disturbed)."
+    "loaded (prefill and decode). Group peak: the memory group's peak (page cache included). x "
+    "stock: decode tok/s over stock llama-cpp-python's. Of disk ceiling: tok/s / (measured O_DIRECT "
+    "bandwidth / MiB read per token), the bandwidth measured at the start of the run (sequential). "
+    "Disk MiB/s next to it: random O_DIRECT reads (`--probe-mib`, 2 MiB blocks on the read lanes) "
+    "right before each round of the configuration, median; of that ceiling: per round, tok/s x MiB "
+    "read per token / that round's probe, median (this disk's speed moves within minutes). Other "
+    "CPU load: CPUs other processes kept busy during the measure (near 1 on a 2-CPU machine: the "
+    "row is disturbed)."
 )
 
 
+def _rates(values: Sequence[float | None]) -> str:
+    return ", ".join("failed" if v is None else f"{v:.2f}" for v in values)
+
+
 def summary_lines(
-    summaries: Sequence[Summary], tokens: Sequence[TokenCheck], routing: RoutingCheck, rounds: int
+    summaries: Sequence[Summary],
+    tokens: Sequence[TokenCheck],
+    routing: RoutingCheck,
+    rounds: int,
+    baseline: StockBaseline | None = None,
 ) -> list[str]:
+    """The report's list: the checks, the prefill ratio's baseline when it is not stock,
+    then per configuration its skip, its rounds, its prefill's reads, its notes and failures."""
+    baseline = baseline if baseline is not None else stock_baseline(summaries)
     lines = [f"- {routing.text()}"]
+    if (fallback := baseline.text()) is not None:
+        lines.append(f"- {fallback}")
     label = {s.key: s.label for s in summaries}
     for t in tokens:
         this, ref = label.get(t.key, t.key), label.get(t.reference, t.reference)
@@ -326,9 +440,22 @@ def summary_lines(
                 f"first difference at position {t.first_difference}"
             )
     for s in summaries:
+        if s.skipped is not None:
+            lines.append(f"- {s.label}: skipped: {s.skipped}")
+            continue
         if rounds > 1 and s.ok:
-            rates = ", ".join("failed" if v is None else f"{v:.2f}" for v in s.tok_s_rounds)
-            lines.append(f"- {s.label}: tok/s of the {rounds} rounds {rates}")
+            lines.append(f"- {s.label}: decode tok/s of the {rounds} rounds {_rates(s.tok_s_rounds)}")
+            if s.prefill_tok_s is not None:
+                rates = _rates(s.prefill_tok_s_rounds)
+                lines.append(f"- {s.label}: prefill tok/s of the {rounds} rounds {rates}")
+        if s.prefill_read_mib is not None:
+            stall = ""
+            if s.prefill_stall_s is not None:
+                stall = f", the compute waited {s.prefill_stall_s:.2f} s for reads"
+            lines.append(
+                f"- {s.label}: the prefill of {s.prompt_tokens} tokens read {s.prefill_read_mib:,.0f} MiB "
+                f"(bmoe's counters){stall} (medians of the rounds)"
+            )
         lines.extend(f"- {s.label}: {n}" for n in s.notes)
         for error, count in Counter(s.errors).items():
             lines.append(f"- {s.label}: failed in {count} of {rounds} rounds ({error})")
@@ -337,11 +464,13 @@ def summary_lines(
 
 @attrs.frozen
 class Outcome:
-    """What a run concluded: the summaries with their ratios, and the two checks."""
+    """What a run concluded: the summaries with their ratios, the two checks, and what the
+    prefill ratios divide by."""
 
     summaries: list[Summary]
     checks: list[TokenCheck]
     routing: RoutingCheck
+    baseline: StockBaseline = StockBaseline(None)
 
 
 def conclude(
@@ -349,12 +478,17 @@ def conclude(
     runs: dict[str, list[dict[str, Any]]],
     expert_bytes: int,
     bandwidth_mib_s: float,
+    skipped: dict[str, str] | None = None,
 ) -> Outcome:
     """Summaries (medians, ratios, disk ceiling), greedy tokens against stock's (each
-    configuration's first round that finished) and the routing probe's verdict."""
+    configuration's first round that finished) and the routing probe's verdict.
+    ``skipped``: ``{key: reason}`` of the configurations not run (they have no rounds)."""
     from bmoe.bench.configs import routing_probe
 
-    summaries = with_ratios([summarize(c, runs[c.key]) for c in configs], bandwidth_mib_s)
+    skipped = skipped or {}
+    summaries = with_ratios(
+        [summarize(c, runs.get(c.key, []), skipped.get(c.key)) for c in configs], bandwidth_mib_s
+    )
     argmax = {
         key: next(r["argmax"] for r in rs if "argmax" in r)
         for key, rs in runs.items()
@@ -371,4 +505,4 @@ def conclude(
     routing = check_routing(
         probe_summary.hit_rate if probe_summary else None, probe.expert_percent if probe else None
     )
-    return Outcome(summaries, checks, routing)
+    return Outcome(summaries, checks, routing, stock_baseline(summaries))

@@ -1,0 +1,53 @@
+"""Which configurations cannot run under ``--mem-limit-mb``, decided before anything runs.
+
+``stock`` loads as llama.cpp does by default: with weight repacking on, every weight a
+repacked kernel can use is copied at load into a ``CPU_REPACK`` buffer, anonymous memory
+that cannot be paged back to the file. On a MoE model that is nearly all of its bytes
+(the experts), so the load needs about the model file's size in RAM. In a memory group
+smaller than that the copy cannot be held: the load swaps or thrashes for many minutes with
+no line of progress, then is OOM-killed or times out. The bench says so up front and skips
+it instead. ``stock-norepack`` maps the file and leaves the weights in the page cache, which
+the kernel can evict and fetch again: it thrashes, it still runs, so it is the stock figure
+under a limit.
+
+The model file's size stands for the repacked bytes (which weights repack depends on their
+types and the CPU's kernels; the file's size bounds them). A model whose weights mostly do
+not repack on this CPU is then skipped though it might load, but its ``stock`` run would be
+``stock-norepack``'s, which still runs; and a load whose copy is near the limit fails anyway
+(the copy is read through the page cache, charged to the same group). Pure: sizes in,
+reasons out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bmoe.bench.configs import BenchConfig
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+REPACKING_KINDS = ("stock",)
+"""The configurations that load with llama.cpp's weight repacking into anonymous memory."""
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB else f"{n_bytes / MIB:.1f} MiB"
+
+
+def repack_skip_reason(model_bytes: int, mem_limit_mb: int) -> str | None:
+    """Why a repacking load cannot fit ``mem_limit_mb`` (0: no limit), None when it may."""
+    if mem_limit_mb <= 0 or model_bytes <= mem_limit_mb * MIB:
+        return None
+    return (
+        f"llama.cpp's default load repacks the weights into {_size(model_bytes)} of anonymous "
+        f"memory, more than the {mem_limit_mb} MiB limit (run stock-norepack, or raise --mem-limit-mb)"
+    )
+
+
+def skipped_configs(configs: Sequence[BenchConfig], model_bytes: int, mem_limit_mb: int) -> dict[str, str]:
+    """``{key: reason}`` of the configurations to skip under the limit, in run order."""
+    reason = repack_skip_reason(model_bytes, mem_limit_mb)
+    if reason is None:
+        return {}
+    return {c.key: reason for c in configs if c.kind in REPACKING_KINDS}
