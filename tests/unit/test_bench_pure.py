@@ -177,6 +177,16 @@ def test_token_check_finds_the_first_difference() -> None:
     assert report.token_reference({"resident": [], "stock": []}) == "stock"
 
 
+def test_bmoe_is_compared_with_the_stock_run_whose_weights_have_its_layout() -> None:
+    both = {"stock": [1], "stock-norepack": [2], "resident": [1], "stream-0": [1]}
+    assert report.token_reference(both) == "stock"  # bmoe repacks as stock does
+    assert report.token_reference(both, repack=False) == "stock-norepack"
+    assert report.token_reference({"stock-norepack": [2], "resident": [1]}) == "resident"
+    assert report.token_reference({"stock": [1], "resident": [1]}, repack=False) == "resident"
+    # under a limit that skips stock and bmoe resident, nothing has the repacked layout
+    assert report.token_reference({"stock-norepack": [2], "stream-0": [1]}) is None
+
+
 @pytest.mark.parametrize(
     ("hit", "moves"), [(0.42, True), (0.79, True), (0.80, False), (0.97, False), (None, None)]
 )
@@ -540,8 +550,13 @@ def test_conclude_reports_the_skipped_configurations_without_rounds() -> None:
     assert by_key["stock"].skipped == "too big" and by_key["stream-0"].skipped is None
     assert outcome.baseline.key == "stock-norepack"
     assert by_key["stream-0"].prefill_x_stock == pytest.approx(3.0)
-    assert [t.key for t in outcome.checks] == ["stream-0", "stream-1"]
-    assert all(t.equal for t in outcome.checks)
+    assert outcome.checks == []  # nothing ran with bmoe's repacked layout to compare with
+    lines = report.summary_lines(outcome.summaries, outcome.checks, outcome.routing, 1)
+    assert "- greedy tokens not compared: no stock or bmoe resident run has the streamed runs' " \
+        "weight layout (the gates check streamed == resident bit for bit)" in lines
+    unpacked = report.conclude(configs, runs, 4 * MIB, 400.0, {"stock": "too big"}, repack=False)
+    assert [t.key for t in unpacked.checks] == ["stream-0", "stream-1"]
+    assert all(t.equal and t.reference == "stock-norepack" for t in unpacked.checks)
 
 
 def test_a_rounds_progress_line_gives_its_prefill_and_its_decode() -> None:
@@ -568,12 +583,19 @@ def test_stock_is_skipped_when_the_model_is_larger_than_the_limit() -> None:
     assert repack_skip_reason(2048 * MIB + 1, 2048) is not None
 
 
-def test_only_the_repacking_stock_is_skipped_not_the_mmap_one() -> None:
+def test_only_the_repacking_loads_are_skipped_not_the_mmap_ones() -> None:
     configs = cf.build_configs(list(cf.KINDS), [cf.Budget(mib=0)], 4000 * MIB)
     skipped = skipped_configs(configs, 5_630_000_000, 2048)
-    assert list(skipped) == ["stock"] and skipped["stock"].startswith("llama.cpp's default load repacks")
+    assert list(skipped) == ["stock", "resident"]
+    assert skipped["stock"].startswith("llama.cpp's default load repacks")
+    assert skipped["resident"] == (
+        "bmoe resident, as llama.cpp's default load, repacks the weights into 5.2 GiB of anonymous memory, "
+        "more than the 2048 MiB limit (run the bench with --no-repack, or raise --mem-limit-mb)"
+    )
+    assert list(skipped_configs(configs, 5_630_000_000, 2048, bmoe_repack=False)) == ["stock"]
     assert skipped_configs(configs, 5_630_000_000, 8192) == {}
-    assert skipped_configs(configs[1:], 5_630_000_000, 2048) == {}  # no stock asked
+    no_stock = [c for c in configs if c.kind not in ("stock", "resident")]
+    assert skipped_configs(no_stock, 5_630_000_000, 2048) == {}  # no repacking load asked
 
 
 def test_a_skipped_stock_does_not_fail_the_bench() -> None:

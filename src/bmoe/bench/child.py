@@ -93,6 +93,7 @@ class BmoeStepper:
         )
         config = SessionConfig(
             model_path=Path(spec["model"]),
+            repack=spec.get("repack", True),
             context=ContextParams(
                 n_ctx=spec["n_ctx"],
                 n_batch=PREFILL_BATCH,

@@ -95,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="llama.cpp compute threads")
     p.add_argument("--io-threads", type=int, default=4, help="bmoe's read lanes")
     p.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="bmoe's configurations keep the weights in the file's layout (compared with stock-norepack); "
+        "by default they repack as stock llama.cpp does (compared with stock)",
+    )
+    p.add_argument(
         "--ctx",
         type=int,
         default=0,
@@ -232,7 +238,9 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             return 2
     experts = expert_bytes(model)
     configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch, plan.policies)
-    skipped = skipped_configs(configs, model.stat().st_size, args.mem_limit_mb)
+    skipped = skipped_configs(
+        configs, model.stat().st_size, args.mem_limit_mb, bmoe_repack=not args.no_repack
+    )
     for key, reason in skipped.items():
         print(f"bench: {key}: skipped: {reason}", file=sys.stderr)
     schedule = cf.interleave([c for c in configs if c.key not in skipped], args.rounds)
@@ -273,6 +281,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 "n_ctx": plan.n_ctx,
                 "threads": args.threads,
                 "io_threads": args.io_threads,
+                "repack": not args.no_repack,
                 "max_seconds": args.max_seconds,
             }
             probe = None
@@ -296,7 +305,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     finally:
         progress.close()
 
-    outcome = report.conclude(configs, runs, experts, seq.mib_s, skipped)
+    outcome = report.conclude(configs, runs, experts, seq.mib_s, skipped, repack=not args.no_repack)
     title = args.title or f"{model.name}" + (
         f", memory limit {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
     )

@@ -28,26 +28,41 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 
 REPACKING_KINDS = ("stock",)
-"""The configurations that load with llama.cpp's weight repacking into anonymous memory."""
+"""The configurations that always load with llama.cpp's weight repacking into anonymous
+memory; bmoe ``resident`` does too unless the bench runs with ``--no-repack`` (bmoe
+``stream`` repacks only what it reads, within its cache)."""
 
 
 def _size(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB else f"{n_bytes / MIB:.1f} MiB"
 
 
-def repack_skip_reason(model_bytes: int, mem_limit_mb: int) -> str | None:
+def repack_skip_reason(
+    model_bytes: int,
+    mem_limit_mb: int,
+    *,
+    who: str = "llama.cpp's default load",
+    instead: str = "run stock-norepack",
+) -> str | None:
     """Why a repacking load cannot fit ``mem_limit_mb`` (0: no limit), None when it may."""
     if mem_limit_mb <= 0 or model_bytes <= mem_limit_mb * MIB:
         return None
     return (
-        f"llama.cpp's default load repacks the weights into {_size(model_bytes)} of anonymous "
-        f"memory, more than the {mem_limit_mb} MiB limit (run stock-norepack, or raise --mem-limit-mb)"
+        f"{who} repacks the weights into {_size(model_bytes)} of anonymous "
+        f"memory, more than the {mem_limit_mb} MiB limit ({instead}, or raise --mem-limit-mb)"
     )
 
 
-def skipped_configs(configs: Sequence[BenchConfig], model_bytes: int, mem_limit_mb: int) -> dict[str, str]:
+def skipped_configs(
+    configs: Sequence[BenchConfig], model_bytes: int, mem_limit_mb: int, *, bmoe_repack: bool = True
+) -> dict[str, str]:
     """``{key: reason}`` of the configurations to skip under the limit, in run order."""
-    reason = repack_skip_reason(model_bytes, mem_limit_mb)
-    if reason is None:
-        return {}
-    return {c.key: reason for c in configs if c.kind in REPACKING_KINDS}
+    reasons = {kind: repack_skip_reason(model_bytes, mem_limit_mb) for kind in REPACKING_KINDS}
+    if bmoe_repack:
+        reasons["resident"] = repack_skip_reason(
+            model_bytes,
+            mem_limit_mb,
+            who="bmoe resident, as llama.cpp's default load,",
+            instead="run the bench with --no-repack",
+        )
+    return {c.key: reason for c in configs if (reason := reasons.get(c.kind)) is not None}

@@ -277,9 +277,13 @@ def check_tokens(argmax: dict[str, list[int]], reference: str) -> list[TokenChec
     return out
 
 
-def token_reference(argmax: dict[str, list[int]]) -> str | None:
-    """The stock run bmoe must match: repacking off (same weights layout) first, else stock."""
-    return next((k for k in ("stock-norepack", "stock", "resident") if k in argmax), None)
+def token_reference(argmax: dict[str, list[int]], *, repack: bool = True) -> str | None:
+    """The run bmoe's configurations must match: stock with the weights in the same layout
+    as bmoe's (repacked: ``stock``; ``--no-repack``: ``stock-norepack``), else bmoe resident
+    (itself equal to that stock run, gated); None when neither ran (a repacked layout under
+    a memory limit that skips both: the greedy tokens are then not compared)."""
+    same_layout = "stock" if repack else "stock-norepack"
+    return next((k for k in (same_layout, "resident") if k in argmax), None)
 
 
 @attrs.frozen
@@ -430,6 +434,11 @@ def summary_lines(
     if (fallback := baseline.text()) is not None:
         lines.append(f"- {fallback}")
     label = {s.key: s.label for s in summaries}
+    if not tokens and any(s.kind == "stream" and s.ok for s in summaries):
+        lines.append(
+            "- greedy tokens not compared: no stock or bmoe resident run has the streamed runs' "
+            "weight layout (the gates check streamed == resident bit for bit)"
+        )
     for t in tokens:
         this, ref = label.get(t.key, t.key), label.get(t.reference, t.reference)
         if t.equal:
@@ -479,6 +488,8 @@ def conclude(
     expert_bytes: int,
     bandwidth_mib_s: float,
     skipped: dict[str, str] | None = None,
+    *,
+    repack: bool = True,
 ) -> Outcome:
     """Summaries (medians, ratios, disk ceiling), greedy tokens against stock's (each
     configuration's first round that finished) and the routing probe's verdict.
@@ -494,7 +505,7 @@ def conclude(
         for key, rs in runs.items()
         if any("argmax" in r for r in rs)
     }
-    reference = token_reference(argmax)
+    reference = token_reference(argmax, repack=repack)
     checks = check_tokens(argmax, reference) if reference else []
     for config in configs:  # a routing policy against the same budget without it (lossy ones differ)
         base = f"stream-{config.cache_mib}"
