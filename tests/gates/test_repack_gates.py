@@ -13,8 +13,9 @@ negative control shows the repacked layout changed the output wherever anything 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -76,16 +77,23 @@ def generated(s: Session) -> tuple[tuple[int, ...], np.ndarray]:
     return result.tokens, s.last_logits()
 
 
-def stock_placement(path: Path) -> dict[str, str]:
-    """The buffer type of every weight the graph reads, as llama.cpp loads the model with
-    its defaults (weight repacking on)."""
+@contextlib.contextmanager
+def stock_weights(path: Path) -> Iterator[dict[str, int]]:
+    """``{name: tensor address}`` of every weight the graph reads, as llama.cpp loads the model
+    with its defaults (weight repacking on); the tensors live while the block runs."""
     streamer = expert_stream.ExpertStreamer(n_layer=64, n_expert=1, n_proj=1)
     with LlamaModel(path, ModelParams(use_extra_bufts=True)) as model, LlamaContext(
         model, PARAMS, eval_callback=streamer
     ) as ctx:
         streamer.mode = expert_stream.MODE_CAPTURE
         ctx.decode([0], 0)
-        return {name: buffer_type_name(t) for name, (t, _) in streamer.captured_weights().items()}
+        yield {name: t for name, (t, _) in streamer.captured_weights().items()}
+
+
+def stock_placement(path: Path) -> dict[str, str]:
+    """The buffer type of every weight the graph reads, as llama.cpp loads the model."""
+    with stock_weights(path) as weights:
+        return {name: buffer_type_name(t) for name, t in weights.items()}
 
 
 @needs_repack
@@ -122,17 +130,12 @@ def test_one_expert_repacked_alone_equals_its_slice_of_llama_cpps_whole_tensor_r
     path = quantized(name)
     layout = read_layout(path)
     compared = 0
-    streamer = expert_stream.ExpertStreamer(n_layer=64, n_expert=1, n_proj=1)
-    with LlamaModel(path, ModelParams(use_extra_bufts=True)) as model, LlamaContext(
-        model, PARAMS, eval_callback=streamer
-    ) as ctx:
-        streamer.mode = expert_stream.MODE_CAPTURE
-        ctx.decode([0], 0)
+    with stock_weights(path) as weights:
         tag = weight_repack.alloc_buffer(REPACK.buft, 64)
         templates = weight_repack.Templates(64)
         try:
             with open(path, "rb") as f:
-                for tensor_name, (t, _) in streamer.captured_weights().items():
+                for tensor_name, t in weights.items():
                     if "_exps." not in tensor_name or buffer_type_name(t) != "CPU_REPACK":
                         continue
                     info = weight_repack.tensor_info(t)
