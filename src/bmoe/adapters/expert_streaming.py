@@ -177,10 +177,9 @@ def _repack(
     if parts in ("dense", "experts"):
         wanted = {n: t for n, t in wanted.items() if (n in expert_names) == (parts == "experts")}
     with native_call("repacking the dense weights"):
-        dense = DenseRepack(cpu, [t for name, t in wanted.items() if name not in expert_names])
+        dense_tensors = [t for name, t in wanted.items() if name not in expert_names]
+        dense = DenseRepack(cpu, dense_tensors, moved=expert_stream.give_back)
         model.keep_until_closed(dense)
-        for address, n_bytes in dense.previous:
-            expert_stream.give_back(address, n_bytes)
         experts = {name: t for name, t in wanted.items() if name in expert_names}
         expert = ExpertRepack(cpu, experts.values())
         model.keep_until_closed(expert)

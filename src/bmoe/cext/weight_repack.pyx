@@ -225,11 +225,12 @@ def aligned_size(uintptr_t buft, list tensors) -> int:
     return total
 
 
-def move_to_buffer(uintptr_t buffer, uintptr_t buft, list tensors):
+def move_to_buffer(uintptr_t buffer, uintptr_t buft, list tensors, moved=None):
     """Move each tensor into ``buffer`` (sized by ``aligned_size``), one after the other:
     allocated there by llama.cpp and filled from its current bytes with
     ``ggml_backend_tensor_set`` (a ``CPU_REPACK`` buffer repacks them on the way in).
-    Returns each tensor's previous ``(data, nbytes)``: that memory is no longer read."""
+    ``moved(data, nbytes)`` is called after each with the memory it no longer reads (so it
+    can be given back at once); returns those pairs too."""
     need_api()
     cdef size_t align = api.buft_get_alignment(<void *> buft)
     cdef char * base = <char *> api.buffer_get_base(<void *> buffer)
@@ -249,6 +250,8 @@ def move_to_buffer(uintptr_t buffer, uintptr_t buft, list tensors):
             raise RuntimeError(f"llama.cpp did not take {t.name.decode()} into the buffer (status {status})")
         api.tensor_set(t, old, 0, n)
         out.append((<uintptr_t> old, n))
+        if moved is not None:
+            moved(<uintptr_t> old, n)
         offset += (n + align - 1) // align * align
     return out
 

@@ -21,7 +21,7 @@ repack, bit for bit.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 import llama_cpp._ggml as ggml_lib
@@ -96,13 +96,17 @@ class CpuRepack:
 class DenseRepack:
     """Dense weights moved into one ``CPU_REPACK`` buffer (freed by ``close``, after the model)."""
 
-    def __init__(self, repack: CpuRepack, tensors: list[int]) -> None:
+    def __init__(
+        self, repack: CpuRepack, tensors: list[int], moved: Callable[[int, int], object] | None = None
+    ) -> None:
+        """``moved(address, nbytes)``: called after each tensor with the memory it no longer
+        reads (the streamer gives its pages back at once: the dense part is never held twice)."""
         self.n_tensors = len(tensors)
         self.n_bytes = weight_repack.aligned_size(repack.buft, tensors) if tensors else 0
-        self._buffer = weight_repack.alloc_buffer(repack.buft, self.n_bytes) if tensors else 0
-        self.previous: list[tuple[int, int]] = (
-            weight_repack.move_to_buffer(self._buffer, repack.buft, tensors) if tensors else []
-        )
+        self._buffer = 0
+        if tensors:
+            self._buffer = weight_repack.alloc_buffer(repack.buft, self.n_bytes)
+            weight_repack.move_to_buffer(self._buffer, repack.buft, tensors, moved)
 
     def close(self) -> None:
         weight_repack.free_buffer(self._buffer)
