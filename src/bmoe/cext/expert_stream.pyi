@@ -7,6 +7,9 @@ MODE_OFF: int
 MODE_CAPTURE: int
 MODE_STREAM: int
 MODE_REFERENCE: int
+CAPTURE_MUL_MAT: int
+CAPTURE_MUL_MAT_ID: int
+CAPTURE_OTHER: int
 
 def overlay_anonymous(address: int, length: int) -> None: ...
 def advise_hugepages(address: int, length: int, on: bool) -> None: ...

@@ -165,6 +165,11 @@ cdef enum:
     USE_MUL_MAT_ID = 2     # ... of a mul_mat_id node (routed experts)
     USE_OTHER = 4          # ... as any other operand (get_rows, add, mul, ...)
 
+# the capture's use bits, for the callers of captured_weights
+CAPTURE_MUL_MAT = USE_MUL_MAT
+CAPTURE_MUL_MAT_ID = USE_MUL_MAT_ID
+CAPTURE_OTHER = USE_OTHER
+
 # fault kinds
 cdef enum:
     FAULT_NONE = 0

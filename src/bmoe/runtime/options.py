@@ -27,7 +27,8 @@ def cache_mb(text: str) -> int | None:
 
 
 def add_context_options(p: argparse.ArgumentParser) -> None:
-    """``-t``, ``-c``, ``-b`` (the context ``context_params`` builds) and ``--n-expert-used``."""
+    """``-t``, ``-c``, ``-b``, ``-fa`` (the context ``context_params`` builds), ``--no-repack``
+    and ``--n-expert-used``."""
     p.add_argument(
         "-t",
         "--threads",

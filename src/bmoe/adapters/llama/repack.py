@@ -27,16 +27,21 @@ import attrs
 import llama_cpp._ggml as ggml_lib
 
 from bmoe.cext import weight_repack
+from bmoe.cext.expert_stream import CAPTURE_MUL_MAT, CAPTURE_MUL_MAT_ID
 
 REPACK_BUFT_NAME = b"CPU_REPACK"
 _DEVICE_TYPE_CPU = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
-USE_MUL_MAT = 1  # capture's use bits (expert_stream.captured_weights)
-USE_MUL_MAT_ID = 2
-USE_OTHER = 4
 
 
 def _function(name: str) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
     return getattr(ggml_lib.libggml, name)
+
+
+def _typed(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    """A ggml function of the loaded library, with its C signature."""
+    f = _function(name)
+    f.restype, f.argtypes = restype, list(argtypes)
+    return f
 
 
 def _address(name: str) -> int:
@@ -56,14 +61,12 @@ class CpuRepack:
         has none (then weights stay in the file's layout, as with ``--no-repack``)."""
         try:
             weight_repack.bind({name: _address(name) for name in weight_repack.FUNCTIONS})
-            by_type = _function("ggml_backend_dev_by_type")
-            by_type.restype, by_type.argtypes = ctypes.c_void_p, [ctypes.c_int]
-            reg_of = _function("ggml_backend_dev_backend_reg")
-            reg_of.restype, reg_of.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
-            proc = _function("ggml_backend_reg_get_proc_address")
-            proc.restype, proc.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
-            name_of = _function("ggml_backend_buft_name")
-            name_of.restype, name_of.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+            by_type = _typed("ggml_backend_dev_by_type", ctypes.c_void_p, ctypes.c_int)
+            reg_of = _typed("ggml_backend_dev_backend_reg", ctypes.c_void_p, ctypes.c_void_p)
+            proc = _typed(
+                "ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p
+            )
+            name_of = _typed("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
         except (AttributeError, KeyError):
             return None
         device = by_type(_DEVICE_TYPE_CPU)
@@ -84,9 +87,9 @@ class CpuRepack:
         """Whether llama.cpp would repack this weight: read only as the matrix of a
         ``mul_mat`` (or, routed experts, a ``mul_mat_id``), and the CPU device runs that op
         on it from a ``CPU_REPACK`` buffer."""
-        if uses == USE_MUL_MAT:
+        if uses == CAPTURE_MUL_MAT:
             return weight_repack.supported(tensor, weight_repack.OP_MUL_MAT, 0, self.buft, self.device)
-        if uses == USE_MUL_MAT_ID:
+        if uses == CAPTURE_MUL_MAT_ID:
             return weight_repack.supported(
                 tensor, weight_repack.OP_MUL_MAT_ID, max(1, n_expert_used), self.buft, self.device
             )
@@ -141,8 +144,6 @@ def buffer_type_name(tensor: int) -> str:
     buffer = weight_repack.tensor_info(tensor)["buffer"]
     if not buffer:
         return ""
-    get_type = _function("ggml_backend_buffer_get_type")
-    get_type.restype, get_type.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
-    name_of = _function("ggml_backend_buft_name")
-    name_of.restype, name_of.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    get_type = _typed("ggml_backend_buffer_get_type", ctypes.c_void_p, ctypes.c_void_p)
+    name_of = _typed("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
     return bytes(name_of(get_type(buffer)) or b"").decode()
