@@ -1,5 +1,5 @@
 """When the rankings go to a worker thread: where a CPU is free beside the compute threads,
-unless the environment says otherwise."""
+unless the engine options say otherwise."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from bmoe.domain.streaming.rank_worker import rank_on_worker
         (None, 2, 2, False),  # this VM: no CPU to spare
         (None, 8, 4, True),
         (None, 1, 2, False),
-        ("1", 2, 2, True),
-        ("0", 8, 4, False),
-        ("yes", 2, 2, False),  # not a setting: decided by the CPUs
+        (True, 2, 2, True),
+        (False, 8, 4, False),
     ],
 )
 def test_the_worker_ranks_where_a_cpu_is_free(
-    setting: str | None, cpus: int, threads: int, expected: bool
+    setting: bool | None, cpus: int, threads: int, expected: bool
 ) -> None:
     assert rank_on_worker(setting, cpus, threads) is expected

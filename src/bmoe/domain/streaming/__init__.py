@@ -1,6 +1,6 @@
 """Expert streaming policy and values: settings and the budget rule (``config``), the
-cache policy (``cache_policy``), faults (``fault``) and the figures a run reports
-(``counters``). Pure: no I/O, no llama.cpp."""
+cache policy (``cache_policy``), the engine's A/B switches (``engine_options``), faults
+(``fault``) and the figures a run reports (``counters``). Pure: no I/O, no llama.cpp."""
 
 from bmoe.domain.streaming.cache_policy import (
     CacheCounters,
@@ -19,6 +19,7 @@ from bmoe.domain.streaming.config import (
     resolve_budget,
 )
 from bmoe.domain.streaming.counters import StreamCounters, StreamReport
+from bmoe.domain.streaming.engine_options import EngineOptions, PageRelease
 from bmoe.domain.streaming.fault import GraphFault, ReadFault, StreamFault
 
 __all__ = [
@@ -27,10 +28,12 @@ __all__ = [
     "STREAM_POLICIES",
     "Budget",
     "CacheCounters",
+    "EngineOptions",
     "Entry",
     "ExpertCachePolicy",
     "GraphFault",
     "LayerPlan",
+    "PageRelease",
     "PrefetchPlan",
     "ReadFault",
     "StreamConfig",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from bmoe.domain.streaming.engine_options import EngineOptions
 from bmoe.errors import ConfigError
 
 MIB = 1024 * 1024
@@ -24,6 +25,9 @@ class StreamConfig:
       ``ExpertCachePolicy`` and the decode routing ones, ``DecodeRouting``, and their plans
       are executed through the expert-source port: slow, for checking that the C engine
       follows the policies; the output is identical; no traces).
+    - ``engine``: developer-only, for A/B measurements and tests: how the C engine does its
+      work (``EngineOptions``; the output and decisions stay the same); None reads the
+      ``BMOE_*`` variables (``EngineOptions.from_environ``).
     - ``prefetch``: in decode, after each MoE layer, read ahead the next ``prefetch`` MoE
       layers' experts as the previous token routed them, on the lanes while llama.cpp
       computes; they enter the cache at its cold end (lossless; needs the cache).
@@ -58,6 +62,7 @@ class StreamConfig:
     substitute: float | None = None
     route_trace: str | None = None  # --route-trace FILE (docs/telemetry.md)
     io_trace: str | None = None  # --io-trace FILE
+    engine: EngineOptions | None = None
 
     @property
     def routing_policies(self) -> bool:
