@@ -27,6 +27,8 @@ def llama_cpp_include_dir() -> str:
 
 
 INCLUDE = llama_cpp_include_dir()
+# the engine's rooms, included into expert_stream.pyx (a change to one rebuilds it)
+ENGINE_ROOMS = sorted(str(p) for p in Path("src/bmoe/cext/stream").glob("*.pxi"))
 
 extensions = [
     Extension(
@@ -40,6 +42,7 @@ extensions = [
     Extension(
         "bmoe.cext.expert_stream",
         ["src/bmoe/cext/expert_stream.pyx"],
+        depends=ENGINE_ROOMS,
         include_dirs=[INCLUDE],
         define_macros=[("_GNU_SOURCE", None)],
         # read lanes are POSIX threads that block between batches

@@ -24,7 +24,7 @@ import pytest
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.sampling import SamplingParams
-from bmoe.domain.streaming import StreamConfig, StreamCounters
+from bmoe.domain.streaming import EngineOptions, StreamConfig, StreamCounters
 from bmoe.runtime import Session, SessionConfig
 from bmoe.testing.fixtures import ARCH_FIXTURES
 
@@ -54,13 +54,15 @@ def run(
     waited for; ``rank_worker``: the rankings are made on the worker thread (the default)
     or on the eval thread; ``projection_waits``: each node waits for the expert projection it
     reads (the default) or a layer waits for all of them at its topk."""
-    stream = StreamConfig(enabled=True, cache_mb=None, **routing)  # type: ignore[arg-type]
+    engine = EngineOptions(
+        lane_delay_us=lane_delay_us,
+        orphan_reads=orphan_reads,
+        rank_worker=rank_worker,
+        projection_waits=projection_waits,
+    )
+    stream = StreamConfig(enabled=True, cache_mb=None, engine=engine, **routing)  # type: ignore[arg-type]
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
         assert s.streaming is not None
-        streamer = s.streaming.streaming.streamer
-        streamer.lane_delay_us, streamer.orphan_reads = lane_delay_us, orphan_reads
-        streamer.rank_worker = rank_worker
-        streamer.projection_waits = projection_waits
         m = s.model
         entries = m.n_layer * m.n_expert // 2 if half else m.n_expert_used + EXTRA_ENTRIES
         s.streaming.set_budget(entries * s.streaming.info.entry_bytes)

@@ -28,7 +28,7 @@ from bmoe.adapters.llama.repack import CpuRepack, buffer_type_name
 from bmoe.cext import expert_stream, log_filter, weight_repack
 from bmoe.domain.decide import DecideConfig, DecideRequest
 from bmoe.domain.generation import GenerateRequest
-from bmoe.domain.streaming import StreamConfig
+from bmoe.domain.streaming import EngineOptions, StreamConfig
 from bmoe.runtime import Session, SessionConfig
 from bmoe.testing.oracle import stock_greedy
 from bmoe.tinymodel.synthetic import SyntheticShape, write_synthetic
@@ -183,11 +183,10 @@ def test_slow_lanes_and_buffered_reads_keep_the_repacked_output_exact(
     path = quantized(name)
     with session(path) as s:
         tokens, logits = generated(s)
-    with streamed(path, None, odirect=odirect) as s:
+    with streamed(path, None, odirect=odirect, engine=EngineOptions(lane_delay_us=1500)) as s:
         assert s.streaming is not None
         s.set_cache_budget(0)
         s.streaming.set_budget(2 * s.streaming.info.entry_bytes)
-        s.streaming.streaming.streamer.lane_delay_us = 1500
         got_tokens, got_logits = generated(s)
         assert s.streaming.counters().projection_waits > 0
     assert got_tokens == tokens

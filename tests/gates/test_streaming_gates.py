@@ -15,7 +15,7 @@ from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.cext import expert_stream
 from bmoe.cext.route_recorder import RouteRecorder
 from bmoe.domain.generation import GenerateRequest
-from bmoe.domain.streaming import ExpertCachePolicy, StreamConfig, StreamCounters
+from bmoe.domain.streaming import EngineOptions, ExpertCachePolicy, PageRelease, StreamConfig, StreamCounters
 from bmoe.runtime import Session, SessionConfig, run
 from bmoe.testing.oracle import stock_greedy
 
@@ -40,8 +40,11 @@ def streamed(
     budget_entries: int | None = None,
     policy: str = "fast",
     prefill_ahead: bool = True,
+    engine: EngineOptions | None = None,
 ) -> Session:
-    stream = StreamConfig(enabled=True, cache_mb=cache_mb, policy=policy, prefill_ahead=prefill_ahead)
+    stream = StreamConfig(
+        enabled=True, cache_mb=cache_mb, policy=policy, prefill_ahead=prefill_ahead, engine=engine
+    )
     session = Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream))
     assert session.streaming is not None, session.notes
     if budget_entries is not None:
@@ -90,9 +93,9 @@ def test_waiting_for_each_projection_on_a_slow_disk_keeps_the_output_exact(
     expert matmul waits only for its own projection while the lanes read the next ones, in
     prefill and decode; tokens and logits equal the resident model's."""
     tokens, logits = resident(model_path)
-    with streamed(model_path, cache_mb=None, budget_entries=budget_entries) as s:
+    slow_lanes = EngineOptions(lane_delay_us=1500)
+    with streamed(model_path, cache_mb=None, budget_entries=budget_entries, engine=slow_lanes) as s:
         assert s.streaming is not None
-        s.streaming.streaming.streamer.lane_delay_us = 1500
         result = s.generate(REQUEST)
         assert result.tokens == tokens
         assert np.array_equal(s.last_logits(), logits)
@@ -100,27 +103,26 @@ def test_waiting_for_each_projection_on_a_slow_disk_keeps_the_output_exact(
 
 
 @pytest.mark.parametrize("recycle", [True, False])
-@pytest.mark.parametrize("release", [0, 1, 2])
+@pytest.mark.parametrize("release", ["inline", "ahead", "all"])
 def test_every_page_release_mode_keeps_the_output_exact(
-    model_path: Path, release: int, recycle: bool
+    model_path: Path, release: PageRelease, recycle: bool
 ) -> None:
     """Evicted pages moved under the next read's slices (``recycle``) or given back: at once
     (0), reads ahead's through the release ring (1, the default), every eviction's through it
     (2): the same tokens and logits as resident, and each mechanism used exactly when asked."""
     tokens, logits = resident(model_path)
-    with streamed(model_path, cache_mb=None, budget_entries=1) as s:
+    engine = EngineOptions(page_release=release, page_recycle=recycle)
+    with streamed(model_path, cache_mb=None, budget_entries=1, engine=engine) as s:
         assert s.streaming is not None
-        streamer = s.streaming.streaming.streamer
-        streamer.defer_release, streamer.recycle = release, recycle
         result = s.generate(REQUEST)
         assert result.tokens == tokens
         assert np.array_equal(s.last_logits(), logits)
         counters = s.streaming.counters()
     assert counters.evictions > 0
     assert (counters.pages_recycled > 0) == recycle
-    if release == 2 and not recycle:
+    if release == "all" and not recycle:
         assert counters.releases_deferred > 0
-    if release == 0:
+    if release == "inline":
         assert counters.releases_deferred == 0
 
 

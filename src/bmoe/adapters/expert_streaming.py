@@ -40,6 +40,7 @@ from bmoe.adapters.router_gates import RouterGates
 from bmoe.cext import expert_stream
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
 from bmoe.domain.streaming import Budget, ReadFault, StreamConfig, StreamCounters, StreamFault, resolve_budget
+from bmoe.domain.streaming.engine_options import EngineOptions, PageRelease, RepackParts
 from bmoe.domain.streaming.page_recycling import recycling_fits, worst_case_mappings
 from bmoe.domain.streaming.rank_worker import rank_on_worker
 from bmoe.domain.weight_layout import WeightLayout
@@ -126,6 +127,14 @@ def _complement(ranges: list[tuple[int, int]], start: int, end: int) -> list[tup
     return out
 
 
+# EngineOptions.page_release -> the streamer's value
+_PAGE_RELEASE: dict[PageRelease, int] = {
+    "inline": expert_stream.PAGE_RELEASE_INLINE,
+    "ahead": expert_stream.PAGE_RELEASE_AHEAD,
+    "all": expert_stream.PAGE_RELEASE_ALL,
+}
+
+
 def _recycling_off(n_slices: int) -> str:
     """Why page recycling must stay off for a model of ``n_slices`` expert slices ("" when it
     may be used): the process's memory mappings it could take, against ``vm.max_map_count``."""
@@ -160,7 +169,10 @@ class StreamingInfo:
 
 
 def _repack(
-    model: LlamaModel, streamer: expert_stream.ExpertStreamer, found: list[tuple[int, int, TensorLocation]]
+    model: LlamaModel,
+    streamer: expert_stream.ExpertStreamer,
+    found: list[tuple[int, int, TensorLocation]],
+    parts: RepackParts = "all",
 ) -> WeightLayout:
     """Repack what llama.cpp would (after the overlay and the routers' copies: the dense
     bytes are read from the overlay, whose pages are given back once moved)."""
@@ -171,9 +183,8 @@ def _repack(
     expert_names = {loc.name for _, _, loc in found}
     n_used = model.n_expert_used
     wanted = {name: t for name, (t, use) in weights.items() if cpu.wants(t, use, n_used)}
-    # An A/B switch for benchmarks only (docs/benchmarks.md): the dense weights' share of the
-    # gain and the experts' (the output then matches no resident run)
-    parts = os.environ.get("BMOE_REPACK_PARTS", "all")
+    # ``parts``, an A/B switch for benchmarks only (EngineOptions.repack_parts): the dense
+    # weights' share of the gain and the experts' (the output then matches no resident run)
     if parts in ("dense", "experts"):
         wanted = {n: t for n, t in wanted.items() if (n in expert_names) == (parts == "experts")}
     with native_call("repacking the dense weights"):
@@ -302,15 +313,18 @@ class ExpertStreaming:
             odirect = streamer.open_files(
                 [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
             )
-        # An A/B switch for benchmarks only (docs/benchmarks.md): when evicted pages go back.
-        release = os.environ.get("BMOE_PAGE_RELEASE", "ahead")
-        streamer.defer_release = {"inline": 0, "ahead": 1, "all": 2}.get(release, 1)
+        # the engine's A/B switches, in one place (EngineOptions: the output never changes)
+        options = config.engine or EngineOptions.from_environ(os.environ)
         recycling_off = _recycling_off(len(found) * model.n_expert)
-        streamer.recycle = not recycling_off and os.environ.get("BMOE_PAGE_RECYCLE", "1") != "0"
-        streamer.orphan_reads = os.environ.get("BMOE_ORPHAN_READS", "1") != "0"
-        streamer.projection_waits = os.environ.get("BMOE_PROJECTION_WAITS", "1") != "0"
-        streamer.rank_worker = rank_on_worker(
-            os.environ.get("BMOE_RANK_WORKER"), len(os.sched_getaffinity(0)), ctx.params.n_threads
+        streamer.set_engine_options(
+            projection_waits=options.projection_waits,
+            orphan_reads=options.orphan_reads,
+            rank_worker=rank_on_worker(
+                options.rank_worker, len(os.sched_getaffinity(0)), ctx.params.n_threads
+            ),
+            page_recycle=options.page_recycle and not recycling_off,
+            page_release=_PAGE_RELEASE[options.page_release],
+            lane_delay_us=options.lane_delay_us,
         )
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
@@ -341,7 +355,9 @@ class ExpertStreaming:
                     "the routers (ffn_gate_inp) are not where the routing policies need them"
                 )
         # 5. repacked weights, as llama.cpp would have them
-        repacked = _repack(model, streamer, found) if repack else WeightLayout(asked=False)
+        repacked = (
+            _repack(model, streamer, found, options.repack_parts) if repack else WeightLayout(asked=False)
+        )
         info = StreamingInfo(
             budget=budget,
             odirect=odirect,
@@ -350,7 +366,7 @@ class ExpertStreaming:
             expert_bytes=sum(loc.n_bytes for _, _, loc in found),
             dense_copied_bytes=dense,
             entry_bytes=max(per_expert.values()),
-            recycling=streamer.recycle,
+            recycling=bool(streamer.engine_options()["page_recycle"]),
             recycling_off=recycling_off,
             repack=repacked,
         )

@@ -1,6 +1,7 @@
 """``StreamerRouterView``: ``IRouterView`` over the C streamer's reference hook.
 
-The streamer exposes the decode layer call it is serving (``ExpertStreamer.call_*``): the
+The streamer exposes the decode layer call it is serving (``ExpertStreamer.reference_call``, a
+``ReferenceCall``): the
 router's probabilities and input found from the topk node, the fast path's router kernel
 (``router_scores``, so that scores are summed in the same order), and the writes the fast
 path makes (the ids; ``drop_weights`` and the zero pages for dropped slots).
@@ -19,20 +20,20 @@ class StreamerRouterView(IRouterView):
     """Borrows the streamer; valid inside its reference hook only."""
 
     def __init__(self, streamer: ExpertStreamer) -> None:
-        self._streamer = streamer
+        self._call = streamer.reference_call
 
     def probs(self) -> Sequence[float] | None:
-        return self._streamer.call_probs()
+        return self._call.probs()
 
     def has_input(self) -> bool:
-        return self._streamer.call_has_input()
+        return self._call.has_input()
 
     def scores(self, layer: int) -> RouterScores:
-        selection, values = self._streamer.call_router(layer)
+        selection, values = self._call.router(layer)
         return RouterScores(tuple(selection), tuple(values))
 
     def write_ids(self, ids: Sequence[int]) -> None:
-        self._streamer.call_write_ids(list(ids))
+        self._call.write_ids(list(ids))
 
     def drop(self, dropped: Sequence[bool]) -> None:
-        self._streamer.call_drop(list(dropped))
+        self._call.drop(list(dropped))
