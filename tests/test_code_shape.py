@@ -29,10 +29,25 @@ def test_layers_hold_domain_imports_nothing_outward() -> None:
 
 
 def test_ruff_finds_nothing() -> None:
-    proc = _run(sys.executable, "-m", "ruff", "check", "src", "tests", "scripts")
+    proc = _run(sys.executable, "-m", "ruff", "check", "src", "tests", "scripts", "bench")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_domain_and_ports_type_check_strictly() -> None:
     proc = _run(sys.executable, "-m", "mypy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+MAX_LINES = 900  # the design card: no file over ~900 lines
+SOURCE_SUFFIXES = {".py", ".pyx", ".pxd", ".pxi"}
+
+
+def test_no_source_file_is_longer_than_the_design_allows() -> None:
+    """One module, one idea: the C engine included (its rooms, ``cext/stream/*.pxi``)."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in ("src", "tests", "scripts", "bench")
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in SOURCE_SUFFIXES and (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"files over {MAX_LINES} lines: {long}"
