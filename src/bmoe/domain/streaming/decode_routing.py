@@ -3,7 +3,7 @@ prediction (``--predict-log``, ``--predict-prefetch``), route-ahead, dropping co
 substituting resident ones.
 
 This is the reference the C engine follows decision for decision (``route_decode`` and
-``rank_ahead`` in ``cext/expert_stream.pyx``); the reference mode (``--stream-policy
+``rank_ahead`` in ``cext/stream/routing.pxi``); the reference mode (``--stream-policy
 reference``) runs it, and the gates compare both. Per decode layer call (one token):
 
 1. ``route(layer, ids, probs, scorer)``, before the layer's experts are requested: a new

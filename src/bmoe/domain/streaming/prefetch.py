@@ -5,7 +5,7 @@ After a decode token's MoE layer L is served, the next ``K`` MoE layers (layers 
 routed experts are skipped) are read ahead with the experts the *previous* token routed
 there; then L's own routing is remembered for the next token. Prefill (several tokens per
 request) neither reads ahead nor is remembered. The C engine follows this decision for
-decision (``prefetch_after`` in ``cext/expert_stream.pyx``).
+decision (``prefetch_after`` in ``cext/stream/ahead.pxi``).
 """
 
 from __future__ import annotations
