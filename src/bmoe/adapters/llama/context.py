@@ -54,6 +54,10 @@ class ContextParams:
     # prefilled no faster (docs/benchmarks.md); llama-cpp-python's Llama defaults to off too
     flash_attn: FlashAttn = "off"
     swa_full: bool = False
+    # llama.cpp may run an op whose weights are in host memory on a device for a large
+    # batch, copying the weights there first; streamed experts must be computed where they
+    # are read (the copy would come before the read), so streaming with devices turns it off
+    op_offload: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx < 8:
@@ -102,6 +106,7 @@ class LlamaContext:
         cparams.flash_attn_type = _FLASH_ATTN[params.flash_attn]
         cparams.no_perf = True
         cparams.swa_full = params.swa_full
+        cparams.op_offload = params.op_offload
         self._eval_callback = eval_callback
         self._cb_ref = None
         if eval_callback is not None:

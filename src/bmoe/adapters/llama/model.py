@@ -12,6 +12,7 @@ import attrs
 import llama_cpp
 
 from bmoe.adapters.gguf_layout import read_header_values, validate_model_files
+from bmoe.adapters.llama.devices import cpu_buffer_type
 from bmoe.adapters.llama.log import capture_model_buffers, ensure_backend
 from bmoe.domain.chat import with_one_bos
 from bmoe.errors import ConfigError, ModelLoadError, TokenizeError
@@ -37,6 +38,12 @@ class ModelParams:
     vocab_only: bool = False
     n_expert_used: int | None = None  # override the model's top-k (lossy), 1..n_expert
     on_progress: Callable[[float], None] | None = None  # llama.cpp's load progress, 0..1
+    # placement (docs/devices.md): the dense part of the last ``n_gpu_layers`` layers on
+    # ``devices`` (ggml_backend_dev_t handles, adapters.llama.devices); tensors whose name
+    # matches one of ``host_patterns`` stay in host memory (buffer-type overrides to the CPU)
+    n_gpu_layers: int = 0
+    devices: tuple[int, ...] = ()
+    host_patterns: tuple[str, ...] = ()
 
 
 def _expert_used_override(path: Path, k: int) -> tuple[str, int]:
@@ -52,6 +59,26 @@ def _expert_used_override(path: Path, k: int) -> tuple[str, int]:
     return f"{arch}.expert_used_count", k
 
 
+class _BuftOverride(ctypes.Structure):
+    """``struct llama_model_tensor_buft_override`` (llama.h): a name pattern, a buffer type."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _placement_arrays(
+    params: ModelParams,
+) -> tuple[ctypes.Array[ctypes.c_void_p], ctypes.Array[_BuftOverride]]:
+    """The NULL-terminated device list and buffer-type override list llama.cpp takes."""
+    devices = (ctypes.c_void_p * (len(params.devices) + 1))(*params.devices, None)
+    overrides = (_BuftOverride * (len(params.host_patterns) + 1))()
+    if params.host_patterns:
+        cpu = cpu_buffer_type()
+        for i, pattern in enumerate(params.host_patterns):
+            overrides[i].pattern = pattern.encode()
+            overrides[i].buft = cpu
+    return devices, overrides
+
+
 class LlamaModel:
     """Owns a ``llama_model``; free it with ``close()`` or a ``with`` block."""
 
@@ -61,7 +88,12 @@ class LlamaModel:
         ensure_backend()
         validate_model_files(self.path)  # a broken file is named here, not left to llama.cpp
         cparams = llama_cpp.llama_model_default_params()
-        cparams.n_gpu_layers = 0
+        cparams.n_gpu_layers = params.n_gpu_layers
+        self._placement = _placement_arrays(params)  # llama.cpp reads them during the load
+        if params.n_gpu_layers:
+            cparams.devices = ctypes.cast(self._placement[0], ctypes.c_void_p)
+        if params.host_patterns:
+            cparams.tensor_buft_overrides = ctypes.cast(self._placement[1], ctypes.c_void_p)
         cparams.load_mode = (
             llama_cpp.LLAMA_LOAD_MODE_MMAP if params.use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
         )
