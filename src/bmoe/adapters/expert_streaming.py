@@ -32,6 +32,7 @@ import attrs
 from bmoe.adapters.expert_source import streamer_fault
 from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation, read_header_values, read_layout
 from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.devices import backend_api
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.repack import CpuRepack, DenseRepack, ExpertRepack
 from bmoe.adapters.model_files import MappedFiles
@@ -125,6 +126,21 @@ def _complement(ranges: list[tuple[int, int]], start: int, end: int) -> list[tup
     if pos < end:
         out.append((pos, end))
     return out
+
+
+def _on_the_host(
+    streamer: expert_stream.ExpertStreamer,
+    found: list[tuple[int, int, TensorLocation]],
+    captured: dict[str, int],
+) -> list[tuple[int, int, TensorLocation]]:
+    """The expert tensors llama.cpp placed in host memory (streamed); a layer whose experts
+    are all on a device (``--n-cpu-moe`` with ``-ngl``) is served there, not by the streamer."""
+    on_host = [f for f in found if f[2].name in captured]
+    for layer in {f[0] for f in found} - {f[0] for f in on_host}:
+        streamer.serve_elsewhere(layer)
+    if not on_host:
+        raise StreamingUnavailable("every routed expert is resident on a device: nothing to stream")
+    return on_host
 
 
 # EngineOptions.page_release -> the streamer's value
@@ -247,6 +263,8 @@ class ExpertStreaming:
                 n_proj=len(names),
                 fault_flag_address=fault_flag_address,
             )
+            api = backend_api()  # layers on a device: ids read back, device weights not captured
+            streamer.set_backend_api(api["tensor_get"], api["buffer_is_host"], api["nbytes"])
         return streamer, layout, found
 
     @classmethod
@@ -271,7 +289,9 @@ class ExpertStreaming:
             ctx.clear()
         if streamer.capture_overflow:
             raise StreamingUnavailable("the graph reads more weight tensors than bmoe can locate")
-        bases = _mapping_bases(layout, streamer.captured())
+        captured = streamer.captured()  # weights in host memory only
+        found = _on_the_host(streamer, found, captured)
+        bases = _mapping_bases(layout, captured)
         missing = {loc.file_index for _, _, loc in found} - set(bases)
         if missing:
             raise StreamingUnavailable(f"no weight of file(s) {sorted(missing)} was seen: cannot locate them")
@@ -288,13 +308,18 @@ class ExpertStreaming:
         expert_ranges: dict[int, list[tuple[int, int]]] = {}
         for _, _, loc in found:
             expert_ranges.setdefault(loc.file_index, []).append((loc.offset, loc.offset + loc.n_bytes))
+        # weights llama.cpp placed on a device are not read from the mapping: not copied
+        not_copied = {i: list(r) for i, r in expert_ranges.items()}
+        for name in streamer.captured_on_devices():
+            if (at := layout.tensors.get(name)) is not None:
+                not_copied.setdefault(at.file_index, []).append((at.offset, at.offset + at.n_bytes))
         dense = 0
         for index, base in bases.items():
             tensors = layout.in_file(index)
             start = _page_floor(min(t.offset for t in tensors))
             end = _page_ceil(max(t.offset + t.n_bytes for t in tensors))
             end = min(end, _page_ceil(layout.sizes[index]))
-            fills = _complement(expert_ranges.get(index, []), start, min(end, layout.sizes[index]))
+            fills = _complement(sorted(not_copied.get(index, [])), start, min(end, layout.sizes[index]))
             with native_call(f"expert streaming: copying the dense weights of {layout.paths[index]}"):
                 fd = os.open(layout.paths[index], os.O_RDONLY)
                 try:

@@ -174,9 +174,8 @@ cdef class ExpertStreamer:
         self.s = NULL
 
     def close(self):
-        """Stop serving (the callback does nothing from now on) and close the files and
-        buffers now, not when the garbage collector runs. The cache's bookkeeping stays
-        readable. Only between decodes. Idempotent."""
+        """Stop serving (the callback does nothing from now on), close the files and free the
+        buffers now; the cache's bookkeeping stays readable. Between decodes. Idempotent."""
         self.s.mode = C_MODE_OFF
         stop_rank_worker(self.s)
         with nogil:
@@ -346,14 +345,17 @@ cdef class ExpertStreamer:
         return ReferenceCall.bound(self.s, self)
 
     def captured(self):
-        """``{tensor name: address}`` of every weight seen in capture mode."""
-        return captured_table(self.s, False)
+        """``{tensor name: address}`` of every weight in host memory seen in capture mode."""
+        return captured_table(self.s, 0)
 
     def captured_weights(self):
-        """``{tensor name: (tensor address, uses)}`` of every weight seen in capture mode;
-        ``uses``: 1 the matrix of a ``mul_mat``, 2 of a ``mul_mat_id``, 4 any other operand
-        (bits or-ed over every node that reads it)."""
-        return captured_table(self.s, True)
+        """``{tensor name: (tensor address, uses)}`` of the same; ``uses``: 1 the matrix of a
+        ``mul_mat``, 2 of a ``mul_mat_id``, 4 any other operand (or-ed over the nodes)."""
+        return captured_table(self.s, 1)
+
+    def captured_on_devices(self):
+        """``{tensor name: tensor address}`` of the weights capture saw on a device."""
+        return captured_table(self.s, 2)
 
     def set_projection_repack(self, int layer, int proj, uintptr_t template, uintptr_t tensor_set):
         """From now on, write projection ``proj`` of ``layer`` repacked: through
@@ -377,6 +379,19 @@ cdef class ExpertStreamer:
                        int file_index, int64_t file_offset):
         """Declare where projection ``proj`` of ``layer`` lives in memory and in its file."""
         projection_declare(self.s, layer, proj, <char *> base, slice_bytes, file_index, file_offset)
+
+    def set_backend_api(self, uintptr_t tensor_get, uintptr_t buffer_is_host, uintptr_t nbytes):
+        """ggml's ``ggml_backend_tensor_get``, ``_buffer_is_host``, ``ggml_nbytes``: a layer
+        computed on a device gives its routing ids from there."""
+        self.s.tensor_get = <tensor_get_f> tensor_get
+        self.s.buffer_is_host = <buffer_is_host_f> buffer_is_host
+        self.s.nbytes = <nbytes_f> nbytes
+
+    def serve_elsewhere(self, int layer):
+        """``layer``'s experts are resident on a device: its routing is not served."""
+        if not 0 <= layer < self.s.core.n_layer:
+            raise ValueError("layer out of range")
+        self.s.layer_elsewhere[layer] = 1
 
     def entry_bytes(self, int layer) -> int:
         """Bytes of one entry of ``layer`` (all its projections); 0 without experts."""
@@ -434,11 +449,9 @@ cdef class ExpertStreamer:
     def set_engine_options(self, *, bint projection_waits=True, bint orphan_reads=True,
                            bint rank_worker=True, bint page_recycle=True,
                            int page_release=PAGE_RELEASE_AHEAD, int lane_delay_us=0):
-        """How the engine does its work, never what it decides (the output and the cache's
-        decisions are the same under every setting): the resolved
-        ``bmoe.domain.streaming.engine_options.EngineOptions`` (its docstring says what each
-        switches; ``page_release`` is one of ``PAGE_RELEASE_*``), for A/B measurements and
-        tests. Once, at setup, between decodes."""
+        """How the engine works, never what it decides: the resolved ``EngineOptions`` of
+        ``bmoe.domain.streaming.engine_options`` (``page_release``: a ``PAGE_RELEASE_*``).
+        Once, at setup, between decodes."""
         if page_release not in (PAGE_RELEASE_INLINE, PAGE_RELEASE_AHEAD, PAGE_RELEASE_ALL):
             raise ValueError("page_release is PAGE_RELEASE_INLINE, _AHEAD or _ALL")
         if lane_delay_us < 0:
@@ -528,6 +541,7 @@ cdef class ExpertStreamer:
             "resident_bytes": c.resident_bytes,
             "budget_bytes": c.budget_bytes,
             "odirect": s.odirect != 0,
+            "device_topk": s.device_topk,
             "lanes": s.n_lanes,
         }
 

@@ -9,6 +9,7 @@ _GRAPH_REASONS = {
     GRAPH_NO_EXPERTS: "the graph routes experts at a layer where none were found in the file",
     GRAPH_ID_RANGE: "the router selected an expert id out of range",
     GRAPH_IDS_TYPE: "the routing ids are not 32-bit integers",
+    GRAPH_ON_DEVICE: "the routing ids live on a device and could not be copied back",
 }
 
 

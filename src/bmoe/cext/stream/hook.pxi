@@ -88,6 +88,8 @@ cdef int reads_projection(stream_t * s, ggml_tensor * t) noexcept nogil:
     cdef ggml_tensor * src
     cdef proj_t * pr
     cdef char * d
+    if not in_host_memory(s, t):  # computed on a device: its sources' addresses are the device's
+        return -1
     for j in range(GGML_MAX_SRC):
         src = t.src[j]
         if src == NULL or src.data == NULL:
@@ -173,7 +175,7 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     cdef double rank0 = s.r.rank_s
     cdef double wait0 = s.r.rank_wait_s
     cdef const uint8_t * skip = NULL
-    cdef bint routed = t.ne[1] == 1 and t.type == GGML_TYPE_I32 and routing_on(s)
+    cdef bint routed = t.ne[1] == 1 and t.type == GGML_TYPE_I32 and routing_on(s) and t != &s.dev_node
     cdef bint asked = False
     if routed and route_decode(s, t, layer) > 0:
         skip = s.r.dropped
@@ -239,6 +241,7 @@ cdef void capture(stream_t * s, ggml_tensor * t) noexcept nogil:
         s.captured[s.n_captured].address = <uintptr_t> src.data
         s.captured[s.n_captured].tensor = src
         s.captured[s.n_captured].uses = use
+        s.captured[s.n_captured].host = in_host_memory(s, src)
         s.n_captured += 1
 
 
@@ -266,6 +269,12 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
         return 1
     if t.ne[1] == 0:  # the last layer of a batch that wants no logits routes no token
         return 1
+    if s.layer_elsewhere[layer]:  # its experts are resident on a device
+        return 1
+    if not in_host_memory(s, t):  # the layer's router ran on a device: read its ids back
+        t = device_node(s, t, layer)
+        if t == NULL:
+            return 1
     if s.tr.route_on or s.tr.io_on:
         trace_ubatch(s, t, layer)
     if s.mode == C_MODE_STREAM:
@@ -275,14 +284,43 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
     return 1
 
 
-cdef object captured_table(stream_t * s, bint with_uses):
-    """``{name: address}``, or ``{name: (tensor address, uses)}``, of the captured weights."""
+cdef ggml_tensor * device_node(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    """A copy of topk node ``t`` whose data are its bytes copied from the device it lives on
+    (``ggml_backend_tensor_get``, the strides kept); NULL after a graph fault."""
+    cdef size_t n
+    cdef char * grown
+    if s.tensor_get == NULL or s.nbytes == NULL:
+        graph_fault(s, layer, GRAPH_ON_DEVICE)
+        return NULL
+    n = s.nbytes(t)
+    if <int64_t> n > s.dev_copy_cap:
+        grown = <char *> realloc(s.dev_copy, n)
+        if grown == NULL:
+            graph_fault(s, layer, GRAPH_ON_DEVICE)
+            return NULL
+        s.dev_copy = grown
+        s.dev_copy_cap = n
+    s.tensor_get(t, s.dev_copy, 0, n)
+    s.dev_node = t[0]
+    s.dev_node.data = s.dev_copy
+    s.device_topk += 1
+    return &s.dev_node
+
+
+cdef object captured_table(stream_t * s, int what):
+    """The captured weights in host memory: ``{name: address}`` (``what`` 0) or ``{name:
+    (tensor address, uses)}`` (1); ``what`` 2: ``{name: tensor address}`` of those on a
+    device."""
     cdef int c
     out = {}
     for c in range(s.n_captured):
+        if s.captured[c].host != (what != 2):
+            continue
         name = s.captured[c].name.decode("utf-8", "replace")
-        if with_uses:
+        if what == 1:
             out[name] = (<uintptr_t> s.captured[c].tensor, s.captured[c].uses)
+        elif what == 2:
+            out[name] = <uintptr_t> s.captured[c].tensor
         else:
             out[name] = s.captured[c].address
     return out

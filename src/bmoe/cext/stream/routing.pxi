@@ -226,10 +226,10 @@ cdef float * locate_router(stream_t * s, ggml_tensor * t, int layer) noexcept no
     s.r.x = NULL
     find_router(t, layer, &pn, &xn)
     if (xn != NULL and xn.type == GGML_TYPE_F32 and xn.ne[0] == s.r.n_embd and xn.nb[0] == 4
-            and xn.data != NULL):
+            and xn.data != NULL and in_host_memory(s, xn)):
         s.r.x = <const float *> xn.data
     if (pn != NULL and pn.type == GGML_TYPE_F32 and pn.ne[0] == s.core.n_expert and pn.nb[0] == 4
-            and pn.data != NULL):
+            and pn.data != NULL and in_host_memory(s, pn)):
         return <float *> pn.data
     return NULL
 

@@ -46,6 +46,7 @@ cdef enum:
     GRAPH_NO_EXPERTS = 1
     GRAPH_ID_RANGE = 2
     GRAPH_IDS_TYPE = 3
+    GRAPH_ON_DEVICE = 4
 
 
 cdef struct proj_t:
@@ -58,6 +59,9 @@ cdef struct proj_t:
 
 
 ctypedef void (*tensor_set_f)(ggml_tensor *, const void *, size_t, size_t) noexcept nogil
+ctypedef void (*tensor_get_f)(const ggml_tensor *, void *, size_t, size_t) noexcept nogil
+ctypedef bint (*buffer_is_host_f)(void *) noexcept nogil
+ctypedef size_t (*nbytes_f)(const ggml_tensor *) noexcept nogil
 
 
 cdef struct job_t:
@@ -75,6 +79,7 @@ cdef struct capture_t:
     uintptr_t address
     ggml_tensor * tensor
     int uses               # USE_* bits: how the graph's nodes read it
+    int host               # in host memory (else on a device: neither streamed nor repacked)
 
 
 cdef struct lanes_t:
@@ -311,6 +316,16 @@ cdef struct stream_t:
     capture_t * captured
     int n_captured
     int capture_overflow
+    # devices (a layer's dense part computed on a GPU or an RPC server): ggml's backend
+    # functions (set_backend_api; NULL: every tensor is in host memory)
+    tensor_get_f tensor_get        # ggml_backend_tensor_get
+    buffer_is_host_f buffer_is_host
+    nbytes_f nbytes                # ggml_nbytes
+    char * dev_copy                # a device topk node's bytes, copied to the host
+    int64_t dev_copy_cap
+    ggml_tensor dev_node           # that node, pointed at dev_copy
+    uint8_t * layer_elsewhere      # [n_layer]: its experts are resident on a device: not served
+    int64_t device_topk            # topk nodes read from a device
 
 
 cdef inline double now() noexcept nogil:
@@ -347,6 +362,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
         s.proj_order_packed |= i << (4 * i)
     s.last_route = <int32_t *> calloc(n_layer * n_expert, sizeof(int32_t))
     s.last_route_n = <int *> calloc(n_layer, sizeof(int))
+    s.layer_elsewhere = <uint8_t *> calloc(n_layer, 1)
     s.lanes.queue_cap = 4 * n_layer * n_expert + 16
     s.lanes.queue = <int32_t *> calloc(s.lanes.queue_cap, sizeof(int32_t))
     s.lanes.rel_cap = 2 * n_layer * n_expert + 16
@@ -368,7 +384,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
     if (s.core == NULL or s.projs == NULL or s.captured == NULL or s.io_state == NULL
             or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL
             or s.lanes.rel == NULL or s.stall_layer == NULL or s.recycled_mark == NULL
-            or s.proj_ready == NULL or s.pw_ids == NULL
+            or s.proj_ready == NULL or s.pw_ids == NULL or s.layer_elsewhere == NULL
             or s.r.gate_w == NULL or s.r.gate_b == NULL or s.r.sel_b == NULL):
         stream_free(s)
         return NULL
@@ -392,9 +408,18 @@ cdef void stream_free(stream_t * s) noexcept nogil:
     free(s.pw_ids)
     free(s.last_route)
     free(s.last_route_n)
+    free(s.layer_elsewhere)
+    free(s.dev_copy)
     free(s.lanes.queue)
     free(s.lanes.rel)
     free(s.r.gate_w)
     free(s.r.gate_b)
     free(s.r.sel_b)
     free(s)
+
+
+cdef inline bint in_host_memory(stream_t * s, const ggml_tensor * t) noexcept nogil:
+    """Whether ``t.data`` is an address of this process (not a device's). For graph nodes and
+    weights as loaded; not for expert tensors once tagged for repacking (a ``CPU_REPACK``
+    buffer is host memory but says it is not)."""
+    return s.buffer_is_host == NULL or t.buffer == NULL or s.buffer_is_host(t.buffer)

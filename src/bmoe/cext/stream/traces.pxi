@@ -83,6 +83,7 @@ cdef void trace_route(stream_t * s, ggml_tensor * t, int layer, const uint8_t * 
         tr.status[s.core.plan_adopted[w] % n] = 2
     find_router(t, layer, &pn, &xn)
     if pn != NULL and pn.type == GGML_TYPE_F32 and pn.ne[0] == n and pn.nb[0] == 4 and pn.data != NULL \
+            and in_host_memory(s, pn) \
             and pn.ne[1] == t.ne[1] and k <= 64:  # weights for a top-k of up to 64
         probs = <float *> pn.data
     for j in range(t.ne[1]):
