@@ -94,7 +94,8 @@ ERROR = Error(
 EXPECTED_LINES = {
     READY: (
         b'BMOE_READY {"load_s":12.5,"arch":"qwen3moe","n_ctx":4096,"n_expert_used":8,"think_ctl":true,'
-        b'"repacked":true,"weights":"weights repacked by llama.cpp at load (CPU_REPACK 1.5 MiB)"}\n'
+        b'"repacked":true,"weights":"weights repacked by llama.cpp at load (CPU_REPACK 1.5 MiB)",'
+        b'"placement":""}\n'
     ),
     BEGIN: b'BMOE_BEGIN {"id":1}\n',
     PROGRESS: (
@@ -122,7 +123,7 @@ EXPECTED_LINES = {
 
 # The keys of docs/protocol.md, in its order: the contract (choice_p_renorm: a key bmoe adds).
 PROTOCOL_KEYS = {
-    "BMOE_READY": "load_s arch n_ctx n_expert_used think_ctl repacked weights",
+    "BMOE_READY": "load_s arch n_ctx n_expert_used think_ctl repacked weights placement",
     "BMOE_BEGIN": "id",
     "BMOE_PROGRESS": """step steps wall_ms io_ms compute_ms mgmt_ms stall_ms read_mb cache_hit_pct
         delta_text delta_reasoning""",

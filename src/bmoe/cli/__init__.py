@@ -7,6 +7,7 @@ on stderr. With no ``-m`` it runs on the built-in tiny model (generated on first
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ from bmoe.runtime.options import (
     add_stream_options,
     context_params,
     decide_config,
+    list_devices,
+    placement_config,
     stream_config,
 )
 
@@ -113,6 +116,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
         repack=not args.no_repack,
         decide=decide_config(args),
         stream=stream_config(args),
+        placement=placement_config(args),
     )
 
 
@@ -132,6 +136,9 @@ def _open(config: SessionConfig) -> Session:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # stdout is the protocol: when llama.cpp aborts the process (an RPC server that died),
+    # ggml's backtrace (gdb's output, on stdout) must not reach it; its message goes to stderr
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     try:
         session = _open(_config(args))
         for note in session.notes:
@@ -178,6 +185,8 @@ def _perplexity(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.list_devices:
+        return list_devices(args)
     if args.decide and not args.session:
         parser.error("--decide needs --session")
     if args.decide_probe is not None and not args.decide:
@@ -298,6 +307,8 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
             if session.n_expert:
                 mode += f"; {session.arch}, {session.n_expert} experts, top-{session.n_expert_used}"
             mode += f"; {session.weight_layout.summary()}"
+            if session.placement_line:
+                mode += f"; {session.placement_line}"
             load_s = session.load_s
             if csv_file is not None:
                 csv_file.write(metrics_trailer(run_summary(result, load_s)))

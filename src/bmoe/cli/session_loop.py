@@ -162,6 +162,7 @@ class SessionLoop:
                 think_ctl=s.think_ctl,
                 repacked=s.weight_layout.repacked,
                 weights=s.weight_layout.summary(),
+                placement=s.placement_line,
             )
         )
         threading.Thread(target=self._read, name="bmoe-stdin", daemon=True).start()

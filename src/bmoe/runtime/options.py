@@ -9,7 +9,9 @@ from pathlib import Path
 
 from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama import ContextParams
+from bmoe.adapters.llama import devices as ggml_devices
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
+from bmoe.domain.placement import Placement, parse_rpc_servers
 from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig, prompt_batch
 
 
@@ -27,8 +29,8 @@ def cache_mb(text: str) -> int | None:
 
 
 def add_context_options(p: argparse.ArgumentParser) -> None:
-    """``-t``, ``-c``, ``-b``, ``-fa`` (the context ``context_params`` builds), ``--no-repack``
-    and ``--n-expert-used``."""
+    """``-t``, ``-c``, ``-b``, ``-fa`` (the context ``context_params`` builds), ``--no-repack``,
+    the placement group (``-ngl``, ``--device``, ``--rpc``, ...) and ``--n-expert-used``."""
     p.add_argument(
         "-t",
         "--threads",
@@ -59,6 +61,7 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         help="keep the weights in the file's layout: no CPU_REPACK (stock llama.cpp's default, which "
         "bmoe follows resident and streamed, repacks them for faster kernels)",
     )
+    add_placement_options(p)
     p.add_argument(
         "--n-expert-used",
         type=int,
@@ -66,6 +69,66 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="run a MoE model with K experts per token instead of its own top-k (lossy; 1..n_expert)",
     )
+
+
+def add_placement_options(p: argparse.ArgumentParser) -> None:
+    """Where the weights go, as llama.cpp's flags (docs/devices.md)."""
+    g = p.add_argument_group("devices: GPUs and llama.cpp RPC servers (docs/devices.md)")
+    g.add_argument(
+        "-ngl",
+        "--n-gpu-layers",
+        "--gpu-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="put the dense part of the last N layers on the devices (llama.cpp counts the output "
+        "layer as one); with --moe-stream their experts stay on the host, streamed (default: 0)",
+    )
+    g.add_argument(
+        "--device",
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="the devices to use, by name (default: every GPU and RPC device; --list-devices)",
+    )
+    g.add_argument("--list-devices", action="store_true", help="print the devices (after --rpc) and exit")
+    g.add_argument(
+        "--rpc",
+        default=None,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="llama.cpp RPC servers whose devices to use (python -m bmoe.rpc_server starts one)",
+    )
+    g.add_argument(
+        "-cmoe", "--cpu-moe", action="store_true", help="keep every routed expert on the host (resident too)"
+    )
+    g.add_argument(
+        "-ncmoe",
+        "--n-cpu-moe",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the experts of the first N layers on the host (streamed); the experts of offloaded "
+        "layers past them stay resident on their device",
+    )
+
+
+def placement_config(args: argparse.Namespace) -> Placement:
+    return Placement(
+        n_gpu_layers=args.n_gpu_layers,
+        devices=tuple(d for d in (args.device or "").split(",") if d),
+        rpc=parse_rpc_servers(args.rpc) if args.rpc else (),
+        n_cpu_moe=args.n_cpu_moe,
+        cpu_moe=args.cpu_moe,
+    )
+
+
+def list_devices(args: argparse.Namespace) -> int:
+    """``--list-devices``: the devices ggml knows (the RPC servers of ``--rpc`` added)."""
+    if args.rpc:
+        ggml_devices.add_rpc_servers(parse_rpc_servers(args.rpc))
+    print("Available devices:")
+    for device in ggml_devices.devices():
+        print(device.line())
+    return 0
 
 
 def add_stream_options(p: argparse.ArgumentParser) -> None:

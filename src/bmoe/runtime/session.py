@@ -34,6 +34,7 @@ from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_pr
 from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
+from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
@@ -43,6 +44,7 @@ from bmoe.errors import (
     ModelFileTruncatedError,
     StreamingFaultError,
 )
+from bmoe.runtime import placement as model_placement
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
@@ -84,6 +86,9 @@ class SessionConfig:
       stock llama.cpp does by default: resident, llama.cpp repacks at load; streamed, bmoe
       repacks the same weights (each expert as it is read). False (``--no-repack``): the
       file's layout everywhere. Either way streamed output equals resident output.
+    - ``placement``: the dense part of some layers on a GPU or llama.cpp RPC servers
+      (``-ngl``, ``--device``, ``--rpc``, ``--n-cpu-moe``; docs/devices.md); experts kept on
+      the host are streamed as without it.
     """
 
     model_path: Path
@@ -96,10 +101,12 @@ class SessionConfig:
     decide: DecideConfig = attrs.field(factory=DecideConfig)
     n_expert_used: int | None = None
     repack: bool = True
+    placement: Placement = attrs.field(factory=Placement)
 
     def __attrs_post_init__(self) -> None:
         if self.n_predict < 0:
             raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
+        check_placement(self.placement, self.stream, self.decide)
 
 
 class Session:
@@ -123,9 +130,15 @@ class Session:
         self._repack_at_load = config.repack and not (
             config.stream.enabled and has_streamable_experts(config.model_path)
         )
+        self._placement = model_placement.resolve(
+            config.placement, config.model_path, streaming=config.stream.enabled
+        )
         self.model = LlamaModel(
             config.model_path,
             ModelParams(
+                n_gpu_layers=self._placement.n_gpu_layers,
+                devices=self._placement.devices,
+                host_patterns=self._placement.host_patterns,
                 # resident: llama.cpp repacks at load; streamed: attach repacks (the experts
                 # must stay where the streamer reads them)
                 use_extra_bufts=self._repack_at_load,
@@ -168,7 +181,10 @@ class Session:
             self.notes.append(f"moe-stream: {why}; running resident{self._layout_note(config)}")
             ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(None))
             return ctx, None
-        ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(streamer))
+        context = config.context
+        if config.placement.offloaded:  # streamed experts are computed where they are read
+            context = attrs.evolve(context, op_offload=False)
+        ctx = LlamaContext(self.model, context, abort=self._flag, eval_callback=self._hook(streamer))
         try:
             if self._on_load is not None:
                 self._on_load("setting up expert streaming", 0.0)
@@ -244,6 +260,12 @@ class Session:
     @property
     def n_expert_used(self) -> int:
         return self.model.n_expert_used
+
+    @property
+    def placement_line(self) -> str:
+        """Where the weights sit, with devices (``placement: -ngl ... (weights: ...)``), else
+        empty."""
+        return model_placement.where_line(self.config.placement, self.model.weight_buffers)
 
     @property
     def weight_layout(self) -> WeightLayout:

@@ -19,6 +19,7 @@ from bmoe.runtime.options import (
     add_stream_options,
     context_params,
     decide_config,
+    placement_config,
     stream_config,
 )
 from bmoe.serve.mapping import ServeDefaults
@@ -79,6 +80,7 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
         repack=not args.no_repack,
         decide=decide_config(args),
         stream=stream_config(args),
+        placement=placement_config(args),
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bmoe.errors import BmoeError
 from bmoe.runtime import Session
+from bmoe.runtime.options import list_devices
 from bmoe.serve.api_responses import ModelCard
 from bmoe.serve.flags import build_parser, model_id, serve_defaults, session_config
 from bmoe.serve.service import ServedSession
@@ -65,6 +66,8 @@ def open_served(args: argparse.Namespace) -> ServedSession:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.list_devices:
+        return list_devices(args)
     if args.max_tokens is not None and args.max_tokens < 0:
         parser.error("--max-tokens must be >= 0")
     try:

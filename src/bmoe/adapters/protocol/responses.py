@@ -51,6 +51,8 @@ class Ready:
       request's ``think`` changes anything.
     - ``repacked``: whether weights compute in llama.cpp's repacked layout (``CPU_REPACK``);
       ``weights``: which, in words (the ``mode:`` line's).
+    - ``placement``: with layers on a device (``-ngl``), what sits where (the ``mode:``
+      line's ``placement:`` part); empty otherwise.
     """
 
     TAG: ClassVar[str] = "BMOE_READY"
@@ -62,6 +64,7 @@ class Ready:
     think_ctl: bool = attrs.field(validator=_is_bool)
     repacked: bool = attrs.field(validator=_is_bool, default=False)
     weights: str = attrs.field(validator=_is_str, default="")
+    placement: str = attrs.field(validator=_is_str, default="")
 
 
 @attrs.frozen(kw_only=True)
