@@ -3,7 +3,10 @@
 1. Plan, touching no memory: render and tokenize the prompt, tokenize the choices, refuse
    (a ``DecideRefusedError``) what cannot be answered, find where the prefix ends.
 2. Restore the longest kept state the prefix equals or extends, else empty the memory.
-3. Prefill what the kept state lacks of the prefix, copy the state there, prefill the rest.
+3. Prefill what the kept state lacks of the prefix, copy the state there, prefill the rest;
+   or, where the piece policy says a second piece costs more than the kept state saves
+   (``auto`` with measured ``costs``: ``bmoe.domain.decide.piece_policy``), all of it in one
+   piece, keeping nothing new.
 4. Keep the copied state (only now: a cancelled or failed decision stores nothing), score.
 
 After any failure the memory is emptied; the kept states stay valid (they are copies).
@@ -19,6 +22,7 @@ import time
 import attrs
 
 from bmoe.domain.decide.choice_scorer import first_tokens, score_choices
+from bmoe.domain.decide.piece_policy import PieceCosts, choose_pieces
 from bmoe.domain.decide.prefix_cache import IPrefixCache, StateBlob
 from bmoe.domain.decide.probe import probe_record
 from bmoe.domain.decide.prompt_split import split_prefix
@@ -63,6 +67,7 @@ class _Run:
     store_s: float = 0.0
     prefill_s: float = 0.0
     pending: StateBlob | None = None
+    prefix_plan: str = ""
 
 
 def _restore(backend: IDecideBackend, cache: IPrefixCache, run: _Run) -> int:
@@ -111,6 +116,7 @@ def _result(
         prefill_s=run.prefill_s,
         prefix_state_mib=cache.nbytes / MIB,
         cancelled=cancelled,
+        prefix_plan=run.prefix_plan,
     )
 
 
@@ -120,11 +126,14 @@ def run_decide(
     request: DecideRequest,
     config: DecideConfig,
     probe: IDecideProbe | None = None,
+    costs: PieceCosts | None = None,
 ) -> DecideResult:
     """Answer one decision. Refusals (``DecideRefusedError`` and its kinds) come before
     anything is prefilled, with memory and kept states untouched. A cancel returns a result
     with ``cancelled`` set; another failure is raised. Either way the memory is emptied and
-    nothing is stored. ``probe`` observes the prefills and records an answered decision."""
+    nothing is stored. ``probe`` observes the prefills and records an answered decision.
+    ``costs``: what the session measured a piece to cost (``auto`` then weighs keeping a new
+    prefix state against prefilling in one piece); None keeps it whenever there is one."""
     if not config.enabled:
         raise DecideDisabledError(DECIDE_DISABLED)
     keep = config.keeps_prefix and request.reuse_prefix
@@ -138,7 +147,11 @@ def run_decide(
         else:
             backend.reset()
             start = 0
-        if keep and n_prefix > start:
+        split = keep and n_prefix > start
+        if split and config.prefix_cache == "auto" and costs is not None:
+            choice = choose_pieces(start, n_prefix, n_tokens, costs)
+            run.prefix_plan, split = choice.why, choice.keep
+        if split:
             _prefill(backend, run, start, n_prefix)
             _save(backend, run)
             start = n_prefix

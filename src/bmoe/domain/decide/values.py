@@ -119,6 +119,8 @@ class DecideResult:
       prefix (not part of ``prefill_s``); ``prefill_s``: computing the prompt.
     - ``prefix_state_mib``: what the kept states hold after this decision.
     - ``cancelled``: stopped by a cancel; nothing was stored.
+    - ``prefix_plan``: with ``auto`` and a new prefix to keep, which way the piece policy
+      went and why (``bmoe.domain.decide.piece_policy``); empty otherwise.
     """
 
     best: int
@@ -132,6 +134,7 @@ class DecideResult:
     prefix_state_mib: float = 0.0
     cancelled: bool = False
     stream: StreamCounters | None = None  # expert reads during this decision, when streaming
+    prefix_plan: str = ""
 
     @property
     def n_tokens(self) -> int:
