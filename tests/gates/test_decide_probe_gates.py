@@ -56,7 +56,7 @@ def session_config(path: Path, probe: Path | None, stream: StreamConfig | None =
         chat=True,
         think=False,
         n_predict=6,
-        decide=DecideConfig(enabled=True, probe=probe),
+        decide=DecideConfig(enabled=True, prefix_cache="on", probe=probe),  # the same pieces either way
         stream=stream or StreamConfig(),
     )
 

@@ -11,7 +11,8 @@ import pytest
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.chat import ChatMessage
-from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult
+from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, score_choices
+from bmoe.domain.decide.prefix_cache import PrefixCacheMode
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import ChoiceCollisionError, DecideDisabledError
@@ -32,14 +33,15 @@ DECISIONS = [
 ]
 
 
-def config(path: Path, **kw: object) -> SessionConfig:
+def config(path: Path, prefix_cache: PrefixCacheMode = "on", **kw: object) -> SessionConfig:
+    """``on`` by default: the same pieces resident and streamed (``auto`` weighs reads)."""
     return SessionConfig(
         model_path=path,
         context=PARAMS,
         chat=True,
         think=False,
         n_predict=6,
-        decide=DecideConfig(enabled=True),
+        decide=DecideConfig(enabled=True, prefix_cache=prefix_cache),
         **kw,
     )  # type: ignore[arg-type]
 
@@ -65,6 +67,39 @@ def test_g18d_streamed_decisions_equal_resident_ones(
     ]
     assert any(r.n_reused > 0 for r in got)  # the kept prefix state was used while streaming
     assert all(r.stream is not None for r in got) and reads > 0
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "qwen35moe"])
+def test_auto_streamed_decisions_equal_a_resident_computation_in_the_pieces_they_chose(
+    name: str, tiny_model_path: TinyModel
+) -> None:
+    """``auto`` under streaming prefills some prompts in one piece where a second would read
+    the experts again (``prefix_plan``): each decision equals, bit for bit, a resident
+    context fed the same tokens in the same pieces (its restored state's pieces, the state it
+    kept, the rest), as G18a does for the kept states."""
+    path = tiny_model_path(name)
+    with Session.open(config(path, "auto", stream=StreamConfig(enabled=True, cache_mb=1))) as streamed:
+        got = decisions(streamed)
+        backend = streamed._decide_backend
+        assert backend is not None
+        tokens = [backend.tokenize(backend.render(d.text), special=True) for d in DECISIONS]
+    assert any(r.prefix_plan.startswith("one piece") for r in got), [r.prefix_plan for r in got]
+    with Session.open(config(path)) as resident:
+        reference = resident._decide_backend
+        assert reference is not None
+        kept_cuts: dict[tuple[int, ...], list[int]] = {}
+        for request, result, toks in zip(DECISIONS, got, tokens, strict=True):
+            cuts = list(kept_cuts[tuple(toks[: result.n_reused])]) if result.n_reused else []
+            if result.n_stored:
+                cuts.append(result.n_stored)
+                kept_cuts[tuple(toks[: result.n_stored])] = list(cuts)
+            reference.reset()
+            start = 0
+            for cut in [*cuts, len(toks)]:
+                reference.prefill(toks[start:cut], start)
+                start = cut
+            choice_tokens = tuple(reference.tokenize(c, special=False)[0] for c in request.choices)
+            assert score_choices(reference.logits(), choice_tokens).logp == result.choice_logp
 
 
 @pytest.mark.parametrize("name", ["qwen3moe", "qwen35moe"])

@@ -151,7 +151,7 @@ def test_decisions_streamed_equal_resident_with_the_dense_part_on_an_rpc_device(
             model_path=path,
             context=PARAMS,
             placement=placement,
-            decide=DecideConfig(enabled=True),
+            decide=DecideConfig(enabled=True, prefix_cache="on"),  # the same pieces both ways
             stream=StreamConfig(enabled=stream, cache_mb=None),
         )
         with Session.open(config) as s:

@@ -247,9 +247,8 @@ def test_streamed_decisions_and_perplexity_equal_resident_ones_with_both_repacke
     text = " ".join(["the quick brown fox jumps over a lazy dog while seven tired cats sleep"] * 12)
     results = []
     for stream in (StreamConfig(), StreamConfig(enabled=True, cache_mb=cache_mb)):
-        config = SessionConfig(
-            model_path=path, context=PARAMS, chat=True, decide=DecideConfig(enabled=True), stream=stream
-        )
+        decide = DecideConfig(enabled=True, prefix_cache="on")  # the same pieces both ways
+        config = SessionConfig(model_path=path, context=PARAMS, chat=True, decide=decide, stream=stream)
         with Session.open(config) as s:
             got = [s.decide(a) for a in asks]
             ppl = s.perplexity_windows(text, n_ctx=64)

@@ -113,7 +113,7 @@ EXPECTED_LINES = {
         b'BMOE_DECIDE {"id":1,"cancelled":false,"best":0,"choice_logp":[-0.015625,-6.75,null],"n_tokens":69,'
         b'"n_reused":31,"n_prefilled":38,"restore_s":0.0078125,"store_s":0.03125,"prefill_s":8.125,'
         b'"prefill_tps":4.6875,"prefill_read_mib":-1.0,"prefill_io_s":-1.0,"prefill_stall_s":-1.0,"prefix_state_mib":63.0,'
-        b'"choice_p_renorm":[0.75,0.25,0.0]}\n'
+        b'"choice_p_renorm":[0.75,0.25,0.0],"prefix_plan":""}\n'
     ),
     ERROR: (
         b'BMOE_ERROR {"id":null,"fatal":false,'
@@ -131,7 +131,8 @@ PROTOCOL_KEYS = {
         read_mib io_s_tok compute_s_tok mgmt_s_tok stall_s_tok cache_resident_mib cache_budget_mib
         prefill_read_mib prefill_io_s prefill_stall_s text reasoning""",
     "BMOE_DECIDE": """id cancelled best choice_logp n_tokens n_reused n_prefilled restore_s store_s prefill_s
-        prefill_tps prefill_read_mib prefill_io_s prefill_stall_s prefix_state_mib choice_p_renorm""",
+        prefill_tps prefill_read_mib prefill_io_s prefill_stall_s prefix_state_mib choice_p_renorm
+        prefix_plan""",
     "BMOE_ERROR": "id fatal msg",
 }
 

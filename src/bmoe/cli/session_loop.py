@@ -309,5 +309,6 @@ def decide_response(rid: RequestId, result: DecideResult) -> DecideDone:
         prefill_tps=result.prefill_tps,
         prefix_state_mib=result.prefix_state_mib,
         choice_p_renorm=tuple(float(p) for p in result.choice_p_renorm),
+        prefix_plan=result.prefix_plan,
         **extra,
     )

@@ -32,6 +32,7 @@ from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.log_softmax import log_softmax
+from bmoe.domain.decide.piece_policy import PieceMeter
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.placement import Placement, check_placement
@@ -148,6 +149,7 @@ class Session:
         )
         self._mapped = MappedFiles.snapshot(config.model_path)
         self._decide_probe: LlamaDecideProbe | None = None  # --decide-probe
+        self._meter: PieceMeter | None = None  # decisions' piece costs, streamed
         try:
             self.ctx, self.streaming = self._open_context(config)
         except BaseException:
@@ -351,13 +353,27 @@ class Session:
         backend, cache, probe = self._decide_backend, self._prefix_cache, self._decide_probe
         streaming = self.streaming
         before = streaming.counters() if streaming is not None else None
+        meter = self._piece_meter()
+        costs = meter.costs(before.budget_bytes) if meter is not None and before is not None else None
         result = self.engine.run_exclusive(
-            lambda: run_decide(backend, cache, request, self.config.decide, probe), on_begin
+            lambda: run_decide(backend, cache, request, self.config.decide, probe, costs), on_begin
         )
         if streaming is not None and before is not None:
-            result = attrs.evolve(result, stream=streaming.counters() - before)
+            delta = streaming.counters() - before
+            result = attrs.evolve(result, stream=delta)
             streaming.end_turn()
+            if meter is not None and not result.cancelled:
+                meter.observe(result.n_prefilled, result.prefill_s, delta.stall_s, delta.bytes_read)
         return result
+
+    def _piece_meter(self) -> PieceMeter | None:
+        """Streamed: what a decision's prefill pieces cost, measured as decisions run."""
+        if self.streaming is None:
+            return None
+        if self._meter is None:
+            info = self.streaming.info
+            self._meter = PieceMeter(info.expert_bytes, self.model.n_expert, self.model.n_expert_used)
+        return self._meter
 
     def perplexity(self, text: str) -> Perplexity:
         """Log-probability of each token of ``text`` (as is, specials parsed) given the ones

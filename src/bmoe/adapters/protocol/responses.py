@@ -167,6 +167,8 @@ class DecideDone:
       A cancelled decision stores nothing.
     - ``choice_p_renorm`` (beyond the C++ engine's keys): the choices' probabilities
       renormalised over the choices alone (they sum to 1; all 0 when every choice is ruled out).
+    - ``prefix_plan`` (beyond them too): with ``--decide-prefix-cache auto`` and a new prefix
+      to keep, whether it was kept or the prompt prefilled in one piece, and why; else "".
     """
 
     TAG: ClassVar[str] = "BMOE_DECIDE"
@@ -187,6 +189,7 @@ class DecideDone:
     prefill_stall_s: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     prefix_state_mib: float = attrs.field(converter=as_float)
     choice_p_renorm: tuple[float | None, ...] = attrs.field(converter=as_float_or_none_tuple, default=())
+    prefix_plan: str = attrs.field(validator=_is_str, default="")
 
 
 @attrs.frozen(kw_only=True)
