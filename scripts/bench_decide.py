@@ -1,13 +1,14 @@
-"""Benchmark (not a test): a four-step agent trace of decisions, prefix cache on and off.
+"""Benchmark (not a test): a four-step agent trace of decisions, by prefix-cache mode.
 
     python scripts/bench_decide.py [--model PATH | --fixture qwen35moe] [--moe-stream --cache-mb N]
-                                   [--rounds N]
+                                   [--rounds N] [--modes auto,on,off]
 
-Prints one Markdown table per prefix-cache mode and round (modes interleaved: on, off, on,
-off, ...; each in a fresh session): reused/prefilled tokens, prefill, restore and store
-seconds, the kept state's size and, when streaming, the MiB each decision read and the
-seconds its prefill waited for reads. Times are wall-clock seconds of this machine at the
-moment of the run; run it on a quiet machine.
+Prints one Markdown table per prefix-cache mode and round (modes interleaved: auto, on, off,
+auto, ...; each in a fresh session): reused/prefilled tokens, prefill, restore and store
+seconds, the kept state's size, what ``auto``'s piece policy chose and, when streaming, the
+MiB each decision read and the seconds its prefill waited for reads; then the four
+decisions' total (prefill + restore + store). Times are wall-clock seconds of this machine
+at the moment of the run; run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ def run(path: Path, mode: str, stream: StreamConfig, threads: int) -> list[str]:
     )
     rows = [
         "| decision | best | reused / prefilled | prefill s | restore s | store s | kept state MiB "
-        "| read MiB | waited for reads s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| read MiB | waited for reads s | auto's plan |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     total = 0.0
     with Session.open(cfg) as session:
@@ -83,12 +84,13 @@ def run(path: Path, mode: str, stream: StreamConfig, threads: int) -> list[str]:
             if before is not None and session.streaming is not None:
                 spent = session.streaming.counters() - before
                 read, waited = f"{spent.read_mib:.0f}", f"{spent.stall_s:.3f}"
-            total += r.prefill_s
+            total += r.prefill_s + r.restore_s + r.store_s
             rows.append(
                 f"| {name} | {r.best} | {r.n_reused} / {r.n_prefilled} | {r.prefill_s:.3f} | "
-                f"{r.restore_s:.4f} | {r.store_s:.4f} | {r.prefix_state_mib:.2f} | {read} | {waited} |"
+                f"{r.restore_s:.4f} | {r.store_s:.4f} | {r.prefix_state_mib:.2f} | {read} | {waited} "
+                f"| {r.prefix_plan} |"
             )
-    rows.append(f"\nprefill seconds, all four decisions: {total:.2f}")
+    rows.append(f"\nseconds, all four decisions (prefill + restore + store): {total:.2f}")
     return rows
 
 
@@ -99,7 +101,8 @@ def main() -> None:
     p.add_argument("--moe-stream", action="store_true")
     p.add_argument("--cache-mb", type=int, default=None)
     p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of both modes")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the modes")
+    p.add_argument("--modes", default="auto,off", help="prefix-cache modes to compare (default: auto,off)")
     args = p.parse_args()
     path = args.model or fixture_path(args.fixture)
     stream = StreamConfig(enabled=args.moe_stream, cache_mb=args.cache_mb)
@@ -108,7 +111,7 @@ def main() -> None:
         f"cache_mb: {args.cache_mb}, threads: {args.threads}, {os.cpu_count()} CPUs, {platform.machine()}"
     )
     for round_ in range(1, args.rounds + 1):
-        for mode in ("on", "off"):
+        for mode in args.modes.split(","):
             print(f"\nprefix cache {mode}, round {round_}:\n")
             print("\n".join(run(path, mode, stream, args.threads)))
 
