@@ -101,7 +101,9 @@ def test_a_text_completion() -> None:
 
 def test_a_decision_carries_the_protocols_keys_and_minus_infinity_as_null() -> None:
     request = DecideRequest(suffix="s", choices=("A", "B"))
-    decided = DecideResult(best=0, choice_logp=(-0.1, -math.inf), n_reused=2, n_prefilled=5, prefill_s=0.5)
+    decided = DecideResult(
+        best=0, choice_logp=(-0.1, -math.inf), n_reused=2, n_prefilled=5, prefill_s=0.5, prefix_plan="kept"
+    )
     body = api.decision(ENV, request, decided)
     json.dumps(body, allow_nan=False)  # valid JSON: no infinity left
     assert body["object"] == "bmoe.decision"
@@ -111,6 +113,7 @@ def test_a_decision_carries_the_protocols_keys_and_minus_infinity_as_null() -> N
     assert (body["best"], body["n_tokens"], body["n_reused"], body["n_prefilled"]) == (0, 7, 2, 5)
     assert body["prefill_tps"] == 10.0
     assert body["prefill_read_mib"] == -1.0  # not streaming: not measured
+    assert body["prefix_plan"] == "kept"
 
 
 def test_the_model_list() -> None:

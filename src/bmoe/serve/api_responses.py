@@ -160,6 +160,7 @@ def decision(env: Envelope, request: DecideRequest, result: DecideResult) -> Jso
         prefill_io_s=io_s,
         prefix_state_mib=result.prefix_state_mib,
         choice_p_renorm=[float(p) for p in result.choice_p_renorm],
+        prefix_plan=result.prefix_plan,
     )
 
 
