@@ -14,8 +14,8 @@ import socket
 from collections.abc import Sequence
 
 import attrs
-import llama_cpp._ggml as ggml_lib
 
+from bmoe.adapters.llama.ggml_symbols import address, typed
 from bmoe.errors import ConfigError
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}  # enum ggml_backend_dev_type
@@ -28,28 +28,18 @@ class RpcUnavailable(ConfigError):
     """This build of llama.cpp has no RPC backend (built without ``-DGGML_RPC=ON``)."""
 
 
-def _typed(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-    f = getattr(ggml_lib.libggml, name)
-    f.restype, f.argtypes = restype, list(argtypes)
-    return f
-
-
-def _address(name: str) -> int:
-    return int(ctypes.cast(getattr(ggml_lib.libggml, name), ctypes.c_void_p).value or 0)
-
-
 _VP, _CP, _SZ = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
-_dev_count = _typed("ggml_backend_dev_count", _SZ)
-_dev_get = _typed("ggml_backend_dev_get", _VP, _SZ)
-_dev_name = _typed("ggml_backend_dev_name", _CP, _VP)
-_dev_description = _typed("ggml_backend_dev_description", _CP, _VP)
-_dev_type = _typed("ggml_backend_dev_type", ctypes.c_int, _VP)
-_dev_memory = _typed("ggml_backend_dev_memory", None, _VP, ctypes.POINTER(_SZ), ctypes.POINTER(_SZ))
-_dev_by_type = _typed("ggml_backend_dev_by_type", _VP, ctypes.c_int)
-_dev_buffer_type = _typed("ggml_backend_dev_buffer_type", _VP, _VP)
-_reg_by_name = _typed("ggml_backend_reg_by_name", _VP, _CP)
-_reg_proc = _typed("ggml_backend_reg_get_proc_address", _VP, _VP, _CP)
-_register = _typed("ggml_backend_register", None, _VP)
+_dev_count = typed("ggml_backend_dev_count", _SZ)
+_dev_get = typed("ggml_backend_dev_get", _VP, _SZ)
+_dev_name = typed("ggml_backend_dev_name", _CP, _VP)
+_dev_description = typed("ggml_backend_dev_description", _CP, _VP)
+_dev_type = typed("ggml_backend_dev_type", ctypes.c_int, _VP)
+_dev_memory = typed("ggml_backend_dev_memory", None, _VP, ctypes.POINTER(_SZ), ctypes.POINTER(_SZ))
+_dev_by_type = typed("ggml_backend_dev_by_type", _VP, ctypes.c_int)
+_dev_buffer_type = typed("ggml_backend_dev_buffer_type", _VP, _VP)
+_reg_by_name = typed("ggml_backend_reg_by_name", _VP, _CP)
+_reg_proc = typed("ggml_backend_reg_get_proc_address", _VP, _VP, _CP)
+_register = typed("ggml_backend_register", None, _VP)
 
 
 @attrs.frozen
@@ -137,14 +127,13 @@ def _reachable(endpoint: str, timeout_s: float = 3.0) -> bool:
         return False
 
 
-def add_rpc_servers(endpoints: Sequence[str]) -> list[Device]:
-    """Register each RPC server's devices with ggml (llama.cpp's ``--rpc``); the devices they
-    added. ConfigError for a server that does not answer."""
+def add_rpc_servers(endpoints: Sequence[str]) -> None:
+    """Register each RPC server's devices with ggml (llama.cpp's ``--rpc``); ConfigError for
+    a server that does not answer."""
     proc = _reg_proc(_rpc_reg(), b"ggml_backend_rpc_add_server")
     if not proc:
         raise RpcUnavailable("this llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
     add_server = ctypes.CFUNCTYPE(_VP, _CP)(proc)
-    before = {d.handle for d in devices()}
     for endpoint in endpoints:
         if any(d.description == endpoint for d in devices()):
             continue  # added before in this process (ggml keeps one registry per server)
@@ -156,7 +145,6 @@ def add_rpc_servers(endpoints: Sequence[str]) -> list[Device]:
         if not reg:
             raise ConfigError(f"--rpc: the server at {endpoint} offers no device")
         _register(reg)
-    return [d for d in devices() if d.handle not in before or d.description in endpoints]
 
 
 def cpu_buffer_type() -> int:
@@ -190,7 +178,7 @@ def backend_api() -> dict[str, int]:
     """The addresses of the ggml functions the streamer calls on a tensor that may live on a
     device (``ExpertStreamer.set_backend_api``)."""
     return {
-        "tensor_get": _address("ggml_backend_tensor_get"),
-        "buffer_is_host": _address("ggml_backend_buffer_is_host"),
-        "nbytes": _address("ggml_nbytes"),
+        "tensor_get": address("ggml_backend_tensor_get"),
+        "buffer_is_host": address("ggml_backend_buffer_is_host"),
+        "nbytes": address("ggml_nbytes"),
     }

@@ -24,28 +24,13 @@ import ctypes
 from collections.abc import Callable, Iterable
 
 import attrs
-import llama_cpp._ggml as ggml_lib
 
+from bmoe.adapters.llama.ggml_symbols import address, typed
 from bmoe.cext import weight_repack
 from bmoe.cext.expert_stream import CAPTURE_MUL_MAT, CAPTURE_MUL_MAT_ID
 
 REPACK_BUFT_NAME = b"CPU_REPACK"
 _DEVICE_TYPE_CPU = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
-
-
-def _function(name: str) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-    return getattr(ggml_lib.libggml, name)
-
-
-def _typed(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-    """A ggml function of the loaded library, with its C signature."""
-    f = _function(name)
-    f.restype, f.argtypes = restype, list(argtypes)
-    return f
-
-
-def _address(name: str) -> int:
-    return int(ctypes.cast(_function(name), ctypes.c_void_p).value or 0)
 
 
 @attrs.frozen
@@ -60,13 +45,13 @@ class CpuRepack:
         """The CPU device's ``CPU_REPACK`` buffer type, or None where this build of llama.cpp
         has none (then weights stay in the file's layout, as with ``--no-repack``)."""
         try:
-            weight_repack.bind({name: _address(name) for name in weight_repack.FUNCTIONS})
-            by_type = _typed("ggml_backend_dev_by_type", ctypes.c_void_p, ctypes.c_int)
-            reg_of = _typed("ggml_backend_dev_backend_reg", ctypes.c_void_p, ctypes.c_void_p)
-            proc = _typed(
+            weight_repack.bind({name: address(name) for name in weight_repack.FUNCTIONS})
+            by_type = typed("ggml_backend_dev_by_type", ctypes.c_void_p, ctypes.c_int)
+            reg_of = typed("ggml_backend_dev_backend_reg", ctypes.c_void_p, ctypes.c_void_p)
+            proc = typed(
                 "ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p
             )
-            name_of = _typed("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
+            name_of = typed("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
         except (AttributeError, KeyError):
             return None
         device = by_type(_DEVICE_TYPE_CPU)
@@ -144,6 +129,6 @@ def buffer_type_name(tensor: int) -> str:
     buffer = weight_repack.tensor_info(tensor)["buffer"]
     if not buffer:
         return ""
-    get_type = _typed("ggml_backend_buffer_get_type", ctypes.c_void_p, ctypes.c_void_p)
-    name_of = _typed("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
+    get_type = typed("ggml_backend_buffer_get_type", ctypes.c_void_p, ctypes.c_void_p)
+    name_of = typed("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
     return bytes(name_of(get_type(buffer)) or b"").decode()
