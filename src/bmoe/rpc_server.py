@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama import devices as ggml_devices
 from bmoe.adapters.llama.log import ensure_backend
+from bmoe.domain.placement import parse_device_names
 from bmoe.errors import BmoeError
 
 
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "computations here and read what it holds",
                 file=sys.stderr,
             )
-        names = [d for d in (args.device or "").split(",") if d]
+        names = parse_device_names(args.device)
         threads = args.threads or physical_cores()
         endpoint = f"{args.host}:{args.port}"
         sys.stdout.flush()

@@ -9,7 +9,13 @@ import pytest
 
 from bmoe.domain.decide import DecideConfig
 from bmoe.domain.moe_arch import expert_projections
-from bmoe.domain.placement import Placement, check_placement, expert_pattern, parse_rpc_servers
+from bmoe.domain.placement import (
+    Placement,
+    check_placement,
+    expert_pattern,
+    parse_device_names,
+    parse_rpc_servers,
+)
 from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import ConfigError
 
@@ -22,6 +28,11 @@ def test_rpc_servers_parse_as_llama_cpp_writes_them() -> None:
     for bad in ("", "host", "host:0", "host:70000", "a b:1"):
         with pytest.raises(ConfigError, match="--rpc"):
             parse_rpc_servers(bad)
+
+
+def test_device_names_parse_as_a_comma_list() -> None:
+    assert parse_device_names(None) == () and parse_device_names("") == ()
+    assert parse_device_names("CUDA0, RPC1,") == ("CUDA0", "RPC1")
 
 
 def test_the_expert_pattern_matches_expert_tensors_only() -> None:

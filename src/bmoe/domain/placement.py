@@ -36,6 +36,11 @@ def parse_rpc_servers(text: str) -> tuple[str, ...]:
     return servers
 
 
+def parse_device_names(text: str | None) -> tuple[str, ...]:
+    """``--device NAME[,NAME...]`` as names (none when unset)."""
+    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
+
+
 def expert_pattern(projections: tuple[str, ...], layer: int | None = None) -> str:
     """The tensor-name pattern (llama.cpp's ``--override-tensor`` syntax: a regular expression
     searched in the name) of the routed-expert tensors of ``layer``, or of every layer."""

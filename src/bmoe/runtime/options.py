@@ -11,7 +11,7 @@ from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.llama import devices as ggml_devices
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
-from bmoe.domain.placement import Placement, parse_rpc_servers
+from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
 from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig, prompt_batch
 
 
@@ -114,7 +114,7 @@ def add_placement_options(p: argparse.ArgumentParser) -> None:
 def placement_config(args: argparse.Namespace) -> Placement:
     return Placement(
         n_gpu_layers=args.n_gpu_layers,
-        devices=tuple(d for d in (args.device or "").split(",") if d),
+        devices=parse_device_names(args.device),
         rpc=parse_rpc_servers(args.rpc) if args.rpc else (),
         n_cpu_moe=args.n_cpu_moe,
         cpu_moe=args.cpu_moe,

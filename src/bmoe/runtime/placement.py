@@ -18,13 +18,11 @@ MIB = 1024 * 1024
 
 @attrs.frozen
 class ModelPlacement:
-    """What ``ModelParams`` needs: ``n_gpu_layers``, device handles, host patterns; and the
-    devices' names for the user."""
+    """What ``ModelParams`` needs: ``n_gpu_layers``, device handles, host patterns."""
 
     n_gpu_layers: int = 0
     devices: tuple[int, ...] = ()
     host_patterns: tuple[str, ...] = ()
-    device_names: tuple[str, ...] = ()
 
 
 def resolve(placement: Placement, model_path: Path, *, streaming: bool) -> ModelPlacement:
@@ -41,7 +39,6 @@ def resolve(placement: Placement, model_path: Path, *, streaming: bool) -> Model
         n_gpu_layers=placement.n_gpu_layers,
         devices=tuple(d.handle for d in chosen),
         host_patterns=placement.host_expert_patterns(projections, streaming) if projections else (),
-        device_names=tuple(d.name for d in chosen),
     )
 
 
