@@ -88,8 +88,6 @@ cdef int reads_projection(stream_t * s, ggml_tensor * t) noexcept nogil:
     cdef ggml_tensor * src
     cdef proj_t * pr
     cdef char * d
-    if not in_host_memory(s, t):  # computed on a device: its sources' addresses are the device's
-        return -1
     for j in range(GGML_MAX_SRC):
         src = t.src[j]
         if src == NULL or src.data == NULL:
@@ -98,7 +96,9 @@ cdef int reads_projection(stream_t * s, ggml_tensor * t) noexcept nogil:
         for p in range(s.n_proj):
             pr = &s.projs[s.pw_layer * s.n_proj + p]
             if pr.base != NULL and pr.base <= d < pr.base + pr.slice_bytes * s.core.n_expert:
-                if not (s.pw_done >> p) & 1:
+                # a node computed on a device holds the device's addresses: checked on a
+                # match only (every node of the graph passes here while a layer is awaited)
+                if not (s.pw_done >> p) & 1 and in_host_memory(s, t):
                     return p
     return -1
 
