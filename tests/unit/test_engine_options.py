@@ -12,7 +12,6 @@ from bmoe.errors import ConfigError
 def test_no_variable_gives_the_defaults() -> None:
     assert EngineOptions.from_environ({}) == EngineOptions()
     assert EngineOptions.from_environ({"BMOE_PAGE_RELEASE": ""}) == EngineOptions()
-    assert EngineOptions().changed() == {}
 
 
 def test_each_variable_sets_its_option() -> None:
@@ -35,14 +34,6 @@ def test_each_variable_sets_its_option() -> None:
         page_release="all",
         repack_parts="dense",
     )
-    assert options.changed() == {
-        "projection_waits": False,
-        "orphan_reads": False,
-        "rank_worker": True,
-        "page_recycle": False,
-        "page_release": "all",
-        "repack_parts": "dense",
-    }
 
 
 def test_the_rank_worker_is_left_to_the_cpus_unless_set() -> None:

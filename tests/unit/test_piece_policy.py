@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bmoe.domain.decide import DecideConfig, DecideRequest, LastPrefixCache
+from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, LastPrefixCache
 from bmoe.domain.decide.piece_policy import (
     PRIOR_READ_BYTES_S,
     PieceCosts,
@@ -82,7 +82,7 @@ def decide(
     prefix: str,
     costs: PieceCosts | None,
     config: DecideConfig = AUTO,
-):  # type: ignore[no-untyped-def]
+) -> DecideResult:
     return run_decide(
         backend, cache, DecideRequest(prefix=prefix, suffix=SCREEN, choices=ABC), config, costs=costs
     )

@@ -85,15 +85,6 @@ class EngineOptions:
             repack_parts=cast(RepackParts, _choice(environ, ENV_REPACK_PARTS, REPACK_PARTS) or "all"),
         )
 
-    def changed(self) -> dict[str, object]:
-        """The settings that differ from the defaults (what a report should name)."""
-        default = EngineOptions()
-        return {
-            f.name: getattr(self, f.name)
-            for f in attrs.fields(EngineOptions)
-            if getattr(self, f.name) != getattr(default, f.name)
-        }
-
 
 def _flag(environ: Mapping[str, str], name: str) -> bool | None:
     """``1`` True, ``0`` False, unset None."""
