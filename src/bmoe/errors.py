@@ -20,6 +20,15 @@ class ContextOverflowError(ConfigError):
     """A prompt (plus the tokens to generate) does not fit in the context fixed at open."""
 
 
+class GrammarError(ConfigError):
+    """A reply's constraint that cannot become a grammar: a JSON schema construct the
+    converter cannot express, or GBNF that llama.cpp does not parse."""
+
+
+class ToolFormatError(ConfigError):
+    """Tools asked of a model whose chat template writes calls in a syntax bmoe does not read."""
+
+
 class ModelLoadError(BmoeError, OSError):
     """llama.cpp could not load the model file (missing, unreadable, unsupported)."""
 

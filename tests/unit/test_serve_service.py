@@ -29,6 +29,7 @@ class Template:
         *,
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
+        tools: object = None,
     ) -> str:
         return "".join(f"<{m.role[0]}>{m.content}" for m in messages) + "<a>"
 

@@ -26,6 +26,7 @@ class TinyTemplate:
         *,
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
+        tools: object = None,
     ) -> str:
         self.calls.append((len(messages), enable_thinking))
         tag = {"user": "u", "assistant": "a", "system": "s"}
@@ -182,7 +183,7 @@ def test_defaults_fill_what_a_request_leaves_unsaid() -> None:
     assert template.calls == [(1, False)]
     engine.generate(GenerateRequest("q", think=True, n_predict=1))
     assert template.calls[-1] == (1, True)
-    assert backend.samplings == [SamplingParams(temp=0.5, seed=7), SamplingParams()]
+    assert backend.samplings == [(SamplingParams(temp=0.5, seed=7), None), (SamplingParams(), None)]
 
 
 def test_raw_mode_continues_the_text_in_memory() -> None:

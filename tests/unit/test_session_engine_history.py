@@ -29,6 +29,7 @@ class TinyTemplate:
         *,
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
+        tools: object = None,
     ) -> str:
         tag = {"user": "u", "assistant": "a", "system": "s"}
         out = "".join(f"<{tag[m.role]}>{m.content}</{tag[m.role]}>" for m in messages)

@@ -16,6 +16,8 @@ import jinja2
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from bmoe.domain.chat import ChatMessage
+from bmoe.domain.tools import Tool, ToolFormat, ToolUse, detect_format
+from bmoe.domain.tools.prompting import template_messages
 from bmoe.errors import ConfigError
 from bmoe.ports.generate_backend import IChatRenderer
 
@@ -47,6 +49,7 @@ class JinjaChatTemplate(IChatRenderer):
             }
         except jinja2.TemplateError as exc:
             raise ConfigError(f"the model's chat template does not compile: {exc}") from exc
+        self._tool_format: ToolFormat | None | str = "unknown"
 
     def render(
         self,
@@ -54,13 +57,37 @@ class JinjaChatTemplate(IChatRenderer):
         *,
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
+        tools: ToolUse | None = None,
     ) -> str:
-        """The prompt text for ``messages`` (specials as text, tokenized with parsing on)."""
-        return self.render_dicts(
-            [m.as_template_dict() for m in messages],
-            add_generation_prompt=add_generation_prompt,
-            enable_thinking=enable_thinking,
-        )
+        """The prompt text for ``messages`` (specials as text, tokenized with parsing on),
+        showing ``tools`` when they are active (``domain.tools.prompting``)."""
+        fmt = self.tool_format if tools is not None and tools.active else None
+        dicts, template_tools = template_messages(messages, fmt, tools)
+        variables: dict[str, object] = {"enable_thinking": enable_thinking}
+        if template_tools is not None:
+            variables["tools"] = template_tools
+        return self.render_dicts(dicts, add_generation_prompt=add_generation_prompt, **variables)
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """The syntax this template writes tool calls in (``domain.tools.formats``): read
+        from its source, and whether it renders a tool at all (it is rendered once with a
+        probe tool and once without)."""
+        if self._tool_format == "unknown":
+            self._tool_format = detect_format(self.source, self._renders_tools())
+        return self._tool_format  # type: ignore[return-value]
+
+    def _renders_tools(self) -> bool:
+        probe = [{"role": "user", "content": "Hello"}]
+        tool = Tool("bmoe_probe_tool", "probe", {"type": "object", "properties": {}}).as_openai()
+        try:
+            with_tool = self.render_dicts(probe, tools=[tool])
+        except ConfigError:
+            return False
+        try:
+            return self.render_dicts(probe) != with_tool
+        except ConfigError:  # a template that cannot render without tools (Hermes 3's tool_use)
+            return True
 
     def render_dicts(
         self,

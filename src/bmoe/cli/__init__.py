@@ -29,6 +29,7 @@ from bmoe.runtime.options import (
     add_context_options,
     add_decide_options,
     add_stream_options,
+    chat_template_text,
     context_params,
     decide_config,
     list_devices,
@@ -117,6 +118,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
         decide=decide_config(args),
         stream=stream_config(args),
         placement=placement_config(args),
+        chat_template=chat_template_text(args),
     )
 
 

@@ -2,26 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
-Role = Literal["system", "user", "assistant"]
+from bmoe.domain.tools.values import ToolCall
+
+Role = Literal["system", "user", "assistant", "tool"]
 
 
 @attrs.frozen
 class ChatMessage:
-    """One turn of a conversation. ``reasoning`` is the assistant's thinking, kept apart."""
+    """One turn of a conversation. ``reasoning`` is the assistant's thinking, kept apart;
+    ``tool_calls`` the calls an assistant turn made; ``tool_call_id`` the call a ``tool``
+    message answers."""
 
     role: Role
     content: str
     reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
 
-    def as_template_dict(self) -> dict[str, str]:
-        """The dict a Jinja chat template iterates over (``role``, ``content``...)."""
-        out = {"role": self.role, "content": self.content}
+    def as_template_dict(self) -> dict[str, Any]:
+        """The dict a Jinja chat template iterates over (``role``, ``content``...). Calls
+        carry their arguments as an object, the form every vendored template renders
+        (``tool_call.arguments | tojson``; Qwen's take a string as well)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.reasoning:
             out["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_object()}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
 

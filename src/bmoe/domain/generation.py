@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
+from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import StreamCounters, StreamReport
+from bmoe.domain.tools.values import ToolCall, ToolUse
 from bmoe.errors import ConfigError
+
+TOP_LOGPROBS_MAX = 20
 
 
 @attrs.frozen
@@ -19,6 +25,14 @@ class GenerateRequest:
     - ``clear_kv``: True starts a new conversation (KV and history dropped, expert cache
       kept); False continues the engine-held conversation, reusing the KV prefix.
 
+    - ``constraint``: a grammar the reply must follow (``None``: free).
+    - ``tools`` (chat mode): tools the model may call; the reply is read for calls
+      (``RunResult.tool_calls``) and a forced choice is enforced with a grammar.
+    - ``role`` / ``tool_call_id``: the prompt is a user message, or (``tool``) the result
+      of the call ``tool_call_id``, which the model then answers.
+    - ``logprobs``: ``None``, or report each generated token's log-probability and that
+      many alternatives (0 to 20) in ``RunResult.logprobs``.
+
     Generation stops after ``n_predict`` tokens or at an end-of-generation token, which is
     not part of the result.
     """
@@ -28,12 +42,38 @@ class GenerateRequest:
     think: bool | None = None
     clear_kv: bool = True
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    constraint: OutputConstraint | None = None
+    tools: ToolUse | None = None
+    role: Literal["user", "tool"] = "user"
+    tool_call_id: str = ""
+    logprobs: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        if not self.prompt:
+        if not self.prompt and self.role == "user":
             raise ConfigError("empty prompt")
         if self.n_predict is not None and self.n_predict < 0:
             raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= TOP_LOGPROBS_MAX:
+            raise ConfigError(f"logprobs must be in [0, {TOP_LOGPROBS_MAX}], not {self.logprobs}")
+
+
+@attrs.frozen
+class TokenChoice:
+    """A token, the bytes it stands for and its log-probability."""
+
+    token: int
+    text: bytes
+    logprob: float
+
+
+@attrs.frozen
+class TokenLogprob:
+    """One generated token's log-probability under the model (log-softmax of the logits
+    it was drawn from, before biases, penalties, temperature or grammar: the figure a
+    decision computes), and the ``top`` most likely tokens there, most likely first."""
+
+    chosen: TokenChoice
+    top: tuple[TokenChoice, ...] = ()
 
 
 @attrs.frozen
@@ -46,6 +86,7 @@ class Progress:
     delta_text: str
     delta_reasoning: str
     stream: StreamCounters | None = None  # streaming activity since the previous token
+    logprob: TokenLogprob | None = None  # when the request asked for log-probabilities
 
 
 @attrs.frozen
@@ -67,6 +108,8 @@ class RunResult:
     cancelled: bool = False
     stopped_at_eog: bool = False
     stream: StreamReport | None = None  # None when the session does not stream experts
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (a request with tools)
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per generated token, when asked for
 
     @property
     def prefill_tps(self) -> float:

@@ -6,7 +6,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from bmoe.domain.chat import ChatMessage
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.generation import TokenLogprob
 from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.tools import ToolFormat, ToolUse
 
 
 class IGenerateBackend(Protocol):
@@ -26,8 +29,8 @@ class IGenerateBackend(Protocol):
         the model wants one (``domain.chat.with_one_bos``). Raises ``TokenizeError``."""
         ...
 
-    def token_bytes(self, token: int) -> bytes:
-        """Bytes of one token as text (control tokens render as nothing)."""
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """Bytes of one token as text (control tokens render as nothing unless ``special``)."""
         ...
 
     def is_eog(self, token: int) -> bool:
@@ -55,12 +58,19 @@ class IGenerateBackend(Protocol):
         """
         ...
 
-    def start_sampling(self, params: SamplingParams) -> None:
-        """Begin a new generation: a fresh sampler (fresh seed state) with ``params``."""
+    def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:
+        """Begin a new generation: a fresh sampler (fresh seed state) with ``params``, and
+        llama.cpp's grammar sampler when ``constraint`` is set. Raises ``GrammarError``
+        (and keeps no sampler) when the constraint cannot become a grammar."""
         ...
 
     def sample(self) -> int:
         """Choose the next token from the last logits (and let the sampler accept it)."""
+        ...
+
+    def token_logprob(self, token: int, top: int) -> TokenLogprob:
+        """``token``'s log-probability under the last logits (their log-softmax over the
+        whole vocabulary) and the ``top`` most likely tokens, most likely first."""
         ...
 
     def abort(self) -> None:
@@ -81,6 +91,14 @@ class IChatRenderer(Protocol):
         *,
         add_generation_prompt: bool = True,
         enable_thinking: bool = True,
+        tools: ToolUse | None = None,
     ) -> str:
-        """Prompt text for ``messages``. Raises ``ConfigError`` when the template fails."""
+        """Prompt text for ``messages``, showing ``tools`` when they are active (through the
+        template, or for a ``generic`` one in the system message). Raises ``ConfigError``
+        when the template fails."""
+        ...
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        """The syntax the template writes calls in (``None``: one bmoe does not read)."""
         ...

@@ -13,6 +13,7 @@ from bmoe.adapters.llama import devices as ggml_devices
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
 from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig, prompt_batch
+from bmoe.errors import ConfigError
 
 
 def cache_mb(text: str) -> int | None:
@@ -62,6 +63,7 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         "bmoe follows resident and streamed, repacks them for faster kernels)",
     )
     add_placement_options(p)
+    add_template_option(p)
     p.add_argument(
         "--n-expert-used",
         type=int,
@@ -69,6 +71,28 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="run a MoE model with K experts per token instead of its own top-k (lossy; 1..n_expert)",
     )
+
+
+def add_template_option(p: argparse.ArgumentParser) -> None:
+    """``--chat-template-file``, llama.cpp's flag."""
+    p.add_argument(
+        "--chat-template-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template to render chats with, in place of the model's own",
+    )
+
+
+def chat_template_text(args: argparse.Namespace) -> str | None:
+    """The ``--chat-template-file``'s text (``ConfigError`` when it cannot be read)."""
+    path: Path | None = args.chat_template_file
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--chat-template-file {path}: {exc}") from exc
 
 
 def add_placement_options(p: argparse.ArgumentParser) -> None:

@@ -90,6 +90,8 @@ class SessionConfig:
     - ``placement``: the dense part of some layers on a GPU or llama.cpp RPC servers
       (``-ngl``, ``--device``, ``--rpc``, ``--n-cpu-moe``; docs/devices.md); experts kept on
       the host are streamed as without it.
+    - ``chat_template``: a Jinja chat template to use in place of the model's
+      (``--chat-template-file``); ``None``: the model's own.
     """
 
     model_path: Path
@@ -103,6 +105,7 @@ class SessionConfig:
     n_expert_used: int | None = None
     repack: bool = True
     placement: Placement = attrs.field(factory=Placement)
+    chat_template: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.n_predict < 0:
@@ -158,7 +161,9 @@ class Session:
             self.model.close()
             raise
         self.template = JinjaChatTemplate(
-            self.model.chat_template, bos_token=self.model.bos_text, eos_token=self.model.eos_text
+            config.chat_template or self.model.chat_template,
+            bos_token=self.model.bos_text,
+            eos_token=self.model.eos_text,
         )
         self._backend = LlamaGenerateBackend(self.model, self.ctx, self._flag)
         self.engine = SessionEngine(

@@ -2,20 +2,31 @@
 
 ``parse_chat_completion``, ``parse_completion`` and ``parse_decide`` read a request body and
 return a value the server can act on, or raise ``RequestError`` naming the field at fault.
-OpenAI parameters that bmoe cannot honour (tools, several choices, log-probabilities,
-penalties...) are refused when set to anything but their neutral value, never silently
-ignored; parameters that change nothing here (``user``, ``metadata``, ``store``...) are
+OpenAI parameters that bmoe cannot honour (several choices, legacy ``functions``, audio...)
+are refused when set to anything but their neutral value, never silently ignored; parameters that change nothing here (``user``, ``metadata``, ``store``...) are
 ignored, as OpenAI-compatible servers do. ``/v1/decide`` is bmoe's own and strict: an unknown
 key is refused, so a typo is not ignored.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from bmoe.domain.chat import ChatMessage, Role
+from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.decide import DecideRequest
+from bmoe.domain.tools import ToolUse
 from bmoe.errors import ChoiceError, ConfigError
+from bmoe.serve.api_tools import (
+    chat_logprobs,
+    completion_logprobs,
+    penalties_and_bias,
+    response_constraint,
+    tool_calls,
+    tool_use,
+)
 from bmoe.serve.errors import RequestError
 from bmoe.serve.fields import (
     Body,
@@ -43,6 +54,7 @@ class Sampling:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    knobs: dict[str, Any] = attrs.field(factory=dict)  # penalties and logit_bias, when set
 
 
 @attrs.frozen(kw_only=True)
@@ -52,7 +64,9 @@ class Generation:
     - ``max_tokens``: most tokens to generate; ``None``: the server's default;
     - ``stop``: stop strings (generation stops at the first, which is cut from the text);
     - ``stream``: answer with server-sent events; ``include_usage``: end the stream with a
-      chunk carrying the usage (OpenAI's ``stream_options.include_usage``).
+      chunk carrying the usage (OpenAI's ``stream_options.include_usage``);
+    - ``constraint``: ``response_format`` or ``grammar``; ``logprobs``: ``None`` or how
+      many alternatives to list per token.
     """
 
     model: str | None = None
@@ -61,23 +75,27 @@ class Generation:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    constraint: OutputConstraint | None = None
+    logprobs: int | None = None
 
 
 @attrs.frozen(kw_only=True)
 class ChatCompletionRequest:
-    """``POST /v1/chat/completions``: the whole conversation, ending with a user message.
+    """``POST /v1/chat/completions``: the whole conversation, ending with a user message
+    or a tool's result.
 
     ``think``: ``chat_template_kwargs.enable_thinking`` (render the turn with thinking on or
-    off); ``None``: the server's setting.
+    off); ``None``: the server's setting. ``tools``: what the model may call.
     """
 
     messages: tuple[ChatMessage, ...]
     think: bool | None = None
     generation: Generation = Generation()
+    tools: ToolUse | None = None
 
     def __attrs_post_init__(self) -> None:
-        if not self.messages or self.messages[-1].role != "user":
-            raise RequestError("the last message must be a user message", "messages")
+        if not self.messages or self.messages[-1].role not in ("user", "tool"):
+            raise RequestError("the last message must be a user message or a tool's result", "messages")
 
 
 @attrs.frozen(kw_only=True)
@@ -88,18 +106,19 @@ class CompletionRequest:
     generation: Generation = Generation()
 
 
-ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 
 def parse_chat_completion(body: Body) -> ChatCompletionRequest:
     """A ``/v1/chat/completions`` body as a request (``RequestError`` when it is not one)."""
-    for name in ("tools", "functions"):
-        refuse_unless(body, name, [])
-    refuse_unless(body, "tool_choice", "none")
+    refuse_unless(body, "functions", [])
     refuse_unless(body, "function_call", "none")
-    refuse_unless(body, "logprobs", False)
-    refuse_unless(body, "top_logprobs", 0)
-    refuse_unless(body, "response_format", {"type": "text"})
     refuse_unless(body, "modalities", ["text"])
     refuse_unless(body, "audio")
     refuse_unless(body, "prediction")
@@ -109,7 +128,8 @@ def parse_chat_completion(body: Body) -> ChatCompletionRequest:
     return ChatCompletionRequest(
         messages=_messages(body.get("messages")),
         think=_think(body),
-        generation=_generation(body, max_tokens),
+        generation=_generation(body, max_tokens, chat_logprobs(body)),
+        tools=tool_use(body),
     )
 
 
@@ -118,7 +138,6 @@ def parse_completion(body: Body) -> CompletionRequest:
     refuse_unless(body, "echo", False)
     refuse_unless(body, "suffix", "")
     refuse_unless(body, "best_of", 1)
-    refuse_unless(body, "logprobs", 0)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -126,7 +145,8 @@ def parse_completion(body: Body) -> CompletionRequest:
         raise RequestError("'prompt' must be a string (or a list of one string)", "prompt")
     if not prompt:
         raise RequestError("'prompt' must not be empty", "prompt")
-    return CompletionRequest(prompt=prompt, generation=_generation(body, opt_int(body, "max_tokens", low=0)))
+    generation = _generation(body, opt_int(body, "max_tokens", low=0), completion_logprobs(body))
+    return CompletionRequest(prompt=prompt, generation=generation)
 
 
 DECIDE_KEYS = frozenset({"model", "prefix", "suffix", "choices", "reuse_prefix"})
@@ -155,11 +175,8 @@ def parse_decide(body: Body) -> DecideRequest:
         raise RequestError(str(exc), "choices" if isinstance(exc, ChoiceError) else "suffix") from None
 
 
-def _generation(body: Body, max_tokens: int | None) -> Generation:
+def _generation(body: Body, max_tokens: int | None, logprobs: int | None) -> Generation:
     refuse_unless(body, "n", 1)
-    refuse_unless(body, "logit_bias", {})
-    refuse_unless(body, "frequency_penalty", 0, 0.0)
-    refuse_unless(body, "presence_penalty", 0, 0.0)
     options = opt_object(body, "stream_options") or {}
     include_usage = opt_bool(options, "include_usage")
     return Generation(
@@ -170,10 +187,13 @@ def _generation(body: Body, max_tokens: int | None) -> Generation:
             top_p=opt_number(body, "top_p", low=0.0, high=1.0),
             top_k=opt_int(body, "top_k", low=0),
             seed=opt_int(body, "seed", low=0, high=SEED_MAX),
+            knobs=penalties_and_bias(body),
         ),
         stop=stop_strings(body),
         stream=bool(opt_bool(body, "stream")),
         include_usage=bool(include_usage),
+        constraint=response_constraint(body),
+        logprobs=logprobs,
     )
 
 
@@ -204,14 +224,17 @@ def _message(value: object, where: str) -> ChatMessage:
     if not isinstance(role, str) or role not in ROLES:
         allowed = ", ".join(ROLES)
         raise RequestError(f"{where}.role must be one of {allowed}, got {role!r}", f"{where}.role")
-    if value.get("tool_calls") or value.get("function_call"):
+    if value.get("function_call"):
         raise RequestError(
-            f"{where}: tool calls are not supported", f"{where}.tool_calls", "unsupported_parameter"
+            f"{where}: function_call is not supported (use tool_calls)", f"{where}.function_call", "unsupported_parameter"
         )
+    calls = tool_calls(value.get("tool_calls"), f"{where}.tool_calls") if role == "assistant" else ()
+    call_id = (opt_str(value, "tool_call_id") or "") if role == "tool" else ""
     reasoning = value.get("reasoning_content")
     if reasoning is not None and not isinstance(reasoning, str):
         raise RequestError(f"{where}.reasoning_content must be a string", f"{where}.reasoning_content")
-    return ChatMessage(ROLES[role], _content(value.get("content"), role, f"{where}.content"), reasoning or "")
+    content = _content(value.get("content"), role, f"{where}.content")
+    return ChatMessage(ROLES[role], content, reasoning or "", calls, call_id)
 
 
 def _content(value: object, role: str, where: str) -> str:

@@ -15,9 +15,10 @@ from typing import Any, Literal
 import attrs
 
 from bmoe.domain.decide import DecideRequest, DecideResult
-from bmoe.domain.generation import RunResult
+from bmoe.domain.generation import RunResult, TokenChoice, TokenLogprob
+from bmoe.domain.tools import ToolCall
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 Json = dict[str, Any]
 
 
@@ -27,7 +28,9 @@ class Outcome:
     finished (``stop``: an end-of-generation token or a stop string; ``length``:
     ``max_tokens`` or the context); ``prompt_tokens`` (the whole rendered prompt),
     ``cached_tokens`` (of those, the ones whose KV was kept from the previous request) and
-    ``completion_tokens`` (generated, the end token not counted)."""
+    ``completion_tokens`` (generated, the end token not counted); the ``tool_calls`` the
+    reply made (then ``finish_reason`` is ``tool_calls``) and the tokens' ``logprobs``
+    when they were asked for."""
 
     text: str
     reasoning: str
@@ -35,28 +38,41 @@ class Outcome:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
-def outcome(result: RunResult, text: str, *, stopped: bool) -> Outcome:
+def outcome(result: RunResult, text: str, *, stopped: bool, logprobs: bool = False) -> Outcome:
     """The API's view of a finished (not cancelled) ``result``, whose answer was cut to
-    ``text``; ``stopped``: a stop string ended it."""
+    ``text``; ``stopped``: a stop string ended it; ``logprobs``: they were asked for."""
     prompt_tokens = result.n_past - len(result.tokens)
+    finish: FinishReason = "stop" if stopped or result.stopped_at_eog else "length"
     return Outcome(
         text=text,
         reasoning=result.reasoning,
-        finish_reason="stop" if stopped or result.stopped_at_eog else "length",
+        finish_reason="tool_calls" if result.tool_calls and finish == "stop" else finish,
         prompt_tokens=prompt_tokens,
         completion_tokens=len(result.tokens),
         cached_tokens=prompt_tokens - result.n_prompt,
+        tool_calls=result.tool_calls,
+        logprobs=result.logprobs if logprobs else None,
     )
 
 
 @attrs.frozen
 class Delta:
-    """A streamed piece: answer ``text`` and ``reasoning`` it adds (either may be empty)."""
+    """A streamed piece: answer ``text`` and ``reasoning`` it adds (either may be empty),
+    the ``logprobs`` of the tokens generated since the previous piece (when asked for) and,
+    at the end of a reply, its ``tool_calls``."""
 
     text: str = ""
     reasoning: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.text or self.reasoning or self.logprobs or self.tool_calls)
 
 
 @attrs.frozen
@@ -81,48 +97,94 @@ def usage(o: Outcome) -> Json:
     }
 
 
-def _message(text: str, reasoning: str) -> Json:
-    message: Json = {"role": "assistant", "content": text}
-    if reasoning:
-        message["reasoning_content"] = reasoning
+def _message(o: Outcome) -> Json:
+    """The assistant's message: ``content`` is ``null`` when the reply is only calls."""
+    calls_only = bool(o.tool_calls) and not o.text.strip()
+    message: Json = {"role": "assistant", "content": None if calls_only else o.text}
+    if o.reasoning:
+        message["reasoning_content"] = o.reasoning
+    if o.tool_calls:
+        message["tool_calls"] = [c.as_openai() for c in o.tool_calls]
     return message
+
+
+def _token_text(choice: TokenChoice) -> str:
+    return choice.text.decode("utf-8", errors="replace")
+
+
+def _chat_token(choice: TokenChoice) -> Json:
+    return {"token": _token_text(choice), "logprob": _logp(choice.logprob), "bytes": list(choice.text)}
+
+
+def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> Json | None:
+    """OpenAI's chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    if logprobs is None:
+        return None
+    return {
+        "content": [{**_chat_token(lp.chosen), "top_logprobs": [_chat_token(t) for t in lp.top]} for lp in logprobs],
+        "refusal": None,
+    }
+
+
+def text_logprobs(logprobs: tuple[TokenLogprob, ...] | None, offset: int = 0) -> Json | None:
+    """The legacy completions' ``logprobs``: parallel lists, ``top_logprobs`` as dicts,
+    ``text_offset`` from ``offset`` (the characters before these tokens)."""
+    if logprobs is None:
+        return None
+    offsets = []
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(_token_text(lp.chosen))
+    return {
+        "tokens": [_token_text(lp.chosen) for lp in logprobs],
+        "token_logprobs": [_logp(lp.chosen.logprob) for lp in logprobs],
+        "top_logprobs": [{_token_text(t): _logp(t.logprob) for t in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
 
 
 def chat_completion(env: Envelope, o: Outcome) -> Json:
     """The body of a ``/v1/chat/completions`` answer (``chat.completion``)."""
-    message = _message(o.text, o.reasoning)
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": o.finish_reason}
+    choice = {"index": 0, "message": _message(o), "logprobs": chat_logprobs(o.logprobs), "finish_reason": o.finish_reason}
     return env.wrap("chat.completion", choices=[choice], usage=usage(o))
 
 
-def chat_chunk(env: Envelope, delta: Json, finish_reason: FinishReason | None = None) -> Json:
+def chat_chunk(
+    env: Envelope, delta: Json, finish_reason: FinishReason | None = None, logprobs: Json | None = None
+) -> Json:
     """One ``chat.completion.chunk``: the first carries ``{"role": "assistant"}``, the next
-    ones ``content`` / ``reasoning_content`` pieces, the last an empty delta and the reason."""
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    ones ``content`` / ``reasoning_content`` pieces or ``tool_calls``, the last an empty
+    delta and the reason."""
+    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return env.wrap("chat.completion.chunk", choices=[choice])
 
 
-def chat_delta(d: Delta) -> Json:
-    """A streamed piece as a chat chunk's ``delta``."""
+def chat_delta(d: Delta, first_call: int = 0) -> Json:
+    """A streamed piece as a chat chunk's ``delta``; its calls are numbered (``index``)
+    from ``first_call``, the calls streamed before them."""
     delta: Json = {}
     if d.reasoning:
         delta["reasoning_content"] = d.reasoning
     if d.text:
         delta["content"] = d.text
+    if d.tool_calls:
+        delta["tool_calls"] = [{"index": first_call + i, **c.as_openai()} for i, c in enumerate(d.tool_calls)]
     return delta
 
 
 def text_completion(env: Envelope, o: Outcome) -> Json:
     """The body of a ``/v1/completions`` answer (``text_completion``)."""
-    choice: Json = {"text": o.text, "index": 0, "logprobs": None, "finish_reason": o.finish_reason}
+    choice: Json = {"text": o.text, "index": 0, "logprobs": text_logprobs(o.logprobs), "finish_reason": o.finish_reason}
     if o.reasoning:
         choice["reasoning_content"] = o.reasoning
     return env.wrap("text_completion", choices=[choice], usage=usage(o))
 
 
-def text_chunk(env: Envelope, d: Delta, finish_reason: FinishReason | None = None) -> Json:
+def text_chunk(
+    env: Envelope, d: Delta, finish_reason: FinishReason | None = None, logprobs: Json | None = None
+) -> Json:
     """One streamed ``text_completion`` object."""
-    choice: Json = {"text": d.text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    choice: Json = {"text": d.text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if d.reasoning:
         choice["reasoning_content"] = d.reasoning
     return env.wrap("text_completion", choices=[choice])

@@ -212,11 +212,14 @@ def _event(body: Json | str) -> ServerSentEvent:
 async def _chat_events(
     first: Delta | _Done, pieces: _Pieces, job: Job[Outcome], env: Envelope, gen: Generation
 ) -> AsyncIterator[ServerSentEvent]:
+    calls = 0
     try:
         yield _event(api.chat_chunk(env, {"role": "assistant", "content": ""}))
         async for item in _pieces_then_outcome(first, pieces, job):
             if isinstance(item, Delta):
-                yield _event(api.chat_chunk(env, api.chat_delta(item)))
+                logprobs = api.chat_logprobs(item.logprobs) if gen.logprobs is not None else None
+                yield _event(api.chat_chunk(env, api.chat_delta(item, calls), None, logprobs))
+                calls += len(item.tool_calls)
             elif isinstance(item, Outcome):
                 yield _event(api.chat_chunk(env, {}, item.finish_reason))
                 if gen.include_usage:
@@ -231,10 +234,13 @@ async def _chat_events(
 async def _text_events(
     first: Delta | _Done, pieces: _Pieces, job: Job[Outcome], env: Envelope, gen: Generation
 ) -> AsyncIterator[ServerSentEvent]:
+    offset = 0
     try:
         async for item in _pieces_then_outcome(first, pieces, job):
             if isinstance(item, Delta):
-                yield _event(api.text_chunk(env, item))
+                logprobs = api.text_logprobs(item.logprobs, offset) if gen.logprobs is not None else None
+                yield _event(api.text_chunk(env, item, None, logprobs))
+                offset += sum(len(lp.chosen.text.decode("utf-8", errors="replace")) for lp in item.logprobs)
             elif isinstance(item, Outcome):
                 yield _event(api.text_chunk(env, Delta(), item.finish_reason))
                 if gen.include_usage:

@@ -19,8 +19,10 @@ from bmoe.errors import (
     ConfigError,
     ContextOverflowError,
     DecideDisabledError,
+    GrammarError,
     SessionFailedError,
     StreamingFaultError,
+    ToolFormatError,
 )
 
 
@@ -78,6 +80,10 @@ def api_error(exc: BaseException) -> ApiError:
         return ApiError(400, message, INVALID_REQUEST, None, "decide_disabled")
     if isinstance(exc, ChoiceError):
         return ApiError(400, message, INVALID_REQUEST, "choices", "invalid_choices")
+    if isinstance(exc, GrammarError):
+        return ApiError(400, message, INVALID_REQUEST, None, "invalid_grammar")
+    if isinstance(exc, ToolFormatError):
+        return ApiError(400, message, INVALID_REQUEST, "tools", "unsupported_tool_format")
     if isinstance(exc, ConfigError):
         return ApiError(400, message, INVALID_REQUEST)
     if isinstance(exc, SessionFailedError | StreamingFaultError | ServerClosedError | RequestCancelledError):

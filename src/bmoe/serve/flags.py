@@ -17,6 +17,7 @@ from bmoe.runtime.options import (
     add_context_options,
     add_decide_options,
     add_stream_options,
+    chat_template_text,
     context_params,
     decide_config,
     placement_config,
@@ -81,6 +82,7 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
         decide=decide_config(args),
         stream=stream_config(args),
         placement=placement_config(args),
+        chat_template=chat_template_text(args),
     )
 
 

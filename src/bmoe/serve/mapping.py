@@ -48,13 +48,15 @@ def sampling_params(asked: Sampling, defaults: SamplingParams) -> SamplingParams
         top_k=defaults.top_k if asked.top_k is None else asked.top_k,
         top_p=pick(asked.top_p, defaults.top_p),
         seed=defaults.seed if asked.seed is None else asked.seed,
+        **asked.knobs,
     )
 
 
 def chat_turn(asked: ChatCompletionRequest, defaults: ServeDefaults) -> ChatTurn:
-    """The session's turn for a chat request (continuing what the context holds)."""
+    """The session's turn for a chat request (continuing what the context holds): the
+    last message, a user's or a tool's result, is the prompt."""
     *history, last = asked.messages
-    if not last.content:
+    if not last.content and last.role == "user":
         raise RequestError("the last user message is empty", f"messages[{len(history)}].content")
     gen = asked.generation
     request = GenerateRequest(
@@ -63,6 +65,11 @@ def chat_turn(asked: ChatCompletionRequest, defaults: ServeDefaults) -> ChatTurn
         think=asked.think,
         clear_kv=False,
         sampling=sampling_params(gen.sampling, defaults.sampling),
+        constraint=gen.constraint,
+        tools=asked.tools,
+        role="tool" if last.role == "tool" else "user",
+        tool_call_id=last.tool_call_id,
+        logprobs=gen.logprobs,
     )
     return ChatTurn(history=tuple(history), request=request)
 
@@ -75,6 +82,8 @@ def completion_request(asked: CompletionRequest, defaults: ServeDefaults) -> Gen
         n_predict=defaults.max_tokens if gen.max_tokens is None else gen.max_tokens,
         clear_kv=True,
         sampling=sampling_params(gen.sampling, defaults.sampling),
+        constraint=gen.constraint,
+        logprobs=gen.logprobs,
     )
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult
-from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.domain.generation import GenerateRequest, Progress, TokenLogprob
+from bmoe.domain.tools import ReplyGate
 from bmoe.runtime import Session
 from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
 from bmoe.serve.api_responses import Delta, ModelCard, Outcome, outcome
@@ -92,30 +93,43 @@ class ServedSession:
             prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
             request = fill_context(request, len(prompt), self.session.n_ctx)
         scanner = StopScanner(tuple(stops))
-        seen_text: list[str] = []
+        tools = request.tools if chat and request.tools is not None and request.tools.active else None
+        fmt = self.session.engine.renderer.tool_format if tools is not None else None
+        gate = ReplyGate(fmt, tools.parallel) if fmt is not None and tools is not None else None
         seen_reasoning: list[str] = []
+        gated: list[str] = []  # the answer text let through the gate (all of it, without tools)
         kept: list[str] = []
+        pending: list[TokenLogprob] = []
 
         def send(text: str, reasoning: str) -> None:
             kept.append(text)
-            if text or reasoning:
-                emit(Delta(text, reasoning))
+            delta = Delta(text, reasoning, tuple(pending))
+            pending.clear()
+            if not delta.empty:
+                emit(delta)
 
         def on_progress(p: Progress) -> None:
-            seen_text.append(p.delta_text)
             seen_reasoning.append(p.delta_reasoning)
-            text = scanner.feed(p.delta_text)
+            if p.logprob is not None:
+                pending.append(p.logprob)
+            piece = gate.feed(p.delta_text) if gate is not None else p.delta_text
+            gated.append(piece)
+            text = scanner.feed(piece)
             if scanner.stopped:
                 self.session.stop()
-            send(text, p.delta_reasoning)
+            if text or p.delta_reasoning:
+                send(text, p.delta_reasoning)
 
         result = self.session.generate(request, on_progress, job.began, history=history, chat=chat)
         if result.cancelled:
             raise RequestCancelledError("the request was cancelled")
-        # what the session flushed after the last token (a held-back tag or UTF-8 tail)
-        rest = scanner.feed(result.text[len("".join(seen_text)) :])
+        # the answer's rest: what the session flushed after the last token (a held-back tag
+        # or UTF-8 tail) or, with tools, the content the gate held that is not a call
+        rest = scanner.feed(result.text[len("".join(gated)) :])
         send(rest + scanner.finish(), result.reasoning[len("".join(seen_reasoning)) :])
-        return outcome(result, "".join(kept), stopped=scanner.stopped)
+        if result.tool_calls:
+            emit(Delta(tool_calls=result.tool_calls))
+        return outcome(result, "".join(kept), stopped=scanner.stopped, logprobs=request.logprobs is not None)
 
 
 def new_id(prefix: str) -> str:

@@ -15,9 +15,11 @@ from typing import TypeVar
 import attrs
 
 from bmoe.domain.chat import ChatMessage
-from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.kv_reuse import plan_reuse
 from bmoe.domain.reasoning import Delta, ReasoningSplitter
+from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
 from bmoe.errors import (
     BmoeError,
     ConfigError,
@@ -25,6 +27,7 @@ from bmoe.errors import (
     DecodeAbortedError,
     SessionFailedError,
     StreamingFaultError,
+    ToolFormatError,
 )
 from bmoe.ports.generate_backend import IChatRenderer, IGenerateBackend
 
@@ -62,6 +65,8 @@ class _Turn:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     stopped_at_eog: bool = False
+    logprobs: list[TokenLogprob] = attrs.Factory(list)
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class SessionEngine:
@@ -150,15 +155,44 @@ class SessionEngine:
         """The whole token sequence the context must hold before this turn's answer.
 
         ``history`` and ``chat`` as in ``generate``."""
-        think = self.defaults.think if request.think is None else request.think
+        think = self._think(request)
+        tools = _active(request.tools)
         if self.defaults.chat if chat is None else chat:
+            if tools is not None and self.renderer.tool_format is None:
+                raise ToolFormatError(
+                    "this model's chat template writes tool calls in a syntax bmoe does not read "
+                    "(it reads Hermes/Qwen <tool_call>, gpt-oss channels, Mistral [TOOL_CALLS] "
+                    "and Llama 3.x JSON; docs/server.md)"
+                )
             past = history if history is not None else [] if request.clear_kv else self.history
-            text = self.renderer.render([*past, ChatMessage("user", request.prompt)], enable_thinking=think)
+            text = self.renderer.render([*past, _turn_message(request)], enable_thinking=think, tools=tools)
             return self.backend.tokenize(text)
         if history is not None:
             raise ConfigError("a conversation history needs chat mode")
+        if tools is not None or request.role != "user":
+            raise ConfigError("tools and tool results need chat mode")
         past_tokens = [] if request.clear_kv else self.transcript
         return [*past_tokens, *self.backend.tokenize(request.prompt)]
+
+    def constraint(self, request: GenerateRequest) -> OutputConstraint | None:
+        """The grammar the reply follows: the request's, or a forced tool choice's calls."""
+        tools = _active(request.tools)
+        if tools is None or not tools.choice.forced:
+            return request.constraint
+        if request.constraint is not None:
+            raise ConfigError("a forced tool choice and a response format cannot both constrain the reply")
+        fmt = self.renderer.tool_format
+        if fmt is None:
+            raise ToolFormatError("this model's chat template writes tool calls in a syntax bmoe does not read")
+        return OutputConstraint.tool_calls(fmt, tools)
+
+    def _think(self, request: GenerateRequest) -> bool:
+        """A constrained reply starts with its first constrained token: it does not think."""
+        if self.constraint(request) is None:
+            return self.defaults.think if request.think is None else request.think
+        if request.think:
+            raise ConfigError("a reply held to a grammar (a response format, a forced tool) cannot think first")
+        return False
 
     # -- generate --------------------------------------------------------------------------
 
@@ -231,6 +265,8 @@ class SessionEngine:
                 f"prompt ({len(prompt)} tokens) + n_predict ({n_predict}) = {need} "
                 f"exceeds the context of {self.backend.n_ctx} tokens"
             )
+        # before anything changes: a grammar that does not compile refuses the request here
+        self.backend.start_sampling(request.sampling, self.constraint(request))
         turn = _Turn(prompt=prompt, n_predict=n_predict)
         if request.clear_kv:
             self.history = []
@@ -239,8 +275,7 @@ class SessionEngine:
             self.history = list(history)
         try:
             self._prefill(turn, request.clear_kv)
-            self.backend.start_sampling(request.sampling)
-            self._decode(turn, on_progress)
+            self._decode(turn, on_progress, request)
         except (_Cancelled, DecodeAbortedError):
             self._roll_back(turn)
             return self._result(turn, cancelled=True)
@@ -248,11 +283,14 @@ class SessionEngine:
             self._fatal = exc
             raise
         self.transcript = [*turn.prompt, *turn.tokens]
+        tools = _active(request.tools) if chat else None
+        if tools is not None and self.renderer.tool_format is not None:
+            reply = parse_reply(self.renderer.tool_format, "".join(turn.text), parallel=tools.parallel)
+            turn.text, turn.tool_calls = [reply.content], reply.calls
+            turn.reasoning.append(reply.reasoning)
         if chat:
-            self.history += [
-                ChatMessage("user", request.prompt),
-                ChatMessage("assistant", "".join(turn.text), "".join(turn.reasoning)),
-            ]
+            answer = ChatMessage("assistant", "".join(turn.text), "".join(turn.reasoning), turn.tool_calls)
+            self.history += [_turn_message(request), answer]
         return self._result(turn, cancelled=False)
 
     def _prefill(self, turn: _Turn, clear: bool) -> None:
@@ -267,7 +305,8 @@ class SessionEngine:
         turn.prefill_s = time.perf_counter() - t0
         self.kv_tokens = list(turn.prompt)
 
-    def _decode(self, turn: _Turn, on_progress: OnProgress | None) -> None:
+    def _decode(self, turn: _Turn, on_progress: OnProgress | None, request: GenerateRequest) -> None:
+        specials = _active(request.tools) is not None  # call syntaxes use control tokens
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         splitter = ReasoningSplitter()
         t_start = t_tok = time.perf_counter()
@@ -280,7 +319,11 @@ class SessionEngine:
                     turn.stopped_at_eog = True
                     break
                 turn.tokens.append(token)
-                delta = splitter.feed(utf8.decode(self.backend.token_bytes(token)))
+                logprob = None
+                if request.logprobs is not None:
+                    logprob = self.backend.token_logprob(token, request.logprobs)
+                    turn.logprobs.append(logprob)
+                delta = splitter.feed(utf8.decode(self.backend.token_bytes(token, special=specials)))
                 self._add(turn, delta)
                 if on_progress is not None:
                     now = time.perf_counter()
@@ -292,6 +335,7 @@ class SessionEngine:
                             wall_ms=wall_ms,
                             delta_text=delta.text,
                             delta_reasoning=delta.reasoning,
+                            logprob=logprob,
                         )
                     )
                 if len(turn.tokens) < turn.n_predict and not self._stop.is_set():
@@ -329,4 +373,15 @@ class SessionEngine:
             decode_s=turn.decode_s,
             cancelled=cancelled,
             stopped_at_eog=turn.stopped_at_eog,
+            tool_calls=turn.tool_calls,
+            logprobs=tuple(turn.logprobs),
         )
+
+
+def _active(tools: ToolUse | None) -> ToolUse | None:
+    return tools if tools is not None and tools.active else None
+
+
+def _turn_message(request: GenerateRequest) -> ChatMessage:
+    """The message a request adds to the conversation: a user's, or a tool's result."""
+    return ChatMessage(request.role, request.prompt, tool_call_id=request.tool_call_id)

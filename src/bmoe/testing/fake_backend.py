@@ -7,9 +7,12 @@ the same history always continues the same way, whatever was computed before.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.generation import TokenChoice, TokenLogprob
 from bmoe.domain.sampling import SamplingParams
 from bmoe.errors import DecodeAbortedError, DecodeError
 from bmoe.ports.generate_backend import IGenerateBackend
@@ -32,7 +35,9 @@ class ScriptedGenerateBackend(IGenerateBackend):
     - ``fail_at=n`` makes the n-th ``feed`` raise ``DecodeError`` (a fatal failure);
     - ``on_feed(backend, tokens, pos)`` runs at each feed (e.g. to ``abort()`` from a test).
 
-    ``feeds`` records every ``feed`` call as ``(tokens, start_pos)``; ``resets`` counts resets.
+    ``feeds`` records every ``feed`` call as ``(tokens, start_pos)``; ``resets`` counts resets;
+    ``samplings`` every ``start_sampling`` as ``(params, constraint)``. Its distribution is
+    uniform over the 256 tokens (``token_logprob``: ``-log 256``, the top ones by id).
     """
 
     def __init__(
@@ -52,7 +57,7 @@ class ScriptedGenerateBackend(IGenerateBackend):
         self.context: list[int] = []
         self.feeds: list[tuple[tuple[int, ...], int]] = []
         self.resets = 0
-        self.samplings: list[SamplingParams] = []
+        self.samplings: list[tuple[SamplingParams, OutputConstraint | None]] = []
         self._abort = threading.Event()
 
     @property
@@ -62,7 +67,7 @@ class ScriptedGenerateBackend(IGenerateBackend):
     def tokenize(self, text: str) -> list[int]:
         return [b for b in text.encode("utf-8") if b != 0]
 
-    def token_bytes(self, token: int) -> bytes:
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         return bytes([token]) if 0 < token < 256 else b""
 
     def is_eog(self, token: int) -> bool:
@@ -92,11 +97,19 @@ class ScriptedGenerateBackend(IGenerateBackend):
             raise DecodeError("context full", 1)
         self.context.extend(tokens)
 
-    def start_sampling(self, params: SamplingParams) -> None:
-        self.samplings.append(params)
+    def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:
+        self.samplings.append((params, constraint))
 
     def sample(self) -> int:
         return self.next_token(self.context)
+
+    def token_logprob(self, token: int, top: int) -> TokenLogprob:
+        logp = -math.log(256)
+
+        def choice(t: int) -> TokenChoice:
+            return TokenChoice(t, self.token_bytes(t), logp)
+
+        return TokenLogprob(choice(token), tuple(choice(t) for t in range(top)))
 
     def abort(self) -> None:
         self._abort.set()

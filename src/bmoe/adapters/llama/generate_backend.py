@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.grammar import constraint_gbnf
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.sampler import Sampler
 from bmoe.cext.abort_flag import AbortFlag
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.decide.log_softmax import log_softmax
+from bmoe.domain.generation import TokenChoice, TokenLogprob
 from bmoe.domain.kv_reuse import swa_prefix_usable
 from bmoe.domain.sampling import SamplingParams
 from bmoe.ports.generate_backend import IGenerateBackend
@@ -31,8 +37,8 @@ class LlamaGenerateBackend(IGenerateBackend):
     def tokenize(self, text: str) -> list[int]:
         return self.model.tokenize_prompt(text)
 
-    def token_bytes(self, token: int) -> bytes:
-        return self.model.token_bytes(token)
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return self.model.token_bytes(token, special=special)
 
     def is_eog(self, token: int) -> bool:
         return self.model.is_eog(token)
@@ -48,14 +54,27 @@ class LlamaGenerateBackend(IGenerateBackend):
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
         self.ctx.decode(tokens, start_pos)
 
-    def start_sampling(self, params: SamplingParams) -> None:
+    def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:
         self.close_sampler()
-        self._sampler = Sampler(params)
+        grammar = constraint_gbnf(constraint) if constraint is not None else None
+        self._sampler = Sampler(params, self.model, self.ctx.n_ctx, grammar)
 
     def sample(self) -> int:
         if self._sampler is None:
             raise ValueError("start_sampling() first")
         return self._sampler.sample(self.ctx)
+
+    def token_logprob(self, token: int, top: int) -> TokenLogprob:
+        logp = log_softmax(self.ctx.logits(-1))
+
+        def choice(t: int) -> TokenChoice:
+            return TokenChoice(t, self.model.token_bytes(t), float(logp[t]))
+
+        best: list[int] = []
+        if top > 0:
+            part = np.argpartition(-logp, min(top, logp.size - 1))[:top]
+            best = [int(t) for t in part[np.argsort(-logp[part], kind="stable")]]
+        return TokenLogprob(choice(token), tuple(choice(t) for t in best))
 
     def abort(self) -> None:
         self.flag.set()

@@ -275,6 +275,11 @@ class LlamaModel:
             raise TokenizeError(f"llama_tokenize failed on {len(data)} bytes (code {n})")
         return list(buf[:n])
 
+    @property
+    def vocab(self) -> llama_cpp.llama_vocab_p:
+        """The model's vocabulary (for samplers that need it: a grammar)."""
+        return self._vocab
+
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         """The bytes one token stands for (control tokens render empty unless ``special``)."""
         size = 64

@@ -7,29 +7,65 @@ from types import TracebackType
 import llama_cpp
 
 from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.model import LlamaModel
 from bmoe.domain.sampling import SamplingParams
+from bmoe.errors import GrammarError
 
 
 class Sampler:
-    """Owns a ``llama_sampler`` chain built from ``SamplingParams``.
+    """Owns a ``llama_sampler`` chain built from ``SamplingParams`` and an optional grammar.
 
-    ``temp <= 0`` is greedy (argmax). Otherwise top-k, top-p, temperature, then a seeded
-    draw, in llama.cpp's usual order.
+    In llama.cpp's order: logit biases, the frequency/presence penalties of the tokens this
+    chain accepted (over the whole context, ``penalty_last_n`` = ``n_ctx``), the grammar
+    (GBNF, root rule ``root``), then ``temp <= 0`` greedy (argmax), or top-k, top-p,
+    temperature and a seeded draw. A setting at its neutral value adds no sampler, so a
+    request without biases, penalties or grammar runs the plain chain it always ran.
     """
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, model: LlamaModel, n_ctx: int, grammar: str | None = None) -> None:
         self.params = params
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        if params.greedy:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-        else:
-            if params.top_k > 0:
-                llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
-            if params.top_p < 1.0:
-                llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(params.temp))
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(params.seed))
         self._ptr: llama_cpp.llama_sampler_p | None = chain
+        try:
+            self._add_filters(params, model, n_ctx, grammar)
+        except BaseException:
+            self.close()
+            raise
+        self._add_draw(params)
+
+    def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_chain_add(self._ptr, sampler)
+
+    def _add_filters(self, params: SamplingParams, model: LlamaModel, n_ctx: int, grammar: str | None) -> None:
+        if params.logit_bias:
+            biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
+            for i, (token, bias) in enumerate(params.logit_bias):
+                if token >= model.n_vocab:
+                    raise GrammarError(f"logit_bias names token {token}; the vocabulary has {model.n_vocab}")
+                biases[i].token, biases[i].bias = token, bias
+            self._add(llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(biases), biases))
+        if params.penalised:
+            self._add(
+                llama_cpp.llama_sampler_init_penalties(
+                    model.n_vocab, n_ctx, 1.0, params.frequency_penalty, params.presence_penalty
+                )
+            )
+        if grammar is not None:
+            sampler = llama_cpp.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), b"root")
+            if not sampler:
+                raise GrammarError("llama.cpp could not parse the grammar (its log says where)")
+            self._add(sampler)
+
+    def _add_draw(self, params: SamplingParams) -> None:
+        if params.greedy:
+            self._add(llama_cpp.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            self._add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        self._add(llama_cpp.llama_sampler_init_temp(params.temp))
+        self._add(llama_cpp.llama_sampler_init_dist(params.seed))
 
     def sample(self, ctx: LlamaContext) -> int:
         """Draw the next token from the last logits of ``ctx`` and accept it."""

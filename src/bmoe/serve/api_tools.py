@@ -1,0 +1,150 @@
+"""The agent-facing fields of a request: tools, the tool choice, tool messages, response
+formats, log-probabilities and the sampling knobs OpenAI names (penalties, ``logit_bias``).
+
+Readers from a JSON body to bmoe's domain values, each failure a ``RequestError`` naming the
+field, as the rest of ``api_requests``. What the values mean is in ``docs/server.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.generation import TOP_LOGPROBS_MAX
+from bmoe.domain.tools import Tool, ToolCall, ToolChoice, ToolUse
+from bmoe.errors import ConfigError
+from bmoe.serve.errors import RequestError
+from bmoe.serve.fields import Body, opt_bool, opt_int, opt_number, opt_object, opt_str
+
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""OpenAI's rule for a function's name (with dots, which gpt-oss's namespaces use)."""
+
+
+def _name(value: object, where: str) -> str:
+    if not isinstance(value, str) or not FUNCTION_NAME.match(value):
+        raise RequestError(f"{where} must be 1 to 64 letters, digits, '_', '-' or '.'", where)
+    return value
+
+
+def tool_use(body: Body) -> ToolUse | None:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls`` (``None``: no tools offered)."""
+    raw = body.get("tools")
+    choice_raw = body.get("tool_choice")
+    parallel = opt_bool(body, "parallel_tool_calls")
+    if raw is None or raw == []:
+        if choice_raw not in (None, "none", "auto"):
+            raise RequestError("'tool_choice' needs 'tools'", "tool_choice")
+        return None
+    if not isinstance(raw, list):
+        raise RequestError("'tools' must be a list of tools", "tools")
+    tools = tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(raw))
+    try:
+        return ToolUse(tools, _choice(choice_raw), True if parallel is None else parallel)
+    except ConfigError as exc:
+        raise RequestError(str(exc), "tool_choice") from None
+
+
+def _tool(value: object, where: str) -> Tool:
+    if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
+        raise RequestError(f'{where} must be {{"type": "function", "function": {{...}}}}', where)
+    function = value["function"]
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise RequestError(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
+    description = opt_str(function, "description") or ""
+    return Tool(_name(function.get("name"), f"{where}.function.name"), description, parameters or {})
+
+
+def _choice(value: object) -> ToolChoice:
+    if value is None or value == "auto":
+        return ToolChoice("auto")
+    if value in ("none", "required"):
+        return ToolChoice(value)  # type: ignore[arg-type]
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict):
+        return ToolChoice("function", _name(value["function"].get("name"), "tool_choice.function.name"))
+    raise RequestError(
+        "'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        "tool_choice",
+    )
+
+
+def tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
+    """An assistant message's ``tool_calls`` (arguments as a JSON text, as OpenAI sends them)."""
+    if value is None or value == []:
+        return ()
+    if not isinstance(value, list):
+        raise RequestError(f"{where} must be a list", where)
+    calls = []
+    for i, call in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise RequestError(f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', at)
+        arguments = call["function"].get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise RequestError(f"{at}.function.arguments must be a JSON text", f"{at}.function.arguments")
+        calls.append(ToolCall(opt_str(call, "id") or "", _name(call["function"].get("name"), f"{at}.function.name"), arguments))
+    return tuple(calls)
+
+
+def response_constraint(body: Body) -> OutputConstraint | None:
+    """``response_format`` (``text``, ``json_object``, ``json_schema``) or the ``grammar``
+    extension (GBNF, llama.cpp server's name); not both."""
+    fmt = opt_object(body, "response_format")
+    grammar = opt_str(body, "grammar")
+    constraint = None
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            constraint = OutputConstraint("json_object")
+        elif kind == "json_schema":
+            spec = opt_object(fmt, "json_schema")
+            schema = opt_object(spec, "schema") if spec is not None else None
+            if schema is None:
+                raise RequestError(
+                    "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                    "response_format",
+                )
+            constraint = OutputConstraint.json_schema(schema)
+        elif kind != "text":
+            raise RequestError("response_format.type must be 'text', 'json_object' or 'json_schema'", "response_format")
+    if grammar:
+        if constraint is not None:
+            raise RequestError("give 'grammar' or 'response_format', not both", "grammar")
+        constraint = OutputConstraint.gbnf(grammar)
+    return constraint
+
+
+def chat_logprobs(body: Body) -> int | None:
+    """``logprobs`` (bool) and ``top_logprobs`` (0 to 20, only with ``logprobs``)."""
+    wanted = opt_bool(body, "logprobs")
+    top = opt_int(body, "top_logprobs", low=0, high=TOP_LOGPROBS_MAX)
+    if top is not None and top > 0 and not wanted:
+        raise RequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def completion_logprobs(body: Body) -> int | None:
+    """A text completion's ``logprobs``: how many alternatives (0 to 20) per token."""
+    return opt_int(body, "logprobs", low=0, high=TOP_LOGPROBS_MAX)
+
+
+def penalties_and_bias(body: Body) -> dict[str, Any]:
+    """``frequency_penalty``, ``presence_penalty`` (-2 to 2) and ``logit_bias`` (token id
+    to -100..100), as ``SamplingParams`` fields; absent or neutral ones are left out."""
+    out: dict[str, Any] = {}
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = opt_number(body, name, low=-2.0, high=2.0)
+        if value:  # 0 is off: no sampler is added
+            out[name] = value
+    bias = opt_object(body, "logit_bias")
+    if bias:
+        pairs = []
+        for key, value in bias.items():
+            if not key.isdigit():
+                raise RequestError(f"logit_bias keys are token ids, got {key!r}", "logit_bias")
+            if not isinstance(value, int | float) or isinstance(value, bool) or not -100 <= value <= 100:
+                raise RequestError(f"logit_bias[{key}] must be a number in [-100, 100]", "logit_bias")
+            pairs.append((int(key), float(value)))
+        out["logit_bias"] = tuple(pairs)
+    return out
