@@ -221,6 +221,11 @@ class ReplyGate:
         self._sent += out
         return out
 
+    @property
+    def held(self) -> str:
+        """What the gate holds back so far."""
+        return self._held
+
     def finish(self) -> ToolReply:
         """The reply's rest: content not sent yet, the calls, any channel reasoning."""
         held, self._held = self._held, ""

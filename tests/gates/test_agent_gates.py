@@ -1,0 +1,165 @@
+"""Agents' features on the tiny fixtures, through llama.cpp: grammars, tool calls, logprobs.
+
+- A request with none of the new settings samples exactly what the plain chain (the one
+  bmoe built before them, written here with llama.cpp's API) samples, greedy and seeded.
+- A grammar holds: a JSON schema's replies validate against it, a forced tool choice's
+  calls validate against the tool's parameters, even on random weights.
+- A token's reported log-probability is the one a decision computes for it (the same
+  log-softmax of the same logits).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import jsonschema
+import llama_cpp
+import pytest
+
+from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
+from bmoe.adapters.llama.sampler import Sampler
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.decide.log_softmax import log_softmax
+from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.tools import Tool, ToolChoice, ToolUse
+from bmoe.errors import GrammarError
+from bmoe.runtime import Session, SessionConfig
+
+TinyModelPath = Callable[..., Path]
+TEMPLATES = Path(__file__).parents[1] / "data" / "chat_templates"
+PROMPT = "The quick brown fox"
+N = 24
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+
+
+def _plain_chain(params: SamplingParams) -> llama_cpp.llama_sampler_p:
+    """The chain bmoe's sampler built before biases, penalties and grammars existed."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if params.greedy:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+        return chain
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(params.temp))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(params.seed))
+    return chain
+
+
+def _run(model: LlamaModel, draw: Callable[[LlamaContext], int]) -> list[int]:
+    with LlamaContext(model, ContextParams(n_ctx=256)) as ctx:
+        tokens = model.tokenize_prompt(PROMPT)
+        ctx.decode(tokens, 0)
+        out: list[int] = []
+        for _ in range(N):
+            token = draw(ctx)
+            out.append(token)
+            ctx.decode([token], len(tokens) + len(out) - 1)
+        return out
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temp=0.8, top_k=40, top_p=0.95, seed=11)])
+def test_a_request_without_the_new_settings_samples_what_the_plain_chain_samples(
+    tiny_model_path: TinyModelPath, fixture_name: str, params: SamplingParams
+) -> None:
+    with LlamaModel(tiny_model_path(fixture_name)) as model:
+        chain = _plain_chain(params)
+        try:
+            reference = _run(model, lambda ctx: int(llama_cpp.llama_sampler_sample(chain, ctx.ptr, -1)))
+        finally:
+            llama_cpp.llama_sampler_free(chain)
+        with Sampler(params, model, 256) as sampler:
+            ours = _run(model, sampler.sample)
+    assert ours == reference
+
+
+@pytest.fixture(scope="module")
+def qwen_session(tiny_model_path: TinyModelPath) -> Iterator[Session]:
+    config = SessionConfig(
+        model_path=tiny_model_path("qwen3moe"),
+        chat=True,
+        context=ContextParams(n_ctx=1024),
+        chat_template=(TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text(),
+    )
+    with Session(config) as session:
+        yield session
+
+
+SCHEMAS = [
+    WEATHER,
+    {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "b"]}}, "required": ["ok"]},
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "array", "optional"])
+def test_a_json_schema_reply_validates_against_its_schema(qwen_session: Session, schema: dict[str, object]) -> None:
+    for seed in range(3):
+        request = GenerateRequest(
+            "Answer in JSON.",
+            n_predict=200,
+            sampling=SamplingParams(temp=1.0, seed=seed),
+            constraint=OutputConstraint.json_schema(schema),
+        )
+        result = qwen_session.generate(request)
+        assert result.stopped_at_eog, result.text
+        jsonschema.validate(json.loads(result.text), schema)
+
+
+def test_a_json_object_reply_is_a_json_object(qwen_session: Session) -> None:
+    request = GenerateRequest("JSON?", n_predict=300, constraint=OutputConstraint("json_object"))
+    result = qwen_session.generate(request)
+    if result.stopped_at_eog:  # a free object may run past n_predict on random weights
+        assert isinstance(json.loads(result.text), dict)
+    assert result.text.startswith("{")
+
+
+@pytest.mark.parametrize("choice", [ToolChoice("required"), ToolChoice("function", "get_weather")])
+def test_a_forced_tool_choice_returns_calls_whose_arguments_validate(qwen_session: Session, choice: ToolChoice) -> None:
+    tools = (Tool("get_time", "the time", {"type": "object", "properties": {}}), Tool("get_weather", "", WEATHER))
+    use = ToolUse(tools, choice, parallel=False)
+    result = qwen_session.generate(GenerateRequest("Weather in Paris?", n_predict=200, tools=use))
+    assert result.stopped_at_eog
+    assert len(result.tool_calls) == 1
+    call = result.tool_calls[0]
+    if choice.mode == "function":
+        assert call.name == "get_weather"
+    schema = WEATHER if call.name == "get_weather" else tools[0].parameters
+    jsonschema.validate(json.loads(call.arguments), schema)
+    assert result.text == ""  # nothing but the call
+
+
+def test_a_schema_the_grammar_cannot_enforce_is_refused_before_any_compute(qwen_session: Session) -> None:
+    request = GenerateRequest("n?", constraint=OutputConstraint.json_schema({"type": "integer", "minimum": 3}))
+    with pytest.raises(GrammarError, match="'minimum' at #"):
+        qwen_session.generate(request)
+    with pytest.raises(GrammarError, match="could not parse"):
+        qwen_session.generate(GenerateRequest("n?", constraint=OutputConstraint.gbnf("root ::= (")))
+    assert qwen_session.generate(GenerateRequest("still fine?", n_predict=4)).tokens  # the session goes on
+
+
+def test_a_tokens_logprob_is_what_a_decision_computes(tiny_model_path: TinyModelPath) -> None:
+    config = SessionConfig(model_path=tiny_model_path("qwen3moe"), chat=False, context=ContextParams(n_ctx=256))
+    with Session(config) as session, LlamaModel(tiny_model_path("qwen3moe")) as model:
+        result = session.generate(GenerateRequest(PROMPT, n_predict=6, logprobs=5))
+        assert len(result.logprobs) == len(result.tokens)
+        with LlamaContext(model, ContextParams(n_ctx=256)) as ctx:  # the same feeds as the session's
+            context = model.tokenize_prompt(PROMPT)
+            ctx.decode(context, 0)
+            rows = [ctx.logits(-1)]
+            for i, token in enumerate(result.tokens[:-1]):
+                ctx.decode([token], len(context) + i)
+                rows.append(ctx.logits(-1))
+        for token, row, reported in zip(result.tokens, rows, result.logprobs, strict=True):
+            logp = log_softmax(row)
+            assert reported.chosen.token == token
+            assert reported.chosen.logprob == logp[token]
+            assert [t.logprob for t in reported.top] == sorted(logp, reverse=True)[:5]
+            assert sum(2.718281828459045**t.logprob for t in reported.top) <= 1.0
