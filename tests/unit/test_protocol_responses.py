@@ -107,7 +107,7 @@ EXPECTED_LINES = {
         b'"load_s":12.5,"n_prompt":60,"n_past":108,"cache_hit_pct":76.0,"read_mib":10822.0,"io_s_tok":0.0625,'
         b'"compute_s_tok":0.125,"mgmt_s_tok":0.0078125,"stall_s_tok":0.0,"cache_resident_mib":3998.0,'
         b'"cache_budget_mib":4000.0,"prefill_read_mib":512.0,"prefill_io_s":0.75,"prefill_stall_s":0.25,"text":"Hi\\n\\"there\\"",'
-        b'"reasoning":"hm"}\n'
+        b'"reasoning":"hm","tool_calls":[],"logprobs":[]}\n'
     ),
     DECIDE: (
         b'BMOE_DECIDE {"id":1,"cancelled":false,"best":0,"choice_logp":[-0.015625,-6.75,null],"n_tokens":69,'
@@ -129,7 +129,7 @@ PROTOCOL_KEYS = {
         delta_text delta_reasoning""",
     "BMOE_DONE": """id cancelled tokens tok_s prefill_s prefill_tps load_s n_prompt n_past cache_hit_pct
         read_mib io_s_tok compute_s_tok mgmt_s_tok stall_s_tok cache_resident_mib cache_budget_mib
-        prefill_read_mib prefill_io_s prefill_stall_s text reasoning""",
+        prefill_read_mib prefill_io_s prefill_stall_s text reasoning tool_calls logprobs""",
     "BMOE_DECIDE": """id cancelled best choice_logp n_tokens n_reused n_prefilled restore_s store_s prefill_s
         prefill_tps prefill_read_mib prefill_io_s prefill_stall_s prefix_state_mib choice_p_renorm
         prefix_plan""",

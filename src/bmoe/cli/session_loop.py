@@ -27,6 +27,8 @@ from bmoe.adapters.protocol import (
     DecideCmd,
     DecideDone,
     Done,
+    DoneLogprob,
+    DoneToolCall,
     EndOfInput,
     Error,
     GenerateCmd,
@@ -219,6 +221,9 @@ class SessionLoop:
             think=cmd.think,
             clear_kv=cmd.clear_kv,
             sampling=self.sampling,
+            constraint=cmd.constraint(),
+            tools=cmd.tool_use(),
+            logprobs=cmd.logprobs,
         )
         result = self.session.generate(request, on_progress, on_begin=lambda: self._begin(cmd.id))
         return done_response(cmd.id, result, self.session.load_s)
@@ -266,6 +271,16 @@ def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
         "n_past": result.n_past,
         "text": result.text,
         "reasoning": result.reasoning,
+        "tool_calls": tuple(DoneToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in result.tool_calls),
+        "logprobs": tuple(
+            DoneLogprob(
+                token=lp.chosen.token,
+                text=lp.chosen.text.decode("utf-8", errors="replace"),
+                logprob=lp.chosen.logprob,
+                top=tuple((t.token, t.logprob) for t in lp.top),
+            )
+            for lp in result.logprobs
+        ),
     }
     report = result.stream
     if report is None:

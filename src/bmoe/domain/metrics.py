@@ -122,7 +122,8 @@ def token_row(p: Progress, memory: MemorySample) -> TokenRow:
 
 
 def run_summary(result: RunResult, load_s: float) -> dict[str, float | int | bool]:
-    """The figures of ``BMOE_DONE`` for this run (its keys but ``id``, ``text``, ``reasoning``)."""
+    """The figures of ``BMOE_DONE`` for this run (its keys but ``id`` and the content:
+    ``text``, ``reasoning``, ``tool_calls``, ``logprobs``)."""
     out: dict[str, float | int | bool] = {
         "cancelled": result.cancelled,
         "tokens": len(result.tokens),

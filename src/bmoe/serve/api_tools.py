@@ -7,84 +7,29 @@ field, as the rest of ``api_requests``. What the values mean is in ``docs/server
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TOP_LOGPROBS_MAX
-from bmoe.domain.tools import Tool, ToolCall, ToolChoice, ToolUse
-from bmoe.errors import ConfigError
+from bmoe.domain.tools import ToolCall, ToolUse
+from bmoe.domain.tools.openai_json import ToolSpecError, read_tool_calls, read_tool_use
 from bmoe.serve.errors import RequestError
 from bmoe.serve.fields import Body, opt_bool, opt_int, opt_number, opt_object, opt_str
 
-FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-"""OpenAI's rule for a function's name (with dots, which gpt-oss's namespaces use)."""
-
-
-def _name(value: object, where: str) -> str:
-    if not isinstance(value, str) or not FUNCTION_NAME.match(value):
-        raise RequestError(f"{where} must be 1 to 64 letters, digits, '_', '-' or '.'", where)
-    return value
-
-
 def tool_use(body: Body) -> ToolUse | None:
     """``tools``, ``tool_choice`` and ``parallel_tool_calls`` (``None``: no tools offered)."""
-    raw = body.get("tools")
-    choice_raw = body.get("tool_choice")
-    parallel = opt_bool(body, "parallel_tool_calls")
-    if raw is None or raw == []:
-        if choice_raw not in (None, "none", "auto"):
-            raise RequestError("'tool_choice' needs 'tools'", "tool_choice")
-        return None
-    if not isinstance(raw, list):
-        raise RequestError("'tools' must be a list of tools", "tools")
-    tools = tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(raw))
     try:
-        return ToolUse(tools, _choice(choice_raw), True if parallel is None else parallel)
-    except ConfigError as exc:
-        raise RequestError(str(exc), "tool_choice") from None
-
-
-def _tool(value: object, where: str) -> Tool:
-    if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
-        raise RequestError(f'{where} must be {{"type": "function", "function": {{...}}}}', where)
-    function = value["function"]
-    parameters = function.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise RequestError(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
-    description = opt_str(function, "description") or ""
-    return Tool(_name(function.get("name"), f"{where}.function.name"), description, parameters or {})
-
-
-def _choice(value: object) -> ToolChoice:
-    if value is None or value == "auto":
-        return ToolChoice("auto")
-    if value in ("none", "required"):
-        return ToolChoice(value)  # type: ignore[arg-type]
-    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict):
-        return ToolChoice("function", _name(value["function"].get("name"), "tool_choice.function.name"))
-    raise RequestError(
-        "'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
-        "tool_choice",
-    )
+        return read_tool_use(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+    except ToolSpecError as exc:
+        raise RequestError(str(exc), exc.where) from None
 
 
 def tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
-    """An assistant message's ``tool_calls`` (arguments as a JSON text, as OpenAI sends them)."""
-    if value is None or value == []:
-        return ()
-    if not isinstance(value, list):
-        raise RequestError(f"{where} must be a list", where)
-    calls = []
-    for i, call in enumerate(value):
-        at = f"{where}[{i}]"
-        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-            raise RequestError(f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', at)
-        arguments = call["function"].get("arguments", "{}")
-        if not isinstance(arguments, str):
-            raise RequestError(f"{at}.function.arguments must be a JSON text", f"{at}.function.arguments")
-        calls.append(ToolCall(opt_str(call, "id") or "", _name(call["function"].get("name"), f"{at}.function.name"), arguments))
-    return tuple(calls)
+    """An assistant message's ``tool_calls``."""
+    try:
+        return read_tool_calls(value, where)
+    except ToolSpecError as exc:
+        raise RequestError(str(exc), exc.where) from None
 
 
 def response_constraint(body: Body) -> OutputConstraint | None:

@@ -29,6 +29,10 @@ from bmoe.adapters.protocol.checks import (
     optional,
     typed,
 )
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.generation import TOP_LOGPROBS_MAX
+from bmoe.domain.tools import ToolUse
+from bmoe.domain.tools.openai_json import read_tool_use
 from bmoe.errors import ConfigError
 
 
@@ -54,6 +58,11 @@ class GenerateCmd:
     - ``think``: render with thinking on or off; ``None``: the session's setting.
     - ``clear_kv``: ``True`` (default) starts a new chat, ``False`` continues the one the
       engine holds, reusing the KV prefix.
+    - ``grammar`` (GBNF) or ``json_schema`` (an object): what the reply must follow.
+    - ``tools``, ``tool_choice``, ``parallel_tool_calls``: OpenAI's shapes (chat mode); the
+      calls the reply makes come back in ``BMOE_DONE``'s ``tool_calls``.
+    - ``logprobs``: report each token's log-probability and that many alternatives (0-20)
+      in ``BMOE_DONE``'s ``logprobs``.
     """
 
     CMD: ClassVar[str] = "generate"
@@ -63,11 +72,34 @@ class GenerateCmd:
     n_predict: int | None = attrs.field(default=None, validator=[typed(optional(check_int)), _non_negative])
     think: bool | None = attrs.field(default=None, validator=typed(optional(check_bool)))
     clear_kv: bool = attrs.field(default=True, validator=typed(check_bool))
+    grammar: str | None = attrs.field(default=None, validator=typed(optional(check_str)))
+    json_schema: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = attrs.field(default=None, validator=typed(optional(check_bool)))
+    logprobs: int | None = attrs.field(default=None, validator=typed(optional(check_int)))
 
     @prompt.validator
     def _prompt_not_empty(self, _attribute: attrs.Attribute[str], value: str) -> None:
         if not value:
             raise ConfigError("empty prompt")
+
+    def __attrs_post_init__(self) -> None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= TOP_LOGPROBS_MAX:
+            raise ConfigError(f'field "logprobs" must be in [0, {TOP_LOGPROBS_MAX}], got {self.logprobs}')
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise ConfigError('field "json_schema" must be an object')
+        if self.grammar and self.json_schema is not None:
+            raise ConfigError('give "grammar" or "json_schema", not both')
+        self.tool_use()  # a wrong shape is refused now, naming the field
+
+    def constraint(self) -> OutputConstraint | None:
+        if self.grammar:
+            return OutputConstraint.gbnf(self.grammar)
+        return OutputConstraint.json_schema(self.json_schema) if self.json_schema is not None else None
+
+    def tool_use(self) -> ToolUse | None:
+        return read_tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
 
 
 @attrs.frozen(kw_only=True)

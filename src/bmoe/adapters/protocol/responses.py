@@ -106,6 +106,26 @@ class Progress:
 
 
 @attrs.frozen(kw_only=True)
+class DoneToolCall:
+    """One call a reply made: its ``id``, the function's ``name``, ``arguments`` as JSON text."""
+
+    id: str = attrs.field(validator=_is_str)
+    name: str = attrs.field(validator=_is_str)
+    arguments: str = attrs.field(validator=_is_str)
+
+
+@attrs.frozen(kw_only=True)
+class DoneLogprob:
+    """One generated token: its ``token`` id, its ``text``, its ``logprob`` and the ``top``
+    alternatives as ``[token, logprob]`` pairs, most likely first."""
+
+    token: int = attrs.field(converter=as_int)
+    text: str = attrs.field(validator=_is_str)
+    logprob: float = attrs.field(converter=as_float)
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class Done:
     """``BMOE_DONE``: a generate ended (finished, or ``cancelled``).
 
@@ -122,6 +142,8 @@ class Done:
     - ``prefill_read_mib``, ``prefill_io_s``, ``prefill_stall_s``: what the prompt phase read,
       the lanes' busy time reading it, and the time the compute waited for it.
     - ``text``: the answer; ``reasoning``: the reasoning span, kept apart from it.
+    - ``tool_calls``: the calls the reply made (a request with ``tools``; ``text`` is then
+      what it said outside them); ``logprobs``: per token, when asked for.
     """
 
     TAG: ClassVar[str] = "BMOE_DONE"
@@ -148,6 +170,8 @@ class Done:
     prefill_stall_s: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     text: str = attrs.field(validator=_is_str)
     reasoning: str = attrs.field(validator=_is_str, default="")
+    tool_calls: tuple[DoneToolCall, ...] = ()
+    logprobs: tuple[DoneLogprob, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
