@@ -65,7 +65,9 @@ def _run(model: LlamaModel, draw: Callable[[LlamaContext], int]) -> list[int]:
         return out
 
 
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temp=0.8, top_k=40, top_p=0.95, seed=11)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(), SamplingParams(temp=0.8, top_k=40, top_p=0.95, seed=11)]
+)
 def test_a_request_without_the_new_settings_samples_what_the_plain_chain_samples(
     tiny_model_path: TinyModelPath, fixture_name: str, params: SamplingParams
 ) -> None:
@@ -95,12 +97,18 @@ def qwen_session(tiny_model_path: TinyModelPath) -> Iterator[Session]:
 SCHEMAS = [
     WEATHER,
     {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "b"]}}, "required": ["ok"]},
+    {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "b"]}},
+        "required": ["ok"],
+    },
 ]
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "array", "optional"])
-def test_a_json_schema_reply_validates_against_its_schema(qwen_session: Session, schema: dict[str, object]) -> None:
+def test_a_json_schema_reply_validates_against_its_schema(
+    qwen_session: Session, schema: dict[str, object]
+) -> None:
     for seed in range(3):
         request = GenerateRequest(
             "Answer in JSON.",
@@ -122,8 +130,13 @@ def test_a_json_object_reply_is_a_json_object(qwen_session: Session) -> None:
 
 
 @pytest.mark.parametrize("choice", [ToolChoice("required"), ToolChoice("function", "get_weather")])
-def test_a_forced_tool_choice_returns_calls_whose_arguments_validate(qwen_session: Session, choice: ToolChoice) -> None:
-    tools = (Tool("get_time", "the time", {"type": "object", "properties": {}}), Tool("get_weather", "", WEATHER))
+def test_a_forced_tool_choice_returns_calls_whose_arguments_validate(
+    qwen_session: Session, choice: ToolChoice
+) -> None:
+    tools = (
+        Tool("get_time", "the time", {"type": "object", "properties": {}}),
+        Tool("get_weather", "", WEATHER),
+    )
     use = ToolUse(tools, choice, parallel=False)
     result = qwen_session.generate(GenerateRequest("Weather in Paris?", n_predict=200, tools=use))
     assert result.stopped_at_eog
@@ -137,7 +150,9 @@ def test_a_forced_tool_choice_returns_calls_whose_arguments_validate(qwen_sessio
 
 
 def test_a_schema_the_grammar_cannot_enforce_is_refused_before_any_compute(qwen_session: Session) -> None:
-    request = GenerateRequest("n?", constraint=OutputConstraint.json_schema({"type": "integer", "minimum": 3}))
+    request = GenerateRequest(
+        "n?", constraint=OutputConstraint.json_schema({"type": "integer", "minimum": 3})
+    )
     with pytest.raises(GrammarError, match="'minimum' at #"):
         qwen_session.generate(request)
     with pytest.raises(GrammarError, match="could not parse"):
@@ -146,7 +161,9 @@ def test_a_schema_the_grammar_cannot_enforce_is_refused_before_any_compute(qwen_
 
 
 def test_a_tokens_logprob_is_what_a_decision_computes(tiny_model_path: TinyModelPath) -> None:
-    config = SessionConfig(model_path=tiny_model_path("qwen3moe"), chat=False, context=ContextParams(n_ctx=256))
+    config = SessionConfig(
+        model_path=tiny_model_path("qwen3moe"), chat=False, context=ContextParams(n_ctx=256)
+    )
     with Session(config) as session, LlamaModel(tiny_model_path("qwen3moe")) as model:
         result = session.generate(GenerateRequest(PROMPT, n_predict=6, logprobs=5))
         assert len(result.logprobs) == len(result.tokens)

@@ -29,8 +29,14 @@ WEATHER = {
     "additionalProperties": False,
 }
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The weather", "parameters": WEATHER},
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+    },
 ]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
@@ -47,7 +53,9 @@ def _arguments_validate(call: Any) -> None:
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_a_forced_tool_call_arrives_as_tool_calls_whose_arguments_validate(server: Running, choice: Any) -> None:
+def test_a_forced_tool_call_arrives_as_tool_calls_whose_arguments_validate(
+    server: Running, choice: Any
+) -> None:
     client = server.client()
     answer = client.chat.completions.create(
         model="m", messages=ASK, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False, max_tokens=200
@@ -65,8 +73,13 @@ def test_a_forced_tool_call_arrives_as_tool_calls_whose_arguments_validate(serve
 def test_a_streamed_tool_call_comes_as_tool_calls_deltas(server: Running) -> None:
     client = server.client()
     stream = client.chat.completions.create(
-        model="m", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-        max_tokens=200, stream=True,
+        model="m",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+        stream=True,
     )
     deltas = [chunk.choices[0] for chunk in stream if chunk.choices]
     calls = [c for d in deltas for c in (d.delta.tool_calls or [])]
@@ -75,7 +88,12 @@ def test_a_streamed_tool_call_comes_as_tool_calls_deltas(server: Running) -> Non
     assert deltas[-1].finish_reason == "tool_calls"
     _arguments_validate(calls[0])
     whole = client.chat.completions.create(
-        model="m", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=200
+        model="m",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
     )
     assert (calls[0].function.name, calls[0].function.arguments) == (
         whole.choices[0].message.tool_calls[0].function.name,
@@ -86,11 +104,20 @@ def test_a_streamed_tool_call_comes_as_tool_calls_deltas(server: Running) -> Non
 def test_a_tool_result_continues_the_conversation(server: Running) -> None:
     client = server.client()
     first = client.chat.completions.create(
-        model="m", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=200
+        model="m",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
     )
     message = first.choices[0].message
     call = message.tool_calls[0]
-    history = [*ASK, message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    history = [
+        *ASK,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
     second = client.chat.completions.create(model="m", messages=history, tools=TOOLS, max_tokens=8)
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
     # the question's prompt was still in the KV cache (the template re-renders the answered
@@ -112,16 +139,24 @@ def test_a_json_schema_reply_parses_and_validates(server: Running) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}
     for stream in (False, True):
         if stream:
-            chunks = client.chat.completions.create(model="m", messages=ASK, response_format=fmt, max_tokens=100, stream=True)
+            chunks = client.chat.completions.create(
+                model="m", messages=ASK, response_format=fmt, max_tokens=100, stream=True
+            )
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         else:
-            text = client.chat.completions.create(model="m", messages=ASK, response_format=fmt, max_tokens=100).choices[0].message.content
+            text = (
+                client.chat.completions.create(model="m", messages=ASK, response_format=fmt, max_tokens=100)
+                .choices[0]
+                .message.content
+            )
         jsonschema.validate(json.loads(text), schema)
 
 
 def test_top_logprobs_are_a_distributions_top_and_streamed_the_same(server: Running) -> None:
     client = server.client()
-    whole = client.chat.completions.create(model="m", messages=ASK, max_tokens=6, logprobs=True, top_logprobs=5)
+    whole = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=6, logprobs=True, top_logprobs=5
+    )
     content = whole.choices[0].logprobs.content
     assert len(content) == whole.usage.completion_tokens
     for entry in content:
@@ -132,7 +167,9 @@ def test_top_logprobs_are_a_distributions_top_and_streamed_the_same(server: Runn
     stream = client.chat.completions.create(
         model="m", messages=ASK, max_tokens=6, logprobs=True, top_logprobs=5, stream=True
     )
-    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    streamed = [
+        e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content
+    ]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
     text = client.completions.create(model="m", prompt="The quick", max_tokens=4, logprobs=3)
     assert len(text.choices[0].logprobs.token_logprobs) == 4
@@ -156,14 +193,24 @@ def test_penalties_and_logit_bias_change_the_draw_through_llamacpps_samplers(ser
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 1}}}}, "invalid_grammar"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 1}},
+                }
+            },
+            "invalid_grammar",
+        ),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, None),
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, None),
         ({"n": 2}, "unsupported_parameter"),
         ({"top_logprobs": 30, "logprobs": True}, None),
     ],
 )
-def test_refused_shapes_get_openai_shaped_errors(server: Running, body: dict[str, Any], code: str | None) -> None:
+def test_refused_shapes_get_openai_shaped_errors(
+    server: Running, body: dict[str, Any], code: str | None
+) -> None:
     client = server.client()
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="m", messages=ASK, max_tokens=4, **body)

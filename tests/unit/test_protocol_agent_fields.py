@@ -19,7 +19,9 @@ def test_generate_reads_a_grammar_a_schema_tools_and_logprobs() -> None:
     assert isinstance(cmd, GenerateCmd)
     assert cmd.constraint() == OutputConstraint.gbnf('root ::= "a"') and cmd.logprobs == 3
     cmd = request_from_json({"cmd": "generate", "prompt": "p", "json_schema": {"type": "object"}})
-    assert isinstance(cmd, GenerateCmd) and cmd.constraint() == OutputConstraint.json_schema({"type": "object"})
+    assert isinstance(cmd, GenerateCmd) and cmd.constraint() == OutputConstraint.json_schema(
+        {"type": "object"}
+    )
     cmd = request_from_json({"cmd": "generate", "prompt": "p", "tools": TOOLS, "tool_choice": "required"})
     assert isinstance(cmd, GenerateCmd)
     use = cmd.tool_use()
@@ -40,8 +42,16 @@ def test_generate_refuses_wrong_agent_fields_naming_them() -> None:
 
 def test_done_carries_tool_calls_and_logprobs_both_ways() -> None:
     done = Done(
-        id=1, cancelled=False, tokens=2, tok_s=1.0, prefill_s=0.1, prefill_tps=10.0, load_s=0.0,
-        n_prompt=3, n_past=5, text="",
+        id=1,
+        cancelled=False,
+        tokens=2,
+        tok_s=1.0,
+        prefill_s=0.1,
+        prefill_tps=10.0,
+        load_s=0.0,
+        n_prompt=3,
+        n_past=5,
+        text="",
         tool_calls=(DoneToolCall(id="abcdefghi", name="weather", arguments='{"city": "Paris"}'),),
         logprobs=(DoneLogprob(token=7, text="a", logprob=-0.5, top=((7, -0.5), (8, -1.5))),),
     )

@@ -25,28 +25,60 @@ def ids() -> object:
 
 
 CASES: list[tuple[ToolFormat, str, str, list[tuple[str, str]]]] = [
-    (ToolFormat.HERMES, f'Let me look.\n<tool_call>\n{{"name": "weather", "arguments": {ARGS}}}\n</tool_call>', "Let me look.\n", [("weather", ARGS)]),
     (
         ToolFormat.HERMES,
-        f'<tool_call>\n{{"name": "a", "arguments": {{}}}}\n</tool_call>\n<tool_call>\n{{"name": "b", "arguments": {ARGS}}}\n</tool_call>',
+        f'Let me look.\n<tool_call>\n{{"name": "weather", "arguments": {ARGS}}}\n</tool_call>',
+        "Let me look.\n",
+        [("weather", ARGS)],
+    ),
+    (
+        ToolFormat.HERMES,
+        f'<tool_call>\n{{"name": "a", "arguments": {{}}}}\n</tool_call>\n'
+        f'<tool_call>\n{{"name": "b", "arguments": {ARGS}}}\n</tool_call>',
         "",
         [("a", "{}"), ("b", ARGS)],
     ),
     (ToolFormat.HERMES, "<tool_call>\n{not json}\n</tool_call>", "<tool_call>\n{not json}\n</tool_call>", []),
     (ToolFormat.HERMES, "Just text.", "Just text.", []),
-    (ToolFormat.GENERIC, f'<tool_call>{{"name": "w", "arguments": "{{\\"x\\": 1}}"}}</tool_call>', "", [("w", '{"x": 1}')]),
-    (ToolFormat.MISTRAL, f'[TOOL_CALLS][{{"name": "w", "arguments": {ARGS}}}, {{"name": "t", "arguments": {{}}}}]', "", [("w", ARGS), ("t", "{}")]),
-    (ToolFormat.MISTRAL_ARGS, f"[TOOL_CALLS]weather[ARGS]{ARGS}[TOOL_CALLS]time[ARGS]{{}}", "", [("weather", ARGS), ("time", "{}")]),
-    (ToolFormat.LLAMA3, f'{{"name": "weather", "parameters": {ARGS}}}', "", [("weather", ARGS)]),
-    (ToolFormat.LLAMA3, f'<|python_tag|>{{"name": "weather", "parameters": {ARGS}}}', "", [("weather", ARGS)]),
-    (ToolFormat.LLAMA3, "{curly prose}", "{curly prose}", []),
     (
-        ToolFormat.HARMONY,
-        f"<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{ARGS}",
+        ToolFormat.GENERIC,
+        '<tool_call>{"name": "w", "arguments": "{\\"x\\": 1}"}</tool_call>',
+        "",
+        [("w", '{"x": 1}')],
+    ),
+    (
+        ToolFormat.MISTRAL,
+        f'[TOOL_CALLS][{{"name": "w", "arguments": {ARGS}}}, {{"name": "t", "arguments": {{}}}}]',
+        "",
+        [("w", ARGS), ("t", "{}")],
+    ),
+    (
+        ToolFormat.MISTRAL_ARGS,
+        f"[TOOL_CALLS]weather[ARGS]{ARGS}[TOOL_CALLS]time[ARGS]{{}}",
+        "",
+        [("weather", ARGS), ("time", "{}")],
+    ),
+    (ToolFormat.LLAMA3, f'{{"name": "weather", "parameters": {ARGS}}}', "", [("weather", ARGS)]),
+    (
+        ToolFormat.LLAMA3,
+        f'<|python_tag|>{{"name": "weather", "parameters": {ARGS}}}',
         "",
         [("weather", ARGS)],
     ),
-    (ToolFormat.HARMONY, "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Hi!", "Hi!", []),
+    (ToolFormat.LLAMA3, "{curly prose}", "{curly prose}", []),
+    (
+        ToolFormat.HARMONY,
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+        f"<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{ARGS}",
+        "",
+        [("weather", ARGS)],
+    ),
+    (
+        ToolFormat.HARMONY,
+        "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Hi!",
+        "Hi!",
+        [],
+    ),
 ]
 
 
@@ -55,7 +87,9 @@ def _norm(args: str) -> object:
 
 
 @pytest.mark.parametrize(("fmt", "text", "content", "calls"), CASES)
-def test_a_reply_parses_into_content_and_calls(fmt: ToolFormat, text: str, content: str, calls: list[tuple[str, str]]) -> None:
+def test_a_reply_parses_into_content_and_calls(
+    fmt: ToolFormat, text: str, content: str, calls: list[tuple[str, str]]
+) -> None:
     reply = parse_reply(fmt, text, new_id=ids())  # type: ignore[arg-type]
     assert reply.content == content
     assert [(c.name, _norm(c.arguments)) for c in reply.calls] == [(n, _norm(a)) for n, a in calls]
@@ -97,13 +131,26 @@ def test_what_a_forced_grammar_writes_reads_back_as_the_calls(fmt: ToolFormat) -
 
 
 FAMILIES = {
-    ToolFormat.HERMES: ["Qwen-Qwen3-0.6B", "Qwen-Qwen2.5-7B-Instruct", "Qwen-QwQ-32B", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use"],
+    ToolFormat.HERMES: [
+        "Qwen-Qwen3-0.6B",
+        "Qwen-Qwen2.5-7B-Instruct",
+        "Qwen-QwQ-32B",
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+    ],
     ToolFormat.HARMONY: ["openai-gpt-oss-120b"],
     ToolFormat.MISTRAL: ["mistralai-Mistral-Nemo-Instruct-2407"],
     ToolFormat.MISTRAL_ARGS: ["Mistral-Small-3.2-24B-Instruct-2506", "unsloth-mistral-Devstral-Small-2507"],
     ToolFormat.LLAMA3: ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.3-70B-Instruct"],
     ToolFormat.GENERIC: ["google-gemma-2-2b-it", "microsoft-Phi-3.5-mini-instruct"],
-    None: ["Qwen3-Coder", "GLM-4.6", "CohereForAI-c4ai-command-r-plus-tool_use", "meetkai-functionary-medium-v3.2", "deepseek-ai-DeepSeek-V3.2", "Kimi-K2-Instruct", "MiniMax-M3"],
+    None: [
+        "Qwen3-Coder",
+        "GLM-4.6",
+        "CohereForAI-c4ai-command-r-plus-tool_use",
+        "meetkai-functionary-medium-v3.2",
+        "deepseek-ai-DeepSeek-V3.2",
+        "Kimi-K2-Instruct",
+        "MiniMax-M3",
+    ],
 }
 
 
@@ -119,7 +166,15 @@ CALLED = ChatMessage("assistant", "", tool_calls=(ToolCall("abcdefghi", "weather
 HISTORY = [ChatMessage("user", "Weather?"), CALLED, ChatMessage("tool", "sunny", tool_call_id="abcdefghi")]
 
 
-@pytest.mark.parametrize("name", ["Qwen-Qwen3-0.6B", "mistralai-Mistral-Nemo-Instruct-2407", "meta-llama-Llama-3.1-8B-Instruct", "openai-gpt-oss-120b"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Qwen-Qwen3-0.6B",
+        "mistralai-Mistral-Nemo-Instruct-2407",
+        "meta-llama-Llama-3.1-8B-Instruct",
+        "openai-gpt-oss-120b",
+    ],
+)
 def test_a_native_template_renders_the_tools_the_calls_and_the_result(name: str) -> None:
     template = JinjaChatTemplate((TEMPLATES / f"{name}.jinja").read_text(), bos_token="<s>", eos_token="</s>")
     text = template.render(HISTORY, tools=USE)

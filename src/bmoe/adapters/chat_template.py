@@ -49,7 +49,7 @@ class JinjaChatTemplate(IChatRenderer):
             }
         except jinja2.TemplateError as exc:
             raise ConfigError(f"the model's chat template does not compile: {exc}") from exc
-        self._tool_format: ToolFormat | None | str = "unknown"
+        self._tool_format: ToolFormat | str | None = "unknown"
 
     def render(
         self,

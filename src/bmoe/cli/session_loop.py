@@ -271,7 +271,9 @@ def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
         "n_past": result.n_past,
         "text": result.text,
         "reasoning": result.reasoning,
-        "tool_calls": tuple(DoneToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in result.tool_calls),
+        "tool_calls": tuple(
+            DoneToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in result.tool_calls
+        ),
         "logprobs": tuple(
             DoneLogprob(
                 token=lp.chosen.token,

@@ -31,13 +31,15 @@ class ChatMessage:
         if self.reasoning:
             out["reasoning_content"] = self.reasoning
         if self.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_object()}}
-                for c in self.tool_calls
-            ]
+            out["tool_calls"] = [_template_call(c) for c in self.tool_calls]
         if self.tool_call_id:
             out["tool_call_id"] = self.tool_call_id
         return out
+
+
+def _template_call(call: ToolCall) -> dict[str, Any]:
+    function = {"name": call.name, "arguments": call.arguments_object()}
+    return {"id": call.id, "type": "function", "function": function}
 
 
 def with_one_bos(tokens: list[int], bos: int | None, add_bos: bool) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -20,9 +21,10 @@ def _finite(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
         raise ConfigError(f"{attribute.name} must be finite, not {value}")
 
 
-def _bias_pairs(value: object) -> tuple[tuple[int, float], ...]:
-    items = value.items() if isinstance(value, dict) else value
-    return tuple(sorted((int(token), float(bias)) for token, bias in items))  # type: ignore[union-attr]
+def _bias_pairs(value: Iterable[tuple[int, float]] | Mapping[int, float]) -> tuple[tuple[int, float], ...]:
+    """Token id and bias pairs (or a mapping of them), sorted by token."""
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((int(token), float(bias)) for token, bias in items))
 
 
 @attrs.frozen

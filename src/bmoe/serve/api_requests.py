@@ -3,8 +3,10 @@
 ``parse_chat_completion``, ``parse_completion`` and ``parse_decide`` read a request body and
 return a value the server can act on, or raise ``RequestError`` naming the field at fault.
 OpenAI parameters that bmoe cannot honour (several choices, legacy ``functions``, audio...)
-are refused when set to anything but their neutral value, never silently ignored; parameters that change nothing here (``user``, ``metadata``, ``store``...) are
-ignored, as OpenAI-compatible servers do. ``/v1/decide`` is bmoe's own and strict: an unknown
+are refused when set to anything but their neutral value, never silently ignored;
+parameters that change nothing here (``user``, ``metadata``, ``store``...) are ignored, as
+OpenAI-compatible servers do. Tools, response formats, log-probabilities, penalties and
+``logit_bias`` are read by ``api_tools``. ``/v1/decide`` is bmoe's own and strict: an unknown
 key is refused, so a typo is not ignored.
 """
 
@@ -226,7 +228,9 @@ def _message(value: object, where: str) -> ChatMessage:
         raise RequestError(f"{where}.role must be one of {allowed}, got {role!r}", f"{where}.role")
     if value.get("function_call"):
         raise RequestError(
-            f"{where}: function_call is not supported (use tool_calls)", f"{where}.function_call", "unsupported_parameter"
+            f"{where}: function_call is not supported (use tool_calls)",
+            f"{where}.function_call",
+            "unsupported_parameter",
         )
     calls = tool_calls(value.get("tool_calls"), f"{where}.tool_calls") if role == "assistant" else ()
     call_id = (opt_str(value, "tool_call_id") or "") if role == "tool" else ""

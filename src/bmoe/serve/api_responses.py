@@ -121,7 +121,9 @@ def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> Json | None:
     if logprobs is None:
         return None
     return {
-        "content": [{**_chat_token(lp.chosen), "top_logprobs": [_chat_token(t) for t in lp.top]} for lp in logprobs],
+        "content": [
+            {**_chat_token(lp.chosen), "top_logprobs": [_chat_token(t) for t in lp.top]} for lp in logprobs
+        ],
         "refusal": None,
     }
 
@@ -145,7 +147,12 @@ def text_logprobs(logprobs: tuple[TokenLogprob, ...] | None, offset: int = 0) ->
 
 def chat_completion(env: Envelope, o: Outcome) -> Json:
     """The body of a ``/v1/chat/completions`` answer (``chat.completion``)."""
-    choice = {"index": 0, "message": _message(o), "logprobs": chat_logprobs(o.logprobs), "finish_reason": o.finish_reason}
+    choice = {
+        "index": 0,
+        "message": _message(o),
+        "logprobs": chat_logprobs(o.logprobs),
+        "finish_reason": o.finish_reason,
+    }
     return env.wrap("chat.completion", choices=[choice], usage=usage(o))
 
 
@@ -174,7 +181,12 @@ def chat_delta(d: Delta, first_call: int = 0) -> Json:
 
 def text_completion(env: Envelope, o: Outcome) -> Json:
     """The body of a ``/v1/completions`` answer (``text_completion``)."""
-    choice: Json = {"text": o.text, "index": 0, "logprobs": text_logprobs(o.logprobs), "finish_reason": o.finish_reason}
+    choice: Json = {
+        "text": o.text,
+        "index": 0,
+        "logprobs": text_logprobs(o.logprobs),
+        "finish_reason": o.finish_reason,
+    }
     if o.reasoning:
         choice["reasoning_content"] = o.reasoning
     return env.wrap("text_completion", choices=[choice], usage=usage(o))

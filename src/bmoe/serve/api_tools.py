@@ -16,6 +16,7 @@ from bmoe.domain.tools.openai_json import ToolSpecError, read_tool_calls, read_t
 from bmoe.serve.errors import RequestError
 from bmoe.serve.fields import Body, opt_bool, opt_int, opt_number, opt_object, opt_str
 
+
 def tool_use(body: Body) -> ToolUse | None:
     """``tools``, ``tool_choice`` and ``parallel_tool_calls`` (``None``: no tools offered)."""
     try:
@@ -47,12 +48,14 @@ def response_constraint(body: Body) -> OutputConstraint | None:
             schema = opt_object(spec, "schema") if spec is not None else None
             if schema is None:
                 raise RequestError(
-                    "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                    'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}',
                     "response_format",
                 )
             constraint = OutputConstraint.json_schema(schema)
         elif kind != "text":
-            raise RequestError("response_format.type must be 'text', 'json_object' or 'json_schema'", "response_format")
+            raise RequestError(
+                "response_format.type must be 'text', 'json_object' or 'json_schema'", "response_format"
+            )
     if grammar:
         if constraint is not None:
             raise RequestError("give 'grammar' or 'response_format', not both", "grammar")
@@ -85,11 +88,11 @@ def penalties_and_bias(body: Body) -> dict[str, Any]:
     bias = opt_object(body, "logit_bias")
     if bias:
         pairs = []
-        for key, value in bias.items():
+        for key, given in bias.items():
             if not key.isdigit():
                 raise RequestError(f"logit_bias keys are token ids, got {key!r}", "logit_bias")
-            if not isinstance(value, int | float) or isinstance(value, bool) or not -100 <= value <= 100:
+            if not isinstance(given, int | float) or isinstance(given, bool) or not -100 <= given <= 100:
                 raise RequestError(f"logit_bias[{key}] must be a number in [-100, 100]", "logit_bias")
-            pairs.append((int(key), float(value)))
+            pairs.append((int(key), float(given)))
         out["logit_bias"] = tuple(pairs)
     return out

@@ -183,7 +183,7 @@ class SessionEngine:
             raise ConfigError("a forced tool choice and a response format cannot both constrain the reply")
         fmt = self.renderer.tool_format
         if fmt is None:
-            raise ToolFormatError("this model's chat template writes tool calls in a syntax bmoe does not read")
+            raise ToolFormatError("the chat template writes tool calls in a syntax bmoe does not read")
         return OutputConstraint.tool_calls(fmt, tools)
 
     def _think(self, request: GenerateRequest) -> bool:
@@ -191,7 +191,7 @@ class SessionEngine:
         if self.constraint(request) is None:
             return self.defaults.think if request.think is None else request.think
         if request.think:
-            raise ConfigError("a reply held to a grammar (a response format, a forced tool) cannot think first")
+            raise ConfigError("a reply held to a grammar (response format, forced tool) cannot think first")
         return False
 
     # -- generate --------------------------------------------------------------------------

@@ -80,8 +80,15 @@ def unexpressed(schema: object, where: str = "#") -> list[str]:
     return found
 
 
+# llama-cpp-python's converter carries no annotations: its calls are untyped here.
 def _converter() -> SchemaConverter:
-    return SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    return SchemaConverter(  # type: ignore[no-untyped-call]
+        prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False
+    )
+
+
+def _format(converter: SchemaConverter) -> str:
+    return str(converter.format_grammar())  # type: ignore[no-untyped-call]
 
 
 def _visit(converter: SchemaConverter, schema: Mapping[str, Any], name: str, what: str) -> str:
@@ -93,7 +100,7 @@ def _visit(converter: SchemaConverter, schema: Mapping[str, Any], name: str, wha
         raise GrammarError(f"{what} uses what bmoe's grammar cannot enforce: {', '.join(refused)}")
     try:
         resolved = converter.resolve_refs(dict(schema), what)
-        return str(converter.visit(resolved, name))
+        return str(converter.visit(resolved, name))  # type: ignore[no-untyped-call]
     except (AssertionError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise GrammarError(f"{what} cannot be turned into a grammar: {exc}") from exc
 
@@ -101,7 +108,11 @@ def _visit(converter: SchemaConverter, schema: Mapping[str, Any], name: str, wha
 def literal(text: str) -> str:
     """``text`` as a GBNF string literal."""
     escaped = (
-        text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+        text.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
     )
     return f'"{escaped}"'
 
@@ -110,7 +121,7 @@ def json_schema_gbnf(schema: Mapping[str, Any], what: str = "the JSON schema") -
     """The grammar of JSON values valid against ``schema``."""
     converter = _converter()
     _visit(converter, schema, "", what)
-    return str(converter.format_grammar())
+    return _format(converter)
 
 
 def tool_calls_gbnf(syntax: CallSyntax, tools: Sequence[Tool], parallel: bool) -> str:
@@ -130,7 +141,7 @@ def tool_calls_gbnf(syntax: CallSyntax, tools: Sequence[Tool], parallel: bool) -
     opening = f"{literal(syntax.open)} " if syntax.open else ""
     closing = f" {literal(syntax.close)}" if syntax.close else ""
     rules = [
-        str(converter.format_grammar()),
+        _format(converter),
         f"call ::= {' | '.join(alternatives)}",
         f"root ::= {opening}{calls}{closing}",
     ]

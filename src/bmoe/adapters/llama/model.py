@@ -278,7 +278,8 @@ class LlamaModel:
     @property
     def vocab(self) -> llama_cpp.llama_vocab_p:
         """The model's vocabulary (for samplers that need it: a grammar)."""
-        return self._vocab
+        vocab: llama_cpp.llama_vocab_p = self._vocab
+        return vocab
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         """The bytes one token stands for (control tokens render empty unless ``special``)."""

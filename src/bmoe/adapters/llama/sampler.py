@@ -22,7 +22,9 @@ class Sampler:
     request without biases, penalties or grammar runs the plain chain it always ran.
     """
 
-    def __init__(self, params: SamplingParams, model: LlamaModel, n_ctx: int, grammar: str | None = None) -> None:
+    def __init__(
+        self, params: SamplingParams, model: LlamaModel, n_ctx: int, grammar: str | None = None
+    ) -> None:
         self.params = params
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._ptr: llama_cpp.llama_sampler_p | None = chain
@@ -36,13 +38,16 @@ class Sampler:
     def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
         llama_cpp.llama_sampler_chain_add(self._ptr, sampler)
 
-    def _add_filters(self, params: SamplingParams, model: LlamaModel, n_ctx: int, grammar: str | None) -> None:
+    def _add_filters(
+        self, params: SamplingParams, model: LlamaModel, n_ctx: int, grammar: str | None
+    ) -> None:
         if params.logit_bias:
             biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
             for i, (token, bias) in enumerate(params.logit_bias):
                 if token >= model.n_vocab:
                     raise GrammarError(f"logit_bias names token {token}; the vocabulary has {model.n_vocab}")
-                biases[i].token, biases[i].bias = token, bias
+                biases[i].token = llama_cpp.llama_token(token)
+                biases[i].bias = bias
             self._add(llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(biases), biases))
         if params.penalised:
             self._add(

@@ -18,8 +18,8 @@ and a sixth of its own, ``generic``, for a template that does not render tools a
 tiny models' ChatML): bmoe describes the tools in a system message and asks for Hermes
 blocks. A template that renders tools in another syntax (Command R's ``Action:``,
 functionary's ``<function=``, DeepSeek's, Kimi's, GLM's ``<arg_key>``, Granite 3's
-``<|tool_call|>``, Qwen3-Coder's XML, MiniMax's ``<invoke>``, Apriel's ``<tool_calls>[``...) is not read: a request with tools is
-refused rather than answered with calls nobody parses.
+``<|tool_call|>``, Qwen3-Coder's XML, MiniMax's ``<invoke>``, Apriel's ``<tool_calls>[``...)
+is not read: a request with tools is refused rather than answered with calls nobody parses.
 """
 
 from __future__ import annotations

@@ -50,12 +50,18 @@ def read_tool_use(tools: object, choice: object = None, parallel: object = None)
 
 
 def _tool(value: object, where: str) -> Tool:
-    if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
+    if (
+        not isinstance(value, dict)
+        or value.get("type") != "function"
+        or not isinstance(value.get("function"), dict)
+    ):
         raise ToolSpecError(f'{where} must be {{"type": "function", "function": {{...}}}}', where)
     function = value["function"]
     parameters = function.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
-        raise ToolSpecError(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
+        raise ToolSpecError(
+            f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters"
+        )
     description = function.get("description") or ""
     if not isinstance(description, str):
         raise ToolSpecError(f"{where}.function.description must be a string", f"{where}.function.description")
@@ -69,12 +75,14 @@ def _choice(value: object) -> ToolChoice:
         return ToolChoice("none")
     if value == "required":
         return ToolChoice("required")
-    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict):
+    if (
+        isinstance(value, dict)
+        and value.get("type") == "function"
+        and isinstance(value.get("function"), dict)
+    ):
         return ToolChoice("function", _name(value["function"].get("name"), "tool_choice.function.name"))
-    raise ToolSpecError(
-        "'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
-        "tool_choice",
-    )
+    shape = '{"type": "function", "function": {"name": ...}}'
+    raise ToolSpecError(f"'tool_choice' must be 'auto', 'none', 'required' or {shape}", "tool_choice")
 
 
 def read_tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
@@ -87,7 +95,9 @@ def read_tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
     for i, call in enumerate(value):
         at = f"{where}[{i}]"
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-            raise ToolSpecError(f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', at)
+            raise ToolSpecError(
+                f'{at} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', at
+            )
         arguments = call["function"].get("arguments", "{}")
         if not isinstance(arguments, str):
             raise ToolSpecError(f"{at}.function.arguments must be a JSON text", f"{at}.function.arguments")

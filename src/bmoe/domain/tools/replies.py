@@ -71,7 +71,9 @@ def _hermes(text: str, new_id: NewId) -> ToolReply:
     at = 0
     for match in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, re.DOTALL):
         found = _json_at(match.group(1), 0)
-        call = _call(found[0], new_id) if found is not None and not match.group(1)[found[1] :].strip() else None
+        call = (
+            _call(found[0], new_id) if found is not None and not match.group(1)[found[1] :].strip() else None
+        )
         if call is None:
             continue
         kept.append(text[at : match.start()])
@@ -166,7 +168,9 @@ _PARSERS: dict[ToolFormat, Callable[[str, NewId], ToolReply]] = {
 }
 
 
-def parse_reply(fmt: ToolFormat, text: str, *, parallel: bool = True, new_id: NewId = new_call_id) -> ToolReply:
+def parse_reply(
+    fmt: ToolFormat, text: str, *, parallel: bool = True, new_id: NewId = new_call_id
+) -> ToolReply:
     """``text`` (rendered with special tokens) read for calls in ``fmt``'s syntax. With
     ``parallel`` false only the first call is kept."""
     reply = _PARSERS[fmt](text, new_id)

@@ -49,7 +49,9 @@ class Tool:
         function: dict[str, Any] = {"name": self.name}
         if self.description:
             function["description"] = self.description
-        function["parameters"] = dict(self.parameters) if self.parameters else {"type": "object", "properties": {}}
+        function["parameters"] = (
+            dict(self.parameters) if self.parameters else {"type": "object", "properties": {}}
+        )
         return {"type": "function", "function": function}
 
 
@@ -119,4 +121,8 @@ class ToolCall:
     def as_openai(self) -> dict[str, Any]:
         """``{"id", "type": "function", "function": {"name", "arguments"}}`` with the
         arguments as a JSON text (the API's shape)."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
