@@ -35,10 +35,15 @@ _DEVICE_TYPE_CPU = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
 
 @attrs.frozen
 class CpuRepack:
-    """llama.cpp's CPU device and its ``CPU_REPACK`` buffer type (``find`` locates them)."""
+    """llama.cpp's CPU device and its ``CPU_REPACK`` buffer type (``find`` locates them).
+
+    ``ahead``: the CPU's extra buffer types llama.cpp tries before ``CPU_REPACK`` (``AMX`` on
+    Intel CPUs with AMX): a weight one of them takes is not repacked into ``CPU_REPACK`` at
+    load, and bmoe reproduces only ``CPU_REPACK``'s choices."""
 
     device: int
     buft: int
+    ahead: tuple[str, ...] = ()
 
     @classmethod
     def find(cls) -> CpuRepack | None:
@@ -62,9 +67,12 @@ class CpuRepack:
             return None
         extra_bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get_extra)(device)
         i = 0
+        ahead: list[str] = []
         while extra_bufts and extra_bufts[i]:
-            if name_of(extra_bufts[i]) == REPACK_BUFT_NAME:
-                return cls(device=int(device), buft=int(extra_bufts[i]))
+            name = name_of(extra_bufts[i])
+            if name == REPACK_BUFT_NAME:
+                return cls(device=int(device), buft=int(extra_bufts[i]), ahead=tuple(ahead))
+            ahead.append(bytes(name or b"").decode())
             i += 1
         return None
 
