@@ -45,8 +45,8 @@ needs_repack = pytest.mark.skipif(REPACK is None, reason="this llama.cpp has no 
 pytestmark = pytest.mark.skipif(
     REPACK is not None and bool(REPACK.ahead),
     reason=f"this CPU has llama.cpp's {', '.join(REPACK.ahead) if REPACK else ''} buffer type, tried before "
-    "CPU_REPACK at load: bmoe's streaming repack reproduces CPU_REPACK only, so streamed runs keep the "
-    "file's layout here (test_repack_amx_gate.py checks that instead)",
+    "CPU_REPACK at load, and bmoe's streaming repack reproduces CPU_REPACK only: these gates fail "
+    "(and one segfaults) there; open work (docs/streaming.md)",
 )
 
 

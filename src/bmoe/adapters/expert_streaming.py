@@ -195,8 +195,6 @@ def _repack(
     cpu = CpuRepack.find()
     if cpu is None:
         return WeightLayout(asked=True)
-    if cpu.ahead:  # llama.cpp would place some weights in AMX first: not reproduced here
-        return WeightLayout(asked=True, available=True, unreproduced=cpu.ahead)
     weights = streamer.captured_weights()
     expert_names = {loc.name for _, _, loc in found}
     n_used = model.n_expert_used

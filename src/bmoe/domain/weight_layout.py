@@ -22,11 +22,7 @@ class WeightLayout:
       is every repacked byte, llama.cpp's ``CPU_REPACK`` buffer);
     - ``expert_tensors`` of ``expert_tensors_total``: routed-expert tensors written repacked;
     - ``streaming_load``: a model loaded for streaming that runs resident (its weights stay
-      in the file's layout);
-    - ``unreproduced``: streamed, the extra buffer types llama.cpp would try before
-      ``CPU_REPACK`` on this CPU (``AMX``), whose layouts bmoe does not reproduce: the
-      weights then stay in the file's layout, and the output equals a resident
-      ``--no-repack`` run, not a resident default one.
+      in the file's layout).
     """
 
     asked: bool
@@ -37,7 +33,6 @@ class WeightLayout:
     expert_tensors: int = 0
     expert_tensors_total: int = 0
     streaming_load: bool = False
-    unreproduced: tuple[str, ...] = ()
 
     @property
     def repacked(self) -> bool:
@@ -52,12 +47,6 @@ class WeightLayout:
             return "weights in the file's layout (loaded for streaming)"
         if not self.available:
             return "weights in the file's layout (this llama.cpp has no CPU_REPACK buffer type)"
-        if self.unreproduced:
-            ahead = ", ".join(self.unreproduced)
-            return (
-                f"weights in the file's layout (llama.cpp would place some in {ahead} before CPU_REPACK on "
-                "this CPU, which bmoe's streaming does not reproduce: equal to a --no-repack resident run)"
-            )
         if not self.repacked:
             return "weights in the file's layout (no weight of this model has a repacked form on this CPU)"
         if self.by_llama:
