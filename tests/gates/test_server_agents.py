@@ -47,6 +47,19 @@ def server(tiny_model_path: TinyModelPath) -> Iterator[Running]:
         yield running
 
 
+def one_forced_call(client: openai.OpenAI, **kw: Any) -> Any:
+    """A ``required`` tool choice asking for one call."""
+    return client.chat.completions.create(
+        model="m",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+        **kw,
+    )
+
+
 def _arguments_validate(call: Any) -> None:
     schema = WEATHER if call.function.name == "get_weather" else TOOLS[1]["function"]["parameters"]
     jsonschema.validate(json.loads(call.function.arguments), schema)
@@ -72,29 +85,14 @@ def test_a_forced_tool_call_arrives_as_tool_calls_whose_arguments_validate(
 
 def test_a_streamed_tool_call_comes_as_tool_calls_deltas(server: Running) -> None:
     client = server.client()
-    stream = client.chat.completions.create(
-        model="m",
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_tokens=200,
-        stream=True,
-    )
+    stream = one_forced_call(client, stream=True)
     deltas = [chunk.choices[0] for chunk in stream if chunk.choices]
     calls = [c for d in deltas for c in (d.delta.tool_calls or [])]
     assert [c.index for c in calls] == [0]
     assert not "".join(d.delta.content or "" for d in deltas)  # no call syntax leaks as text
     assert deltas[-1].finish_reason == "tool_calls"
     _arguments_validate(calls[0])
-    whole = client.chat.completions.create(
-        model="m",
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_tokens=200,
-    )
+    whole = one_forced_call(client)
     assert (calls[0].function.name, calls[0].function.arguments) == (
         whole.choices[0].message.tool_calls[0].function.name,
         whole.choices[0].message.tool_calls[0].function.arguments,
@@ -103,14 +101,7 @@ def test_a_streamed_tool_call_comes_as_tool_calls_deltas(server: Running) -> Non
 
 def test_a_tool_result_continues_the_conversation(server: Running) -> None:
     client = server.client()
-    first = client.chat.completions.create(
-        model="m",
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_tokens=200,
-    )
+    first = one_forced_call(client)
     message = first.choices[0].message
     call = message.tool_calls[0]
     history = [

@@ -10,6 +10,7 @@ source), gpt-oss's and Mistral's included.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import jinja2
@@ -49,7 +50,6 @@ class JinjaChatTemplate(IChatRenderer):
             }
         except jinja2.TemplateError as exc:
             raise ConfigError(f"the model's chat template does not compile: {exc}") from exc
-        self._tool_format: ToolFormat | str | None = "unknown"
 
     def render(
         self,
@@ -61,21 +61,19 @@ class JinjaChatTemplate(IChatRenderer):
     ) -> str:
         """The prompt text for ``messages`` (specials as text, tokenized with parsing on),
         showing ``tools`` when they are active (``domain.tools.prompting``)."""
-        fmt = self.tool_format if tools is not None and tools.active else None
+        fmt = self.tool_format if ToolUse.shown(tools) is not None else None
         dicts, template_tools = template_messages(messages, fmt, tools)
         variables: dict[str, object] = {"enable_thinking": enable_thinking}
         if template_tools is not None:
             variables["tools"] = template_tools
         return self.render_dicts(dicts, add_generation_prompt=add_generation_prompt, **variables)
 
-    @property
+    @functools.cached_property
     def tool_format(self) -> ToolFormat | None:
         """The syntax this template writes tool calls in (``domain.tools.formats``): read
         from its source, and whether it renders a tool at all (it is rendered once with a
         probe tool and once without)."""
-        if self._tool_format == "unknown":
-            self._tool_format = detect_format(self.source, self._renders_tools())
-        return self._tool_format  # type: ignore[return-value]
+        return detect_format(self.source, self._renders_tools())
 
     def _renders_tools(self) -> bool:
         probe = [{"role": "user", "content": "Hello"}]

@@ -277,7 +277,7 @@ def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
         "logprobs": tuple(
             DoneLogprob(
                 token=lp.chosen.token,
-                text=lp.chosen.text.decode("utf-8", errors="replace"),
+                text=lp.chosen.piece,
                 logprob=lp.chosen.logprob,
                 top=tuple((t.token, t.logprob) for t in lp.top),
             )

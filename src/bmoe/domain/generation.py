@@ -65,6 +65,11 @@ class TokenChoice:
     text: bytes
     logprob: float
 
+    @property
+    def piece(self) -> str:
+        """``text`` as a string (a byte that is not UTF-8 on its own as U+FFFD)."""
+        return self.text.decode("utf-8", errors="replace")
+
 
 @attrs.frozen
 class TokenLogprob:

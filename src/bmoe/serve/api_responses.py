@@ -108,12 +108,8 @@ def _message(o: Outcome) -> Json:
     return message
 
 
-def _token_text(choice: TokenChoice) -> str:
-    return choice.text.decode("utf-8", errors="replace")
-
-
 def _chat_token(choice: TokenChoice) -> Json:
-    return {"token": _token_text(choice), "logprob": _logp(choice.logprob), "bytes": list(choice.text)}
+    return {"token": choice.piece, "logprob": _logp(choice.logprob), "bytes": list(choice.text)}
 
 
 def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> Json | None:
@@ -136,11 +132,11 @@ def text_logprobs(logprobs: tuple[TokenLogprob, ...] | None, offset: int = 0) ->
     offsets = []
     for lp in logprobs:
         offsets.append(offset)
-        offset += len(_token_text(lp.chosen))
+        offset += len(lp.chosen.piece)
     return {
-        "tokens": [_token_text(lp.chosen) for lp in logprobs],
+        "tokens": [lp.chosen.piece for lp in logprobs],
         "token_logprobs": [_logp(lp.chosen.logprob) for lp in logprobs],
-        "top_logprobs": [{_token_text(t): _logp(t.logprob) for t in lp.top} for lp in logprobs],
+        "top_logprobs": [{t.piece: _logp(t.logprob) for t in lp.top} for lp in logprobs],
         "text_offset": offsets,
     }
 

@@ -240,7 +240,7 @@ async def _text_events(
             if isinstance(item, Delta):
                 logprobs = api.text_logprobs(item.logprobs, offset) if gen.logprobs is not None else None
                 yield _event(api.text_chunk(env, item, None, logprobs))
-                offset += sum(len(lp.chosen.text.decode("utf-8", errors="replace")) for lp in item.logprobs)
+                offset += sum(len(lp.chosen.piece) for lp in item.logprobs)
             elif isinstance(item, Outcome):
                 yield _event(api.text_chunk(env, Delta(), item.finish_reason))
                 if gen.include_usage:

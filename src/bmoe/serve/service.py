@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, Progress, TokenLogprob
-from bmoe.domain.tools import ReplyGate
+from bmoe.domain.tools import ReplyGate, ToolUse
 from bmoe.runtime import Session
 from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
 from bmoe.serve.api_responses import Delta, ModelCard, Outcome, outcome
@@ -93,9 +93,9 @@ class ServedSession:
             prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
             request = fill_context(request, len(prompt), self.session.n_ctx)
         scanner = StopScanner(tuple(stops))
-        tools = request.tools if chat and request.tools is not None and request.tools.active else None
-        fmt = self.session.engine.renderer.tool_format if tools is not None else None
-        gate = ReplyGate(fmt, tools.parallel) if fmt is not None and tools is not None else None
+        tools = ToolUse.shown(request.tools) if chat else None
+        fmt = self.session.engine.renderer.tool_format if tools is not None else None  # probed once, on need
+        gate = ReplyGate(fmt, tools.parallel) if tools is not None and fmt is not None else None
         seen_reasoning: list[str] = []
         gated: list[str] = []  # the answer text let through the gate (all of it, without tools)
         kept: list[str] = []

@@ -156,7 +156,7 @@ class SessionEngine:
 
         ``history`` and ``chat`` as in ``generate``."""
         think = self._think(request)
-        tools = _active(request.tools)
+        tools = ToolUse.shown(request.tools)
         if self.defaults.chat if chat is None else chat:
             if tools is not None and self.renderer.tool_format is None:
                 raise ToolFormatError(
@@ -176,7 +176,7 @@ class SessionEngine:
 
     def constraint(self, request: GenerateRequest) -> OutputConstraint | None:
         """The grammar the reply follows: the request's, or a forced tool choice's calls."""
-        tools = _active(request.tools)
+        tools = ToolUse.shown(request.tools)
         if tools is None or not tools.choice.forced:
             return request.constraint
         if request.constraint is not None:
@@ -283,7 +283,7 @@ class SessionEngine:
             self._fatal = exc
             raise
         self.transcript = [*turn.prompt, *turn.tokens]
-        tools = _active(request.tools) if chat else None
+        tools = ToolUse.shown(request.tools) if chat else None
         if tools is not None and self.renderer.tool_format is not None:
             reply = parse_reply(self.renderer.tool_format, "".join(turn.text), parallel=tools.parallel)
             turn.text, turn.tool_calls = [reply.content], reply.calls
@@ -306,7 +306,7 @@ class SessionEngine:
         self.kv_tokens = list(turn.prompt)
 
     def _decode(self, turn: _Turn, on_progress: OnProgress | None, request: GenerateRequest) -> None:
-        specials = _active(request.tools) is not None  # call syntaxes use control tokens
+        specials = ToolUse.shown(request.tools) is not None  # call syntaxes use control tokens
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         splitter = ReasoningSplitter()
         t_start = t_tok = time.perf_counter()
@@ -376,10 +376,6 @@ class SessionEngine:
             tool_calls=turn.tool_calls,
             logprobs=tuple(turn.logprobs),
         )
-
-
-def _active(tools: ToolUse | None) -> ToolUse | None:
-    return tools if tools is not None and tools.active else None
 
 
 def _turn_message(request: GenerateRequest) -> ChatMessage:

@@ -50,8 +50,7 @@ IGNORED_KEYWORDS = frozenset(
 """Keywords that restrict what is valid and that the converter does not read."""
 
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_ONE = ("items", "additionalProperties")
+_SUBSCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems", "items", "additionalProperties")  # a list or one
 
 
 def unexpressed(schema: object, where: str = "#") -> list[str]:
@@ -65,12 +64,7 @@ def unexpressed(schema: object, where: str = "#") -> list[str]:
         if isinstance(sub, Mapping):
             for name, value in sub.items():
                 found += unexpressed(value, f"{where}/{key}/{name}")
-    for key in _SUBSCHEMA_LISTS:
-        sub = schema.get(key)
-        if isinstance(sub, list):
-            for i, value in enumerate(sub):
-                found += unexpressed(value, f"{where}/{key}/{i}")
-    for key in _SUBSCHEMA_ONE:
+    for key in _SUBSCHEMAS:
         sub = schema.get(key)
         if isinstance(sub, list):
             for i, value in enumerate(sub):

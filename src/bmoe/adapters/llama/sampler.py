@@ -9,7 +9,7 @@ import llama_cpp
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.domain.sampling import SamplingParams
-from bmoe.errors import GrammarError
+from bmoe.errors import ConfigError, GrammarError
 
 
 class Sampler:
@@ -45,7 +45,7 @@ class Sampler:
             biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
             for i, (token, bias) in enumerate(params.logit_bias):
                 if token >= model.n_vocab:
-                    raise GrammarError(f"logit_bias names token {token}; the vocabulary has {model.n_vocab}")
+                    raise ConfigError(f"logit_bias names token {token}; the vocabulary has {model.n_vocab}")
                 biases[i].token = llama_cpp.llama_token(token)
                 biases[i].bias = bias
             self._add(llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(biases), biases))

@@ -95,6 +95,11 @@ class ToolUse:
         """Tools are shown to the model and its reply is read for calls."""
         return self.choice.mode != "none" and bool(self.tools)
 
+    @staticmethod
+    def shown(use: ToolUse | None) -> ToolUse | None:
+        """``use`` when it is active (tools shown, the reply read for calls), else ``None``."""
+        return use if use is not None and use.active else None
+
     @property
     def callable(self) -> tuple[Tool, ...]:
         """The tools a forced reply may call: the named one, or all."""
