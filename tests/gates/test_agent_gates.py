@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jsonschema
 import llama_cpp
+import numpy as np
 import pytest
 
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
@@ -80,6 +81,35 @@ def test_a_request_without_the_new_settings_samples_what_the_plain_chain_samples
         with Sampler(params, model, 256) as sampler:
             ours = _run(model, sampler.sample)
     assert ours == reference
+
+
+def test_penalties_and_logit_bias_draw_what_their_arithmetic_says(
+    tiny_model_path: TinyModelPath, fixture_name: str
+) -> None:
+    """Greedy with llama.cpp's logit-bias and penalties samplers equals greedy over the logits
+    plus the bias, less ``count x frequency + (count > 0) x presence`` for each token this
+    generation produced, in float32 as llama.cpp computes it."""
+    with LlamaModel(tiny_model_path(fixture_name)) as model:
+        plain = _run(model, lambda ctx: int(np.argmax(ctx.logits(-1))))
+        bias = {plain[-1]: 2.0, plain[0]: -100.0}  # the first token ruled out: the draw must change
+        params = SamplingParams(frequency_penalty=1.5, presence_penalty=0.5, logit_bias=bias)
+        counts: dict[int, int] = {}
+
+        def reference(ctx: LlamaContext) -> int:
+            logits = ctx.logits(-1).astype(np.float32)
+            for token, b in bias.items():
+                logits[token] += np.float32(b)
+            for token, n in counts.items():
+                logits[token] -= np.float32(n) * np.float32(1.5) + np.float32(0.5)
+            best = int(np.argmax(logits))
+            counts[best] = counts.get(best, 0) + 1
+            return best
+
+        expected = _run(model, reference)
+        with Sampler(params, model, 256) as sampler:
+            ours = _run(model, sampler.sample)
+    assert expected != plain  # the settings matter on this model
+    assert ours == expected
 
 
 @pytest.fixture(scope="module")
