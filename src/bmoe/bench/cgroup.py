@@ -46,8 +46,9 @@ def _own_path(proc_cgroup: str, controller: str | None) -> str | None:
     return None
 
 
-def candidate_sites(mounts: str, proc_cgroup: str) -> list[CgroupSite]:
-    """Where to try, in order: v2 first (if mounted), then v1's memory hierarchy."""
+def candidate_sites(mounts: str, proc_cgroup: str, v1_controller: str = "memory") -> list[CgroupSite]:
+    """Where to try, in order: v2 first (if mounted), then v1's hierarchy holding
+    ``v1_controller`` (``memory``; ``blkio`` for a disk throttle)."""
     v2: list[CgroupSite] = []
     v1: list[CgroupSite] = []
     for line in mounts.splitlines():
@@ -59,8 +60,8 @@ def candidate_sites(mounts: str, proc_cgroup: str) -> list[CgroupSite]:
             own = _own_path(proc_cgroup, None)
             if own is not None:
                 v2.append(CgroupSite(2, Path(mountpoint) / own.lstrip("/")))
-        elif fstype == "cgroup" and "memory" in options:
-            own = _own_path(proc_cgroup, "memory")
+        elif fstype == "cgroup" and v1_controller in options:
+            own = _own_path(proc_cgroup, v1_controller)
             if own is not None:
                 v1.append(CgroupSite(1, Path(mountpoint) / own.lstrip("/")))
     return v2 + v1
@@ -167,6 +168,6 @@ def _read(path: Path) -> str:
         return ""
 
 
-def machine_sites() -> list[CgroupSite]:
+def machine_sites(v1_controller: str = "memory") -> list[CgroupSite]:
     """This machine's candidate sites, from ``/proc/self/mounts`` and ``/proc/self/cgroup``."""
-    return candidate_sites(_read(Path("/proc/self/mounts")), _read(Path("/proc/self/cgroup")))
+    return candidate_sites(_read(Path("/proc/self/mounts")), _read(Path("/proc/self/cgroup")), v1_controller)

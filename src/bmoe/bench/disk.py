@@ -122,3 +122,25 @@ def measure_random_reads(
     count = max(1, min(n_blocks, total_bytes // block))
     offsets = [b * block for b in random.Random(seed).sample(range(n_blocks), count)]
     return _timed_reads(path, [offsets[lane::n_lanes] for lane in range(n_lanes)], block, size)
+
+
+def _main(argv: list[str]) -> None:
+    """``python -m bmoe.bench.disk PATH sequential|random MIB LANES SEED``: waits for one line
+    on stdin (the parent puts this process in its groups first), then prints the
+    :class:`Bandwidth` as JSON. The bench measures the disk this way inside its disk throttle."""
+    import json
+    import sys
+
+    path, kind, mib, lanes, seed = Path(argv[0]), argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    sys.stdin.readline()
+    if kind == "sequential":
+        bw = measure_bandwidth(path, mib * MIB or None, n_lanes=lanes)
+    else:
+        bw = measure_random_reads(path, mib * MIB, n_lanes=lanes, seed=seed)
+    print(json.dumps(attrs.asdict(bw)), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _main(sys.argv[1:])

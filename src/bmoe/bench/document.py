@@ -11,6 +11,7 @@ import attrs
 
 from bmoe.bench import report
 from bmoe.bench.disk import MIB, Bandwidth
+from bmoe.bench.io_group import DiskThrottle
 from bmoe.bench.prefill import PREFILL_BATCH
 
 
@@ -32,14 +33,19 @@ class RunFacts:
     n_ctx: int
     rounds: int
     mem_limit_mb: int
+    throttle: DiskThrottle = attrs.field(factory=DiskThrottle)
     prompt_tokens: int = 0
     skipped: dict[str, str] = attrs.field(factory=dict)
 
 
-def disk_text(seq: Bandwidth, lanes: Bandwidth) -> str:
+def disk_text(seq: Bandwidth, lanes: Bandwidth, throttle: DiskThrottle | None = None) -> str:
     how = "O_DIRECT" if seq.odirect else "buffered (the filesystem refused O_DIRECT)"
+    held = ""
+    if throttle is not None and throttle.active:
+        ceiling = "; the disk ceiling below is the throttle" if throttle.mib_s else ""
+        held = f"throttled by an I/O cgroup to {throttle.text()} (a phone's flash){ceiling}; read inside it: "
     return (
-        f"{seq.mib_s:,.0f} MiB/s sequential, one 4 MiB read in flight; {lanes.mib_s:,.0f} MiB/s with "
+        f"{held}{seq.mib_s:,.0f} MiB/s sequential, one 4 MiB read in flight; {lanes.mib_s:,.0f} MiB/s with "
         f"{lanes.lanes} reads in flight ({how}, {seq.bytes / MIB:,.0f} MiB of the model file read after "
         "dropping it from the page cache)"
     )
@@ -70,13 +76,15 @@ def markdown(run: RunFacts, outcome: report.Outcome, *, title: str, chart: Path 
         f"Machine: {f['nproc']} CPUs ({f['cpu']}), MemTotal {f['mem_total_gib']:.1f} GiB, kernel "
         f"{f['kernel']}, llama-cpp-python {f['llama_cpp_python']}, model {size / 1e9:.2f} GB (routed "
         f"experts {run.expert_bytes / MIB:,.0f} MiB) on {f['filesystem']}. Disk, measured in the same "
-        f"run: {disk_text(run.sequential, run.lanes)}.",
+        f"run: {disk_text(run.sequential, run.lanes, run.throttle)}.",
         "",
         f"{prefill_text(run.prompt_tokens)}Decode: teacher forcing over the built-in English text"
         f"{decode_from}, {run.warmup} warm-up tokens then {run.tokens} measured, one token per "
         f"`llama_decode`, {run.threads} compute threads, {run.io_threads} read lanes, flash attention "
         f"off everywhere, n_ctx {run.n_ctx}, {run.rounds} interleaved rounds, each configuration in a "
-        f"fresh process after dropping the model from the page cache{limit}.",
+        f"fresh process after dropping the model from the page cache{limit}"
+        + (f", its reads of the disk held to {run.throttle.text()}" if run.throttle.active else "")
+        + ".",
         "",
         report.markdown_table(outcome.summaries, outcome.baseline),
         "",
@@ -105,6 +113,7 @@ def payload(
         },
         "expert_bytes": run.expert_bytes,
         "mem_limit_mb": run.mem_limit_mb,
+        "disk_throttle": attrs.asdict(run.throttle),
         "n_ctx": run.n_ctx,
         "prompt_tokens": run.prompt_tokens,
         "skipped": run.skipped,

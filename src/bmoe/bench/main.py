@@ -20,7 +20,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,8 @@ import attrs
 from bmoe.bench import configs as cf
 from bmoe.bench import document, report
 from bmoe.bench.cgroup import CgroupError, MemoryGroup, machine_sites
-from bmoe.bench.disk import MIB, measure_bandwidth, measure_random_reads
+from bmoe.bench.disk import MIB, Bandwidth
+from bmoe.bench.io_group import Confinement, DiskThrottle, IoGroup, block_device_of
 from bmoe.bench.memory_fit import skipped_configs
 from bmoe.bench.prefill import DEFAULT_PROMPT_TOKENS, PREFILL_BATCH
 from bmoe.bench.progress import make_progress
@@ -114,6 +115,21 @@ def parser() -> argparse.ArgumentParser:
         "anonymous memory at load) is skipped, saying so, when the model file is larger than N MiB",
     )
     p.add_argument(
+        "--disk-mib-s",
+        type=int,
+        default=0,
+        help="emulate a phone's flash: run every configuration (stock too) and the disk probes in an "
+        "I/O cgroup that holds reads of the model's disk to N MiB/s; the report's disk ceiling is then N "
+        "(default 0: the disk as it is)",
+    )
+    p.add_argument(
+        "--disk-iops",
+        type=int,
+        default=0,
+        help="with or without --disk-mib-s: hold reads of the model's disk to N a second "
+        "(default 0: no limit)",
+    )
+    p.add_argument(
         "--bw-max-mib",
         type=int,
         default=2048,
@@ -158,6 +174,8 @@ def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Pla
         raise cf.BenchConfigError("need --rounds >= 1")
     if args.mem_limit_mb < 0:
         raise cf.BenchConfigError("--mem-limit-mb must be >= 0")
+    if args.disk_mib_s < 0 or args.disk_iops < 0:
+        raise cf.BenchConfigError("--disk-mib-s and --disk-iops must be >= 0")
     if not 0 <= args.prompt_tokens <= PREFILL_BATCH:
         raise cf.BenchConfigError(
             f"--prompt-tokens must be between 0 and {PREFILL_BATCH} (one llama_decode of one "
@@ -219,23 +237,19 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     from bmoe.bench.model import expert_bytes, tokenize
     from bmoe.bench.procfs import machine_facts
-    from bmoe.bench.runner import run_configuration
+    from bmoe.bench.runner import probe_disk, run_configuration
 
     tokens = tokenize(model, TEXT)
     plan = make_plan(args, len(tokens))
-    make_group = None
-    if args.mem_limit_mb:
-        sites = machine_sites()
-        limit = args.mem_limit_mb * MIB
-
-        def make_group() -> MemoryGroup:
-            return MemoryGroup.create(sites, f"bmoe-bench-{os.getpid()}", limit)
-
-        try:
+    throttle = DiskThrottle(args.disk_mib_s, args.disk_iops)
+    try:
+        make_group = confinement_factory(model, args.mem_limit_mb, throttle)
+        make_probe_group = confinement_factory(model, 0, throttle)
+        if make_group is not None:
             make_group().close()  # refuse now, before measuring anything, if none is writable
-        except CgroupError as exc:
-            print(f"bench: {exc}", file=sys.stderr)
-            return 2
+    except CgroupError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
     experts = expert_bytes(model)
     configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch, plan.policies)
     skipped = skipped_configs(
@@ -256,10 +270,14 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         f"bench: {model} ({model.stat().st_size / 1e9:.2f} GB, experts {experts / MIB:,.0f} MiB)",
         file=sys.stderr,
     )
-    cap = args.bw_max_mib * MIB or None
-    seq = measure_bandwidth(model, cap)
-    lanes = measure_bandwidth(model, cap, n_lanes=args.io_threads) if args.io_threads > 1 else seq
-    print(f"bench: disk: {document.disk_text(seq, lanes)}", file=sys.stderr)
+    seq = probe_disk(model, "sequential", args.bw_max_mib, 1, make_group=make_probe_group)
+    lanes = seq
+    if args.io_threads > 1:
+        lanes = probe_disk(model, "sequential", args.bw_max_mib, args.io_threads, make_group=make_probe_group)
+    print(f"bench: disk: {document.disk_text(seq, lanes, throttle)}", file=sys.stderr)
+    for warning in throttle_warnings(throttle, [seq, lanes]):
+        print(f"bench: warning: {warning}", file=sys.stderr)
+    ceiling_mib_s = float(throttle.mib_s) if throttle.mib_s else seq.mib_s
 
     fed = plan.fed
     progress = make_progress(fed * len(schedule))
@@ -287,8 +305,8 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             probe = None
             if config.kind == "stream" and args.probe_mib > 0:
                 probes += 1  # a new seed each time: a block read again may come from the host's cache
-                probe = measure_random_reads(
-                    model, args.probe_mib * MIB, n_lanes=args.io_threads, seed=probes
+                probe = probe_disk(
+                    model, "random", args.probe_mib, args.io_threads, seed=probes, make_group=make_probe_group
                 )
             progress.begin(f"round {round_no + 1}/{args.rounds}: {config.label}", fed)
             r = run_configuration(
@@ -305,17 +323,19 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     finally:
         progress.close()
 
-    outcome = report.conclude(configs, runs, experts, seq.mib_s, skipped, repack=not args.no_repack)
+    outcome = report.conclude(configs, runs, experts, ceiling_mib_s, skipped, repack=not args.no_repack)
     title = args.title or f"{model.name}" + (
         f", memory limit {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
-    )
+    ) + (f", disk {throttle.text()}" if throttle.active else "")
     args.out.mkdir(parents=True, exist_ok=True)
     chart = None
     if not args.no_chart:
         from bmoe.bench.chart import ChartUnavailable, draw
 
         try:
-            chart = draw(outcome.summaries, args.out / "bench.png", title=title, bandwidth_mib_s=seq.mib_s)
+            chart = draw(
+                outcome.summaries, args.out / "bench.png", title=title, bandwidth_mib_s=ceiling_mib_s
+            )
         except ChartUnavailable as exc:
             print(f"bench: {exc}", file=sys.stderr)
     run = document.RunFacts(
@@ -332,6 +352,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         n_ctx=plan.n_ctx,
         rounds=args.rounds,
         mem_limit_mb=args.mem_limit_mb,
+        throttle=throttle,
         prompt_tokens=args.prompt_tokens,
         skipped=skipped,
     )
@@ -345,6 +366,48 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         file=sys.stderr,
     )
     return exit_status(outcome.summaries, outcome.checks)
+
+
+def confinement_factory(
+    model: Path, mem_limit_mb: int, throttle: DiskThrottle
+) -> Callable[[], Confinement] | None:
+    """What makes one process's groups: a memory group of ``mem_limit_mb`` MiB and/or a
+    disk throttle on the model's disk; None when neither is asked for. ``CgroupError``
+    now where the model is on no block device; a group that cannot be made refuses when
+    first made."""
+    if not mem_limit_mb and not throttle.active:
+        return None
+    device = block_device_of(model) if throttle.active else None
+    memory_sites = machine_sites()
+    io_sites = machine_sites("blkio")
+    name = f"bmoe-bench-{os.getpid()}"
+
+    def make() -> Confinement:
+        groups = Confinement()
+        try:
+            if mem_limit_mb:
+                groups.memory = MemoryGroup.create(memory_sites, name, mem_limit_mb * MIB)
+            if device is not None:
+                groups.io = IoGroup.create(io_sites, name + "-io", device, throttle, inside=groups.memory)
+        except CgroupError:
+            groups.close()
+            raise
+        return groups
+
+    return make
+
+
+def throttle_warnings(throttle: DiskThrottle, measured: Sequence[Bandwidth]) -> list[str]:
+    """Where a probe inside the throttle read faster than it (by more than 10%): the
+    throttle did not take, and the ceiling the report uses is not the disk's."""
+    if not throttle.mib_s:
+        return []
+    return [
+        f"the disk probe read {bw.mib_s:,.0f} MiB/s on {bw.lanes} lane(s) inside a throttle of "
+        f"{throttle.mib_s:,} MiB/s: the throttle did not take (another device? a buffered filesystem?)"
+        for bw in measured
+        if bw.mib_s > 1.1 * throttle.mib_s
+    ]
 
 
 def finished_text(result: dict[str, Any]) -> str:
