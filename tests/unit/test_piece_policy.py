@@ -64,9 +64,13 @@ def test_before_any_measurement_one_piece() -> None:
     assert not choice.keep and "no compute measured" in choice.why
 
 
-def test_the_meter_keeps_the_latest_measurement() -> None:
+def test_the_meter_keeps_the_latest_read_rate_and_the_least_compute_after_the_first() -> None:
     meter = PieceMeter(expert_bytes=5 << 30, n_expert=128, n_expert_used=8)
     assert meter.costs(1 << 30).miss_read_s == pytest.approx(4.0 * (1 << 30) / PRIOR_READ_BYTES_S)
+    # the session's first prefill: its compute is not trusted (first touches), its reads are
+    meter.observe(n_prefilled=100, prefill_s=18.0, stall_s=4.0, bytes_read=4 << 30)
+    assert meter.costs(3 << 30).compute_s_per_token is None
+    assert meter.costs(3 << 30).miss_read_s == pytest.approx(2.0)  # 2 GiB missing at 1 GiB/s
     meter.observe(n_prefilled=100, prefill_s=3.0, stall_s=2.0, bytes_read=2 << 30)
     costs = meter.costs(3 << 30)
     assert costs.compute_s_per_token == pytest.approx(0.01)
@@ -74,6 +78,11 @@ def test_the_meter_keeps_the_latest_measurement() -> None:
     assert meter.costs(6 << 30).miss_read_s == 0.0  # the cache holds every expert
     meter.observe(n_prefilled=0, prefill_s=0.0, stall_s=0.0, bytes_read=0)  # nothing new
     assert meter.costs(3 << 30) == costs
+    meter.observe(n_prefilled=100, prefill_s=5.0, stall_s=2.0, bytes_read=1 << 30)  # slower: not kept
+    assert meter.costs(3 << 30).compute_s_per_token == pytest.approx(0.01)
+    assert meter.costs(3 << 30).miss_read_s == pytest.approx(4.0)  # the latest rate: 0.5 GiB/s
+    meter.observe(n_prefilled=100, prefill_s=2.5, stall_s=2.0, bytes_read=1 << 30)  # faster: kept
+    assert meter.costs(3 << 30).compute_s_per_token == pytest.approx(0.005)
 
 
 def decide(

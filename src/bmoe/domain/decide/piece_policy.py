@@ -94,21 +94,33 @@ PRIOR_READ_BYTES_S = 1024 * 1024 * 1024  # until a decision measured the reads: 
 
 @attrs.define
 class PieceMeter:
-    """The costs a streamed session measured over its decisions (the latest one counts:
-    the cache and the disk change). ``expert_bytes``: all routed experts; ``n_expert`` and
-    ``n_expert_used``: the model's."""
+    """The costs a streamed session measured over its decisions. ``expert_bytes``: all
+    routed experts; ``n_expert`` and ``n_expert_used``: the model's.
+
+    The read rate is the latest decision's (the cache and the disk change). The compute per
+    token is the least any decision after the session's first measured: the first prefill of
+    a session also pays its first touches (the cache's fresh pages, the dense weights' first
+    faults; measured here at 5x a later decision's compute under a disk throttle), which
+    would make every kept state look worth its reads; and a later decision's time can only be
+    inflated (by reads the eval thread did not wait for, by other load), never shrunk, so
+    the least is the nearest to the compute alone, and it errs towards one piece."""
 
     expert_bytes: int
     n_expert: int
     n_expert_used: int
     compute_s_per_token: float | None = None
     read_bytes_s: float = PRIOR_READ_BYTES_S
+    observed: int = 0
 
     def observe(self, n_prefilled: int, prefill_s: float, stall_s: float, bytes_read: int) -> None:
         """One decision's prefill: its tokens, its time, the part of it spent waiting for
         reads, and what it read."""
         if n_prefilled > 0 and prefill_s > 0.0:
-            self.compute_s_per_token = max(0.0, prefill_s - stall_s) / n_prefilled
+            if self.observed > 0:
+                compute = max(0.0, prefill_s - stall_s) / n_prefilled
+                known = self.compute_s_per_token
+                self.compute_s_per_token = compute if known is None else min(known, compute)
+            self.observed += 1
         if bytes_read > 0 and stall_s > 0.0:
             self.read_bytes_s = bytes_read / stall_s
 
