@@ -510,6 +510,20 @@ cdef class ExpertStreamer:
             i = self.s.core.next[i]
         return out
 
+    def expert_snapshot(self):
+        """``(resident, routed)``: one ``bytes`` of ``n_layer * n_expert`` flags (1: the entry
+        ``layer * n_expert + e`` is in the cache core; the fast path's, the reference
+        policy keeps its own) and one of as many native ``int64`` counts (the routed slots
+        that chose it since setup, both modes). Read-only and cheap (two copies); take it
+        between decodes or under the lock the session holds around them."""
+        cdef int64_t n = <int64_t> self.s.core.n_layer * self.s.core.n_expert
+        resident = bytearray(n)
+        routed = bytearray(n * sizeof(int64_t))
+        cdef uint8_t * rp = <uint8_t *> (<char *> resident)
+        cdef int64_t * cp = <int64_t *> (<char *> routed)
+        copy_routing(self.s, rp, cp)
+        return bytes(resident), bytes(routed)
+
     def stats(self):
         cdef stream_t * s = self.s
         cdef core_t * c = s.core

@@ -287,6 +287,12 @@ class Session:
         return WeightLayout(asked=True, available=True, by_llama=True, dense_bytes=repacked)
 
     @property
+    def feeding(self) -> tuple[int, int]:
+        """``(tokens decoded, tokens to decode)`` of the decode call in flight or the last
+        one (a prefill's progress, by ``n_batch`` chunks); any thread."""
+        return self.ctx.feeding
+
+    @property
     def think_ctl(self) -> bool:
         """Whether the chat template honours ``enable_thinking``."""
         return "enable_thinking" in self.template.source

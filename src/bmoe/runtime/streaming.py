@@ -24,6 +24,7 @@ from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingInfo
 from bmoe.adapters.router_view import StreamerRouterView
 from bmoe.adapters.stream_trace import TraceFiles
 from bmoe.cext import expert_stream
+from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.streaming import Entry, StreamConfig, StreamCounters, StreamFault
 from bmoe.domain.streaming.decode_routing import Routers, RoutingSettings
 from bmoe.errors import StreamingFaultError
@@ -53,6 +54,7 @@ class StreamingControl:
         self._traces: TraceFiles | None = None
         self._turn = 0
         streamer = streaming.streamer
+        self._layers = tuple(layer for layer in range(streamer.n_layer) if streamer.entry_bytes(layer) > 0)
         if config.policy == "reference":
             self._source = LaneExpertSource(
                 streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
@@ -121,6 +123,30 @@ class StreamingControl:
         if self._reference is not None:
             return self._reference.resident()
         return list(self.streaming.streamer.resident_entries())
+
+    def snapshot(self, timeout: float) -> ExpertSnapshot | None:
+        """The expert cache now (residency, routing counts, counters), from any thread:
+        taken under ``lock``, so it waits for the decode in flight (at most ``timeout``
+        seconds) and holds the next one back only for two copies. None when the lock did
+        not come in time or the streaming is closed."""
+        if not self.lock.acquire(timeout=timeout):
+            return None
+        try:
+            if self._closed:
+                return None
+            streamer = self.streaming.streamer
+            resident, routed = streamer.expert_snapshot()
+            n_layer, n_expert = streamer.n_layer, streamer.n_expert
+            if self._reference is not None:  # the reference policy keeps its own residency
+                flags = bytearray(n_layer * n_expert)
+                for layer, expert in self._reference.resident():
+                    flags[layer * n_expert + expert] = 1
+                resident = bytes(flags)
+            counters = self.counters()
+        finally:
+            self.lock.release()
+        counts = memoryview(routed).cast("q").tolist()
+        return ExpertSnapshot(n_layer, n_expert, self._layers, resident, tuple(counts), counters)
 
     # -- faults ----------------------------------------------------------------------------
 

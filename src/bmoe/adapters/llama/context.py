@@ -83,6 +83,10 @@ class LlamaContext:
     call (so another thread can act at a decode boundary), and ``explain_abort`` runs when
     a decode was aborted, to raise the real cause (a streaming fault) instead of
     ``DecodeAbortedError``, on every path that decodes.
+
+    ``feeding`` says how far the ``decode`` in flight (or the last one) went: ``(tokens
+    decoded, tokens to decode)``, updated per ``n_batch`` chunk; any thread may read it
+    (a prefill's progress).
     """
 
     def __init__(
@@ -132,6 +136,7 @@ class LlamaContext:
         self._batch_live = True
         self.decode_lock: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         self.explain_abort: Callable[[], None] | None = None
+        self.feeding: tuple[int, int] = (0, 0)
 
     # -- ownership -------------------------------------------------------------------------
 
@@ -197,6 +202,7 @@ class LlamaContext:
         step = self.params.n_batch
         batch = self._batch
         for begin in range(0, len(tokens), step):
+            self.feeding = (begin, len(tokens))
             chunk = tokens[begin : begin + step]
             last_chunk = begin + step >= len(tokens)
             for i, token in enumerate(chunk):
@@ -207,6 +213,7 @@ class LlamaContext:
                 batch.logits[i] = logits == "all" or (last_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
             self._decode_batch()
+        self.feeding = (len(tokens), len(tokens))
 
     def _decode_batch(self) -> None:
         """``llama_decode`` the prepared batch, at a decode boundary the session controls;

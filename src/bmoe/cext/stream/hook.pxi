@@ -5,14 +5,39 @@
 # reference mode hands the ids to the Python policy instead (the ``reference`` room).
 #
 # Owns: the projection waits (``pw_*``, ``proj_order*``), ``stall_s``, ``mgmt_s``, the
-# capture. Calls: every other room. Runs on llama.cpp's eval thread only.
-# Locks: ``lanes.mu`` while it queues and waits for reads.
+# routing counts (``routed``), the capture. Calls: every other room. Runs on llama.cpp's
+# eval thread only (``copy_routing``: any thread, between decodes or under the session's
+# decode lock). Locks: ``lanes.mu`` while it queues and waits for reads.
 
 cdef inline void count_stall(stream_t * s, int layer, double seconds) noexcept nogil:
     """The callback waited ``seconds`` for ``layer``'s reads (pages given back meanwhile
     are not counted: they are ``release_s``)."""
     s.stall_s += seconds
     s.stall_layer[layer] += seconds
+
+
+cdef void count_routes(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    """Add the topk node's ids to ``layer``'s routing counts (every slot, before any
+    policy drops or substitutes it; ids out of range are left to the policy's fault)."""
+    cdef int64_t i, j
+    cdef int32_t e
+    cdef char * base = <char *> t.data
+    cdef int64_t * row = s.routed + <int64_t> layer * s.core.n_expert
+    if t.type != GGML_TYPE_I32:
+        return
+    for j in range(t.ne[1]):
+        for i in range(t.ne[0]):
+            e = (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
+            if 0 <= e < s.core.n_expert:
+                row[e] += 1
+
+
+cdef void copy_routing(stream_t * s, uint8_t * resident, int64_t * routed) noexcept nogil:
+    """Copy the cache core's residency and the routing counts, ``n_layer * n_expert``
+    entries each (``layer * n_expert + e``)."""
+    cdef int64_t n = <int64_t> s.core.n_layer * s.core.n_expert
+    memcpy(resident, s.core.resident, n)
+    memcpy(routed, s.routed, n * sizeof(int64_t))
 
 
 cdef bint is_wanted(stream_t * s, int32_t idx, int layer) noexcept nogil:
@@ -277,6 +302,7 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
             return 1
     if s.tr.route_on or s.tr.io_on:
         trace_ubatch(s, t, layer)
+    count_routes(s, t, layer)
     if s.mode == C_MODE_STREAM:
         demand(s, t, layer)
     else:

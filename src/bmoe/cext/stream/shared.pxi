@@ -326,6 +326,9 @@ cdef struct stream_t:
     ggml_tensor dev_node           # that node, pointed at dev_copy
     uint8_t * layer_elsewhere      # [n_layer]: its experts are resident on a device: not served
     int64_t device_topk            # topk nodes read from a device
+    # routing counts (the hook, both modes): how many routed slots chose each entry since
+    # setup; read by ``expert_snapshot`` (never reset: readers take differences)
+    int64_t * routed               # [n_layer * n_expert]
 
 
 cdef inline double now() noexcept nogil:
@@ -363,6 +366,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
     s.last_route = <int32_t *> calloc(n_layer * n_expert, sizeof(int32_t))
     s.last_route_n = <int *> calloc(n_layer, sizeof(int))
     s.layer_elsewhere = <uint8_t *> calloc(n_layer, 1)
+    s.routed = <int64_t *> calloc(n_layer * n_expert, sizeof(int64_t))
     s.lanes.queue_cap = 4 * n_layer * n_expert + 16
     s.lanes.queue = <int32_t *> calloc(s.lanes.queue_cap, sizeof(int32_t))
     s.lanes.rel_cap = 2 * n_layer * n_expert + 16
@@ -385,6 +389,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
             or s.last_route == NULL or s.last_route_n == NULL or s.lanes.queue == NULL
             or s.lanes.rel == NULL or s.stall_layer == NULL or s.recycled_mark == NULL
             or s.proj_ready == NULL or s.pw_ids == NULL or s.layer_elsewhere == NULL
+            or s.routed == NULL
             or s.r.gate_w == NULL or s.r.gate_b == NULL or s.r.sel_b == NULL):
         stream_free(s)
         return NULL
@@ -409,6 +414,7 @@ cdef void stream_free(stream_t * s) noexcept nogil:
     free(s.last_route)
     free(s.last_route_n)
     free(s.layer_elsewhere)
+    free(s.routed)
     free(s.dev_copy)
     free(s.lanes.queue)
     free(s.lanes.rel)
