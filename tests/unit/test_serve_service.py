@@ -1,10 +1,15 @@
 """The served session's turns over the scripted backend (no model, no HTTP): the pieces it
 streams add up to the answer, a stop string stops the turn and cuts the text, a cancel ends
-the job, and a request that sets no max_tokens gets the rest of the context."""
+the job, and a request that sets no max_tokens gets the rest of the context; the live
+metrics feed follows its requests."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +20,8 @@ from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.serve.api_requests import parse_chat_completion, parse_completion
 from bmoe.serve.api_responses import Delta, ModelCard
 from bmoe.serve.errors import RequestCancelledError
+from bmoe.serve.live import MIN_INTERVAL_S, MetricsFeed
+from bmoe.serve.page import metrics_events
 from bmoe.serve.service import ServedSession
 from bmoe.service.session_engine import EngineDefaults, SessionEngine
 from bmoe.testing.fake_backend import EOG, ScriptedGenerateBackend
@@ -56,11 +63,21 @@ class FakeSession:
         self.requests: list[GenerateRequest] = []
         self.results: list[RunResult] = []
         self.closed = False
+        self.streaming = None  # resident: no expert cache
+        self.feeding = (0, 0)
+        self.token_s = 0.0  # how long each token takes (the live feed's tests)
 
     def generate(
         self, request: GenerateRequest, on_progress: Any = None, on_begin: Any = None, **kw: Any
     ) -> RunResult:
         self.requests.append(request)
+        if on_progress is not None and self.token_s:
+            report = on_progress
+
+            def on_progress(p: Any) -> None:
+                time.sleep(self.token_s)
+                report(p)
+
         result = self.engine.generate(request, on_progress, on_begin, **kw)
         self.results.append(result)
         return result
@@ -178,4 +195,75 @@ def test_progress_is_not_needed_for_the_answer() -> None:
     s, _ = served("")
     o = s.chat(chat()).future.result(TIMEOUT)
     assert (o.text, o.completion_tokens, o.finish_reason) == ("", 0, "stop")
+    s.close(TIMEOUT)
+
+
+# -- the live metrics feed (GET /v1/bmoe/metrics's events, without HTTP) ---------------------
+
+
+async def _events_until_finished(s: ServedSession, start: Any, finished: int) -> list[tuple[float, Any]]:
+    """The feed's events (with when they came) from its first until one says ``finished``
+    requests have ended; ``start()`` is called once the first event is in."""
+    feed = MetricsFeed(s.model_id, s.streaming)
+    events = metrics_events(s, feed)
+    loop = asyncio.get_running_loop()
+    seen = [(loop.time(), json.loads((await anext(events)).data))]
+    start()
+    try:
+        while seen[-1][1]["requests"] < finished:
+            event = await asyncio.wait_for(anext(events), TIMEOUT)
+            seen.append((loop.time(), json.loads(event.data)))
+    finally:
+        await events.aclose()
+    return seen
+
+
+def test_the_metrics_feed_follows_a_chat_at_most_ten_times_a_second_and_always_after_its_end() -> None:
+    s, fake = served("<think>plan</think>\n\n" + "OK " * 40)
+    fake.token_s = 0.01  # about a second in all
+    jobs: list[Any] = []
+    seen = asyncio.run(_events_until_finished(s, lambda: jobs.append(s.chat(chat(max_tokens=64))), 1))
+    jobs[0].future.result(TIMEOUT)
+    first, last = seen[0][1], seen[-1][1]
+    assert first == {
+        "model": "fake",
+        "state": "idle",
+        "requests": 0,
+        "streaming": False,
+        "request": None,
+        "cache": None,
+    }
+    assert last["state"] == "idle" and last["cache"] is None
+    r = last["request"]
+    tokens = len(fake.results[-1].tokens)
+    assert (r["number"], r["kind"], r["outcome"]) == (1, "chat", "done")
+    assert (r["tokens"], r["max_tokens"]) == (tokens, 64)
+    assert r["tok_s"] > 0
+    assert (r["prefill_done"], r["prefill_total"]) == (0, 0)  # the scripted backend tells no progress
+    assert r["hit_pct"] is None and r["read_mib_per_token"] is None and r["stall_ms_per_token"] is None
+    assert len(seen) >= 5
+    assert all(e["state"] in ("prefill", "decode") for _, e in seen[1:-1])
+    counts = [e["request"]["tokens"] for _, e in seen[1:]]
+    assert counts == sorted(counts)
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(seen)]
+    assert all(gap >= MIN_INTERVAL_S * 0.9 for gap in gaps)
+    s.close(TIMEOUT)
+
+
+def test_the_metrics_feed_says_a_request_was_cancelled() -> None:
+    s, _ = served("abcdefgh")
+    jobs: list[Any] = []
+    submitted = threading.Event()
+
+    def cancel_at_the_first_piece(p: Delta) -> None:
+        assert submitted.wait(TIMEOUT)
+        jobs[0].cancel()
+
+    def start() -> None:
+        jobs.append(s.chat(chat(), cancel_at_the_first_piece))
+        submitted.set()
+
+    seen = asyncio.run(_events_until_finished(s, start, 1))
+    assert seen[-1][1]["request"]["outcome"] == "cancelled"
+    assert seen[-1][1]["state"] == "idle"
     s.close(TIMEOUT)

@@ -3,7 +3,8 @@
 - ``GET /v1/models``, ``GET /v1/models/{id}``;
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``, answered whole or, with
   ``"stream": true``, as server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``);
-- ``POST /v1/decide``: bmoe's decisions.
+- ``POST /v1/decide``: bmoe's decisions;
+- ``GET /`` (the web page), ``GET /v1/bmoe/metrics`` (the live engine feed): ``page``.
 
 Each request's work is queued on the session's worker; the handler waits for it without
 blocking the event loop. A client that goes away cancels its request (queued or running).
@@ -34,6 +35,7 @@ from bmoe.serve.api_requests import Generation, parse_chat_completion, parse_com
 from bmoe.serve.api_responses import Delta, Envelope, Json, Outcome
 from bmoe.serve.errors import INVALID_REQUEST, ApiError, RequestError, api_error
 from bmoe.serve.fields import body_object
+from bmoe.serve.page import page_routes
 from bmoe.serve.service import ServedSession, new_id
 from bmoe.serve.worker import Job
 
@@ -168,6 +170,7 @@ def build_app(served: ServedSession) -> Starlette:
         Route("/v1/chat/completions", _openai_errors(chat_completions), methods=["POST"]),
         Route("/v1/completions", _openai_errors(completions), methods=["POST"]),
         Route("/v1/decide", _openai_errors(decide), methods=["POST"]),
+        *page_routes(served),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 

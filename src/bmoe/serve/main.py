@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             server = uvicorn.Server(config)
             host, port = sock.getsockname()[:2]
             url = f"http://{host}:{port}/v1"
-            print(f"bmoe.serve: serving '{served.model_id}' on {url}", file=sys.stderr, flush=True)
+            print(f"bmoe.serve: serving '{served.model_id}' on {url}", file=sys.stderr)
+            print(f"bmoe.serve: chat and engine view: http://{host}:{port}/", file=sys.stderr, flush=True)
             with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
                 server.run(sockets=[sock])
     finally:

@@ -5,7 +5,8 @@ A generation streams its pieces through ``emit`` (called on the worker's thread)
 are final: reasoning as the session splits it, answer text once no stop string can still
 begin in it. A stop string asks the session to ``stop()`` (the turn is kept, not rolled
 back) and cuts the text; a cancel (the client went away) ends the job with
-``RequestCancelledError``.
+``RequestCancelledError``. Every request and token is reported to ``monitor`` (the live
+metrics feed's source).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from collections.abc import Callable, Sequence
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, Progress, TokenLogprob
+from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.tools import ReplyGate, ToolUse
 from bmoe.runtime import Session
 from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
 from bmoe.serve.api_responses import Delta, ModelCard, Outcome, outcome
 from bmoe.serve.errors import RequestCancelledError
 from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request, fill_context
+from bmoe.serve.monitor import EngineMonitor
 from bmoe.serve.stop import StopScanner
 from bmoe.serve.worker import Job, SessionWorker
 
@@ -41,6 +44,7 @@ class ServedSession:
         self.card = card
         self.defaults = defaults or ServeDefaults()
         self.worker = SessionWorker(self._cancel)
+        self.monitor = EngineMonitor(lambda: session.feeding)
 
     def _cancel(self) -> None:
         self.session.cancel()  # looked up at each call, so a test may wrap it
@@ -48,6 +52,17 @@ class ServedSession:
     @property
     def model_id(self) -> str:
         return self.card.id
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the session streams experts (else it runs resident: no expert cache)."""
+        return self.session.streaming is not None
+
+    def expert_snapshot(self, timeout: float) -> ExpertSnapshot | None:
+        """The expert cache now, from any thread (waits up to ``timeout`` seconds for the
+        decode in flight); None when the session does not stream or it did not come."""
+        streaming = self.session.streaming
+        return streaming.snapshot(timeout) if streaming is not None else None
 
     def chat(self, asked: ChatCompletionRequest, emit: Emit = _ignore) -> Job[Outcome]:
         """Queue a chat completion (``RequestError`` now if the request cannot be one)."""
@@ -66,9 +81,10 @@ class ServedSession:
         """Queue a decision."""
 
         def work(job: Job[DecideResult]) -> DecideResult:
-            result = self.session.decide(request, on_begin=job.began)
-            if result.cancelled:
-                raise RequestCancelledError("the decision was cancelled")
+            with self.monitor.request("decide"):
+                result = self.session.decide(request, on_begin=job.began)
+                if result.cancelled:
+                    raise RequestCancelledError("the decision was cancelled")
             return result
 
         return self.worker.submit(work)
@@ -81,6 +97,18 @@ class ServedSession:
     # -- on the worker's thread ------------------------------------------------------------
 
     def _generate(
+        self,
+        job: Job[Outcome],
+        request: GenerateRequest,
+        stops: Sequence[str],
+        emit: Emit,
+        history: Sequence[ChatMessage] | None,
+        chat: bool,
+    ) -> Outcome:
+        with self.monitor.request("chat" if chat else "completion"):
+            return self._generate_watched(job, request, stops, emit, history, chat)
+
+    def _generate_watched(
         self,
         job: Job[Outcome],
         request: GenerateRequest,
@@ -109,6 +137,7 @@ class ServedSession:
                 emit(delta)
 
         def on_progress(p: Progress) -> None:
+            self.monitor.token(p)
             seen_reasoning.append(p.delta_reasoning)
             if p.logprob is not None:
                 pending.append(p.logprob)
