@@ -20,6 +20,8 @@ from bmoe.bench.trained.check import DEFAULT_TOLERANCE, compare, llama_logits
 from bmoe.bench.trained.export import write_gguf
 from bmoe.bench.trained.init import random_weights
 from bmoe.bench.trained.layout import TrainedDims, expected_shapes, layer_names
+from bmoe.bench.trained.main import QUANTIZED_MAX_DIFF, QUANTIZED_MEAN_DIFF
+from bmoe.bench.trained.padded import write_padded_gguf
 from bmoe.bench.trained.reference import forward
 from bmoe.bench.trained.tokens import tokenize
 from bmoe.cext.route_recorder import RouteRecorder
@@ -118,12 +120,62 @@ def test_the_exporter_refuses_a_misshapen_tensor(tmp_path: Path, weights: dict[s
 
 
 def test_the_numpy_parts_never_import_torch() -> None:
-    modules = ["layout", "init", "export", "reference", "check", "figures", "table", "corpus", "tokens"]
+    modules = [
+        "layout",
+        "init",
+        "export",
+        "reference",
+        "check",
+        "figures",
+        "table",
+        "corpus",
+        "tokens",
+        "padded",
+    ]
     modules.append("main")  # imports the torch modules only when it runs
     code = "; ".join(f"import bmoe.bench.trained.{m}" for m in modules)
     code += "; import sys; assert 'torch' not in sys.modules, 'torch was imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+PADDED = 4 * DIMS.n_ff_exp
+
+
+def test_padding_the_experts_with_zeros_changes_no_logit(
+    tmp_path: Path, weights: dict[str, np.ndarray], windows: list[list[int]]
+) -> None:
+    """The bench-scale export: Q4_0 experts padded to 4x their width compute, bit for bit,
+    what the same Q4_0 experts at their trained width compute."""
+    padded, _ = write_padded_gguf(tmp_path / "padded.gguf", DIMS, weights, PADDED)
+    narrow, _ = write_padded_gguf(tmp_path / "narrow.gguf", DIMS, weights, DIMS.n_ff_exp)
+    wide, slim = llama_logits(padded, windows), llama_logits(narrow, windows)
+    for a, b in zip(wide, slim, strict=True):
+        assert np.array_equal(a, b)
+    reader = GGUFReader(padded)
+    tensors = {t.name: t for t in reader.tensors}
+    for il in range(DIMS.n_layer):
+        n = layer_names(il)
+        for name in (n.gate_exps, n.up_exps, n.down_exps):
+            assert tensors[name].tensor_type == GGMLQuantizationType.Q4_0
+        assert tensors[n.router].tensor_type == GGMLQuantizationType.F32
+        assert list(tensors[n.gate_exps].shape) == [DIMS.n_embd, PADDED, DIMS.n_expert]  # ggml order
+        assert list(tensors[n.down_exps].shape) == [PADDED, DIMS.n_embd, DIMS.n_expert]
+    assert padded.stat().st_size > narrow.stat().st_size
+
+
+def test_the_padded_file_computes_the_reference_on_its_dequantized_experts(
+    tmp_path: Path, weights: dict[str, np.ndarray], windows: list[list[int]]
+) -> None:
+    path, computed = write_padded_gguf(tmp_path / "padded.gguf", DIMS, weights, PADDED)
+    reference = [forward(DIMS, computed, w).logits for w in windows]
+    check = compare(
+        reference, llama_logits(path, windows), QUANTIZED_MAX_DIFF, mean_tolerance=QUANTIZED_MEAN_DIFF
+    )
+    assert check.ok, check.text()
+    assert check.argmax_agreement > 0.9
+    unquantized = [forward(DIMS, weights, w).logits for w in windows]
+    assert not np.array_equal(reference[0], unquantized[0])  # Q4_0 moved the experts' values
 
 
 def test_the_torch_model_equals_the_numpy_forward_pass(

@@ -56,7 +56,15 @@ def parser() -> argparse.ArgumentParser:
         default=5.6,
         help="size of the synthetic bench model to make (and cache) when no -m is given (default 5.6)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic bench model")
+    p.add_argument(
+        "--model-kind",
+        choices=("synthetic", "trained"),
+        default="synthetic",
+        help="without -m: the synthetic bench model (random weights, made and cached at --size-gb; the "
+        "default), or the trained one (routing learned on text, experts padded to the synthetic's size: "
+        "made once by python -m bmoe.bench.trained --bench, docs/trained-model.md)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the bench model")
     p.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
@@ -207,10 +215,30 @@ def _resolve_model(args: argparse.Namespace) -> Path:
         if not path.is_file():
             raise cf.BenchConfigError(f"no such model file: {path}")
         return path
+    if args.model_kind == "trained":
+        return trained_bench_model(args.seed)
     from bmoe.bench.model import cached_bench_model, shape_for_size
 
     shape = shape_for_size(args.size_gb)
     return cached_bench_model(shape, args.seed)
+
+
+def trained_bench_model(seed: int) -> Path:
+    """The cached bench-scale trained model; ``BenchConfigError`` with the command that makes
+    it (40 minutes of training) when there is none yet."""
+    from bmoe.bench.trained.layout import TrainedDims
+    from bmoe.bench.trained.main import BENCH_DIMS, cached_trained_path
+    from bmoe.bench.trained.padded import bench_width
+
+    dims: TrainedDims = BENCH_DIMS
+    path = cached_trained_path(dims, seed, bench_width(dims.n_embd))
+    if not path.is_file():
+        raise cf.BenchConfigError(
+            f"no trained bench model at {path}: make it once with "
+            f"python -m bmoe.bench.trained --bench --seed {seed} --out DIR "
+            "(torch, about 45 minutes on 2 cores)"
+        )
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

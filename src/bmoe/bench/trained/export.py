@@ -3,8 +3,9 @@
 The tiny models' conventions (:mod:`bmoe.tinymodel.writer`): their byte-level BPE
 tokenizer and chat template, their hyper-parameter keys, gguf-py's tensor names. Every
 tensor is F32, so llama.cpp computes with the exact trained values and its logits can be
-compared with a float32 forward pass. The file is written under a temporary name and
-renamed into place.
+compared with a float32 forward pass; except those given as ``raw`` Q4_0 bytes (the
+bench-scale export, :mod:`~bmoe.bench.trained.padded`). The file is written under a
+temporary name and renamed into place.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType
+import numpy.typing as npt
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
+from gguf.quants import quant_shape_to_byte_shape
 
 from bmoe.bench.trained.layout import TrainedDims, Weights, check_weights, expected_shapes
 from bmoe.tinymodel.archs.common import add_common_hparams
@@ -38,9 +41,20 @@ def write_gguf(
     name: str = "trained-moe",
     description: str = "qwen3moe trained by python -m bmoe.bench.trained",
     meta: Meta | None = None,
+    raw: Mapping[str, npt.NDArray[np.uint8]] | None = None,
+    file_type: LlamaFileType = LlamaFileType.ALL_F32,
 ) -> Path:
-    """Write ``weights`` (checked against ``dims``) as ``path``; returns ``path``."""
-    check_weights(dims, weights)
+    """Write ``weights`` as ``path``; returns ``path``. The tensors in ``raw`` are written as
+    the Q4_0 bytes given (their shapes checked against ``dims``), the others from
+    ``weights`` in F32 (all checked against ``dims`` when ``raw`` is empty)."""
+    raw = raw or {}
+    shapes = expected_shapes(dims)
+    if not raw:
+        check_weights(dims, weights)
+    for name, data in raw.items():
+        want = quant_shape_to_byte_shape(shapes[name], GGMLQuantizationType.Q4_0)
+        if data.shape != want or data.dtype != np.uint8:
+            raise ValueError(f"{name}: expected Q4_0 bytes {want}, got {data.dtype} {data.shape}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -49,13 +63,16 @@ def write_gguf(
         writer = GGUFWriter(tmp, ARCH)
         writer.add_name(name)
         writer.add_description(description)
-        writer.add_file_type(LlamaFileType.ALL_F32)
+        writer.add_file_type(file_type)
         for key, value in (meta or {}).items():
             _add_meta(writer, KEY_PREFIX + key, value)
         add_tokenizer(writer, build_vocab())
         add_common_hparams(writer, dims.moe_dims())
-        for tensor in expected_shapes(dims):
-            writer.add_tensor(tensor, np.ascontiguousarray(weights[tensor], dtype=np.float32))
+        for tensor in shapes:
+            if tensor in raw:
+                writer.add_tensor(tensor, raw[tensor], raw_dtype=GGMLQuantizationType.Q4_0)
+            else:
+                writer.add_tensor(tensor, np.ascontiguousarray(weights[tensor], dtype=np.float32))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file(progress=False)
