@@ -132,9 +132,12 @@ def _open(config: SessionConfig) -> Session:
 
     shown = LoadProgress()
     try:
-        return Session.open(config, on_load=shown)
+        session = Session.open(config, on_load=shown)
     finally:
         shown.close()
+    if session.governor is not None:
+        session.governor.on_change = lambda change: print(f"moe-governor: {change.text()}", file=sys.stderr)
+    return session
 
 
 def _serve(args: argparse.Namespace) -> int:

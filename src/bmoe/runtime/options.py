@@ -12,7 +12,7 @@ from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.llama import devices as ggml_devices
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
-from bmoe.domain.streaming import STREAM_POLICIES, StreamConfig, prompt_batch
+from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES, StreamConfig, prompt_batch
 from bmoe.errors import ConfigError
 
 
@@ -168,7 +168,18 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         "and minus llama.cpp's compute buffer",
     )
     m.add_argument(
-        "--cache-ceil-mb", type=int, default=None, metavar="N", help="upper bound for --cache-mb auto"
+        "--cache-ceil-mb",
+        type=int,
+        default=None,
+        metavar="N",
+        help="upper bound for --cache-mb auto and for the governor's growth",
+    )
+    m.add_argument(
+        "--cache-governor",
+        choices=GOVERNOR_MODES,
+        default="auto",
+        help="shrink the cache when memory runs short (PSI, the cgroup's limit, MemAvailable) and grow it "
+        "back when memory is free: auto (default) = on under --cache-mb auto; on; off",
     )
     m.add_argument("--io-threads", type=int, default=4, metavar="N", help="read lanes (default: 4)")
     m.add_argument("--no-odirect", action="store_true", help="buffered reads instead of O_DIRECT")
@@ -284,6 +295,7 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         enabled=args.moe_stream,
         cache_mb=args.cache_mb,
         cache_ceil_mb=args.cache_ceil_mb,
+        governor=args.cache_governor,
         io_threads=args.io_threads,
         odirect=not args.no_odirect,
         policy=args.stream_policy,

@@ -37,6 +37,7 @@ from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
+from bmoe.domain.streaming.governor import GovernorConfig
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
     ConfigError,
@@ -46,6 +47,7 @@ from bmoe.errors import (
     StreamingFaultError,
 )
 from bmoe.runtime import placement as model_placement
+from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
@@ -175,6 +177,9 @@ class Session:
         self._decide_backend = (
             LlamaDecideBackend(self.model, self.ctx, self.template) if config.decide.enabled else None
         )
+        self.governor: CacheGovernor | None = None
+        if self.streaming is not None and config.stream.governed:
+            self.governor = self._start_governor(config.stream, self.streaming)
         self.load_s = time.perf_counter() - t0
         self._closed = False
 
@@ -226,6 +231,18 @@ class Session:
             off = streaming.info.recycling_off
             self.notes.append(f"moe-cache: evicted pages are given back, not recycled: {off}")
         return ctx, control
+
+    def _start_governor(self, stream: StreamConfig, control: StreamingControl) -> CacheGovernor:
+        """The memory-pressure governor (``--cache-governor``), between the token cycle and
+        ``--cache-ceil-mb`` (else the budget at start). Its changes are kept in
+        ``governor.changes``; a front end sets ``governor.on_change`` to show them."""
+        info = control.streaming.info
+        start = info.budget.bytes
+        ceil = stream.cache_ceil_mb * MIB if stream.cache_ceil_mb is not None else start
+        floor = min(info.token_cycle_bytes, ceil)
+        governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=max(ceil, floor)))
+        governor.start()
+        return governor
 
     def _layout_note(self, config: SessionConfig) -> str:
         """What a resident fallback of a streamed load computes with: a model loaded for
@@ -494,6 +511,8 @@ class Session:
         self.engine.close(self._release)
 
     def _release(self) -> None:
+        if self.governor is not None:
+            self.governor.close()
         self._backend.close_sampler()
         if self.streaming is not None:
             self.streaming.close()

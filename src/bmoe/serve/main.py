@@ -88,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for note in served.session.notes:
             print(f"bmoe.serve: {note}", file=sys.stderr)
+        if served.session.governor is not None:
+            served.session.governor.on_change = lambda change: print(
+                f"bmoe.serve: moe-governor: {change.text()}", file=sys.stderr
+            )
         try:
             sock = listen(args.host, args.port)
         except OSError as exc:

@@ -11,6 +11,7 @@ from bmoe.domain.streaming.cache_policy import (
 )
 from bmoe.domain.streaming.config import (
     AUTO_FLOOR_MIB,
+    GOVERNOR_MODES,
     MIB,
     STREAM_POLICIES,
     Budget,
@@ -24,6 +25,7 @@ from bmoe.domain.streaming.fault import GraphFault, ReadFault, StreamFault
 
 __all__ = [
     "AUTO_FLOOR_MIB",
+    "GOVERNOR_MODES",
     "MIB",
     "STREAM_POLICIES",
     "Budget",

@@ -10,6 +10,7 @@ from bmoe.errors import ConfigError
 MIB = 1024 * 1024
 AUTO_FLOOR_MIB = 1024  # memory left to the OS, the dense weights' growth, the KV...
 STREAM_POLICIES = ("fast", "reference")
+GOVERNOR_MODES = ("auto", "on", "off")
 
 
 @attrs.frozen
@@ -18,6 +19,10 @@ class StreamConfig:
 
     - ``cache_mb``: the expert cache's budget in MiB; None = auto (available memory minus a
       floor, capped by ``cache_ceil_mb``, at least one token cycle); 0 = cache off.
+    - ``governor``: the memory-pressure governor moves the budget as memory comes and goes,
+      between the token cycle and ``cache_ceil_mb`` (else the budget at start): ``auto`` (the
+      default) under ``cache_mb`` auto, ``on`` with a budget in MiB too, ``off`` never
+      (:mod:`bmoe.domain.streaming.governor`).
     - ``io_threads``: read lanes. ``odirect``: read with ``O_DIRECT`` (falls back to buffered
       reads, and says so, where the filesystem refuses it).
     - ``policy``: ``"fast"`` (the C engine decides and reads inside llama.cpp's eval callback)
@@ -49,6 +54,7 @@ class StreamConfig:
     enabled: bool = False
     cache_mb: int | None = None
     cache_ceil_mb: int | None = None
+    governor: str = "auto"
     io_threads: int = 4
     odirect: bool = True
     policy: str = "fast"
@@ -63,6 +69,13 @@ class StreamConfig:
     route_trace: str | None = None  # --route-trace FILE (docs/telemetry.md)
     io_trace: str | None = None  # --io-trace FILE
     engine: EngineOptions | None = None
+
+    @property
+    def governed(self) -> bool:
+        """The governor runs: ``on`` with a cache, ``auto`` under an auto budget."""
+        if self.governor == "on":
+            return self.cache_mb != 0
+        return self.governor == "auto" and self.cache_mb is None
 
     @property
     def routing_policies(self) -> bool:
@@ -81,6 +94,10 @@ class StreamConfig:
             raise ConfigError(f"cache_mb must be >= 0 (0 = cache off), not {self.cache_mb}")
         if self.cache_ceil_mb is not None and self.cache_ceil_mb < 0:
             raise ConfigError(f"cache_ceil_mb must be >= 0, not {self.cache_ceil_mb}")
+        if self.governor not in GOVERNOR_MODES:
+            raise ConfigError(f"governor must be one of {', '.join(GOVERNOR_MODES)}, not {self.governor!r}")
+        if self.governor == "on" and self.cache_mb == 0:
+            raise ConfigError("--cache-governor on needs the cache: not with --cache-mb 0")
         if self.policy not in STREAM_POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(STREAM_POLICIES)}, not {self.policy!r}")
         if self.prefetch < 0:

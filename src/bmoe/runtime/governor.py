@@ -1,0 +1,72 @@
+"""The governor at work: a thread that reads the machine's memory and moves a streamed
+session's cache budget (``--cache-governor``; the policy is
+:mod:`bmoe.domain.streaming.governor`, the readings :mod:`bmoe.adapters.memory_pressure`).
+
+Each ``interval_s`` it takes a reading and, when the policy answers a change, sets the budget:
+the streamer applies it at the next decode boundary (it waits for a decode in flight), so a
+token's reads never see the budget move under them. Every change is kept in ``changes`` and
+handed to ``on_change`` (the CLI prints it as a ``moe-governor:`` line). The thread stops
+with the session.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from bmoe.adapters.memory_pressure import MemoryProbe
+from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig, MemoryGovernor, MemoryReading
+from bmoe.runtime.streaming import StreamingControl
+
+OnChange = Callable[[BudgetChange], None]
+
+
+class CacheGovernor:
+    """Moves ``control``'s budget as ``config`` says, from ``probe``'s readings."""
+
+    def __init__(
+        self,
+        control: StreamingControl,
+        config: GovernorConfig,
+        probe: MemoryProbe | None = None,
+        *,
+        interval_s: float = 0.5,
+        on_change: OnChange | None = None,
+    ) -> None:
+        self.control = control
+        self.policy = MemoryGovernor(config)
+        self.probe = probe or MemoryProbe()
+        self.interval_s = interval_s
+        self.on_change = on_change
+        self.changes: list[BudgetChange] = []
+        self.last: MemoryReading | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def step(self) -> BudgetChange | None:
+        """One reading and, where the policy says so, the budget moved."""
+        reading = self.probe.read()
+        self.last = reading
+        counters = self.control.counters()
+        change = self.policy.observe(reading, counters.budget_bytes, counters.resident_bytes)
+        if change is None:
+            return None
+        self.control.set_budget(change.after)
+        self.changes.append(change)
+        if self.on_change is not None:
+            self.on_change(change)
+        return change
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="bmoe-cache-governor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.step()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

@@ -1,0 +1,103 @@
+"""The memory-pressure governor on a real streamed session: readings that say memory is
+short shrink the budget (evicting, pages given back) and calm ones grow it back, between
+decodes, and the text is bit for bit what an ungoverned session writes; the session starts
+the governor only where asked (``auto``: under ``--cache-mb auto``) and stops it on close."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bmoe.adapters.llama import ContextParams
+from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.streaming import MIB, StreamConfig
+from bmoe.domain.streaming.governor import GovernorConfig, MemoryReading
+from bmoe.errors import ConfigError
+from bmoe.runtime import Session, SessionConfig
+from bmoe.runtime.governor import CacheGovernor
+
+TinyModel = Callable[[str], Path]
+PARAMS = ContextParams(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2)
+PROMPTS = ["The quick brown fox jumps over the lazy dog", "And then the dog", "A third turn"]
+USABLE = 1 << 30
+
+
+class ScriptedProbe:
+    """Readings from a script: the share of memory free at each reading."""
+
+    def __init__(self, free_shares: list[float]) -> None:
+        self.shares = list(free_shares)
+
+    def read(self) -> MemoryReading:
+        share = self.shares.pop(0) if len(self.shares) > 1 else self.shares[0]
+        return MemoryReading(room_bytes=int(share * USABLE), usable_bytes=USABLE, pressure_pct=None)
+
+
+def config(path: Path, governor: str = "off", cache_mb: int | None = 2) -> SessionConfig:
+    return SessionConfig(
+        model_path=path,
+        context=PARAMS,
+        stream=StreamConfig(enabled=True, cache_mb=cache_mb, governor=governor),
+    )
+
+
+def texts(session: Session, between: Callable[[], None] = lambda: None) -> list[tuple[int, ...]]:
+    out = []
+    for i, prompt in enumerate(PROMPTS):
+        request = GenerateRequest(
+            prompt, n_predict=24, clear_kv=i == 0, sampling=SamplingParams(temp=0.8, seed=5)
+        )
+        out.append(tuple(session.generate(request).tokens))
+        between()
+    return out
+
+
+def test_a_governed_budget_moves_between_decodes_and_the_text_does_not(tiny_model_path: TinyModel) -> None:
+    path = tiny_model_path("qwen3moe")
+    with Session.open(config(path)) as plain:
+        expected = texts(plain)
+    with Session.open(config(path)) as s:
+        assert s.streaming is not None and s.governor is None  # a budget in MiB, governor off
+        start = s.streaming.counters().budget_bytes
+        floor = s.streaming.streaming.info.token_cycle_bytes
+        governor = CacheGovernor(
+            s.streaming,
+            GovernorConfig(
+                floor_bytes=floor, ceil_bytes=start, step_bytes=MIB // 4, grow_after=1, cooldown=0
+            ),
+            ScriptedProbe([0.05, 0.9, 0.9]),
+        )
+        budgets: list[int] = []
+
+        def step() -> None:
+            governor.step()
+            budgets.append(s.streaming.counters().budget_bytes if s.streaming else 0)
+
+        assert texts(s, step) == expected
+        resident = s.streaming.counters().resident_bytes
+    assert budgets[0] == floor < start  # memory short: down to the token cycle at once
+    assert budgets[0] < budgets[1] <= budgets[2] <= start  # then free: it grows back by steps
+    assert [c.shrinks for c in governor.changes][:2] == [True, False]
+    assert all("MiB" in c.text() for c in governor.changes)
+    assert resident <= budgets[-1]
+
+
+def test_the_session_runs_the_governor_only_where_asked(tiny_model_path: TinyModel) -> None:
+    path = tiny_model_path("qwen3moe")
+    with Session.open(config(path, governor="auto", cache_mb=None)) as auto:
+        assert auto.governor is not None  # --cache-mb auto: on by default
+        thread = auto.governor._thread
+        assert thread is not None and thread.is_alive()
+        auto.generate(GenerateRequest(PROMPTS[0], n_predict=4))
+    assert not thread.is_alive()  # stopped with the session
+    with Session.open(config(path, governor="auto", cache_mb=2)) as fixed:
+        assert fixed.governor is None
+    with Session.open(config(path, governor="on", cache_mb=2)) as on:
+        assert on.governor is not None and on.governor.policy.config.ceil_bytes == 2 * MIB
+    with pytest.raises(ConfigError, match="needs the cache"):
+        StreamConfig(enabled=True, cache_mb=0, governor="on")
+    with pytest.raises(ConfigError, match="governor must be one of"):
+        StreamConfig(enabled=True, governor="sometimes")

@@ -1,0 +1,84 @@
+"""The governor's readings from stand-ins of /proc and the cgroup filesystem: meminfo, PSI,
+the process's own memory group (v1 and v2), its usage less reclaimable file pages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bmoe.adapters.memory_pressure import (
+    MemoryProbe,
+    own_group,
+    parse_meminfo,
+    parse_psi_some_avg10,
+    parse_stat_value,
+)
+
+GIB = 1 << 30
+MEMINFO = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   18000000 kB\n"
+PSI = "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\nfull avg10=1.00 avg60=0.00 avg300=0.00 total=4\n"
+
+
+def test_meminfo_psi_and_stat_are_read() -> None:
+    assert parse_meminfo(MEMINFO) == (24000000 * 1024, 18000000 * 1024)
+    assert parse_meminfo("") == (None, None)
+    assert parse_psi_some_avg10(PSI) == 12.5
+    assert parse_psi_some_avg10("") is None
+    stat = "cache 100\ntotal_inactive_file 4096\ninactive_file 2048\n"
+    assert parse_stat_value(stat, "total_inactive_file", "inactive_file") == 4096
+    assert parse_stat_value(stat, "nothing") == 0
+
+
+def _proc(tmp_path: Path, cgroup: str, mounts: str, *, psi: str | None = PSI) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(MEMINFO)
+    (proc / "self" / "cgroup").write_text(cgroup)
+    (proc / "self" / "mounts").write_text(mounts)
+    if psi is not None:
+        (proc / "pressure").mkdir()
+        (proc / "pressure" / "memory").write_text(psi)
+    return proc
+
+
+V1_MOUNTS = "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+
+
+def test_a_v1_group_limits_the_room_by_its_usage_less_inactive_files(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    group = root / "memory" / "app" / "x"
+    group.mkdir(parents=True)
+    (group / "memory.limit_in_bytes").write_text(str(2 * GIB))
+    (group / "memory.usage_in_bytes").write_text(str(GIB + GIB // 2))
+    (group / "memory.stat").write_text(f"total_inactive_file {GIB // 2}\n")
+    proc = _proc(tmp_path, "4:memory:/app/x\n0::/\n", V1_MOUNTS)
+    probe = MemoryProbe(proc, root)
+    assert probe.group == (1, group)
+    reading = probe.read()
+    assert reading.usable_bytes == 2 * GIB  # the limit, below MemTotal
+    assert reading.room_bytes == GIB  # 2 GiB - (1.5 GiB used - 0.5 GiB reclaimable)
+    assert reading.pressure_pct == 12.5  # v1 has no group PSI: the machine's
+
+
+def test_a_v2_group_gives_its_own_pressure(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    group = root / "user.slice" / "app"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text(str(4 * GIB))
+    (group / "memory.current").write_text(str(GIB))
+    (group / "memory.pressure").write_text("some avg10=40.00 avg60=0 avg300=0 total=1\n")
+    proc = _proc(tmp_path, "0::/user.slice/app\n", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    reading = MemoryProbe(proc, root).read()
+    assert (reading.usable_bytes, reading.room_bytes, reading.pressure_pct) == (4 * GIB, 3 * GIB, 40.0)
+
+
+def test_without_a_limit_or_psi_the_machine_speaks(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    group = root / "app"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text("max")
+    (group / "memory.current").write_text(str(GIB))
+    proc = _proc(tmp_path, "0::/app\n", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n", psi=None)
+    reading = MemoryProbe(proc, root).read()
+    assert reading.usable_bytes == 24000000 * 1024 and reading.room_bytes == 18000000 * 1024
+    assert reading.pressure_pct is None
+    assert own_group("", root, "") is None
