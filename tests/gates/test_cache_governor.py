@@ -26,14 +26,14 @@ USABLE = 1 << 30
 
 
 class ScriptedProbe:
-    """Readings from a script: the share of memory free at each reading."""
+    """Readings from a script: the MiB of memory free at each reading."""
 
-    def __init__(self, free_shares: list[float]) -> None:
-        self.shares = list(free_shares)
+    def __init__(self, free_mib: list[int]) -> None:
+        self.free = list(free_mib)
 
     def read(self) -> MemoryReading:
-        share = self.shares.pop(0) if len(self.shares) > 1 else self.shares[0]
-        return MemoryReading(room_bytes=int(share * USABLE), usable_bytes=USABLE, pressure_pct=None)
+        mib = self.free.pop(0) if len(self.free) > 1 else self.free[0]
+        return MemoryReading(room_bytes=mib * MIB, usable_bytes=USABLE, pressure_pct=None)
 
 
 def config(path: Path, governor: str = "off", cache_mb: int | None = 2) -> SessionConfig:
@@ -66,9 +66,16 @@ def test_a_governed_budget_moves_between_decodes_and_the_text_does_not(tiny_mode
         governor = CacheGovernor(
             s.streaming,
             GovernorConfig(
-                floor_bytes=floor, ceil_bytes=start, step_bytes=MIB // 4, grow_after=1, cooldown=0
+                floor_bytes=floor,
+                ceil_bytes=start,
+                shrink_below_bytes=100 * MIB,
+                comfort_bytes=200 * MIB,
+                grow_above_bytes=400 * MIB,
+                step_bytes=MIB // 4,
+                grow_after=1,
+                cooldown=0,
             ),
-            ScriptedProbe([0.05, 0.9, 0.9]),
+            ScriptedProbe([50, 900, 900]),
         )
         budgets: list[int] = []
 

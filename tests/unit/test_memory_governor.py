@@ -18,69 +18,71 @@ def governor(**kw: object) -> MemoryGovernor:
     return MemoryGovernor(GovernorConfig(**args))  # type: ignore[arg-type]
 
 
-def reading(free_share: float, pressure: float | None = None) -> MemoryReading:
-    return MemoryReading(room_bytes=int(free_share * USABLE), usable_bytes=USABLE, pressure_pct=pressure)
+def reading(free_mib: float, pressure: float | None = None) -> MemoryReading:
+    return MemoryReading(room_bytes=int(free_mib * MIB), usable_bytes=USABLE, pressure_pct=pressure)
 
 
 def test_short_memory_shrinks_back_to_comfort_from_what_the_cache_holds() -> None:
     g = governor()
-    change = g.observe(reading(0.10), budget_bytes=4 * GIB, resident_bytes=3 * GIB)
+    change = g.observe(reading(100), budget_bytes=4 * GIB, resident_bytes=3 * GIB)
     assert change is not None and change.shrinks
-    # 10% free, comfort 30%: give back 20% of 8 GiB below the 3 GiB held
-    assert change.after == 3 * GIB - (int(0.3 * USABLE) - int(0.1 * USABLE))
-    assert "shrink" in change.why and "10% of 8,192 MiB" in change.why
+    # 100 MiB free, comfort 1 GiB: give back 924 MiB below the 3 GiB held
+    assert change.after == 3 * GIB - 924 * MIB
+    assert "shrink" in change.why and "100 MiB free, 1% of 8,192 MiB" in change.why
 
 
 def test_a_small_shortfall_still_gives_back_a_step() -> None:
-    change = governor().observe(reading(0.19), budget_bytes=4 * GIB, resident_bytes=4 * GIB)
-    assert change is not None and change.after == 4 * GIB - max(
-        256 * MIB, int(0.3 * USABLE) - int(0.19 * USABLE)
-    )
+    change = governor().observe(reading(900), budget_bytes=4 * GIB, resident_bytes=4 * GIB)
+    assert change is None  # 900 MiB free: above the shrink mark (512), nothing moves
+    change = governor().observe(reading(500), budget_bytes=4 * GIB, resident_bytes=4 * GIB)
+    assert change is not None and change.after == 4 * GIB - 524 * MIB
+    change = governor(step_bytes=600 * MIB).observe(reading(500), 4 * GIB, 4 * GIB)
+    assert change is not None and change.after == 4 * GIB - 600 * MIB
 
 
 def test_pressure_shrinks_even_with_room() -> None:
-    change = governor().observe(reading(0.5, pressure=25.0), budget_bytes=2 * GIB, resident_bytes=2 * GIB)
+    change = governor().observe(reading(4000, pressure=25.0), budget_bytes=2 * GIB, resident_bytes=2 * GIB)
     assert change is not None and change.after == 2 * GIB - 256 * MIB
     assert "memory pressure 25.0%" in change.why
 
 
 def test_never_below_the_floor_and_silent_there() -> None:
     g = governor()
-    change = g.observe(reading(0.01), budget_bytes=1 * GIB, resident_bytes=1 * GIB)
+    change = g.observe(reading(10), budget_bytes=1 * GIB, resident_bytes=1 * GIB)
     assert change is not None and change.after == 512 * MIB
-    assert g.observe(reading(0.01), budget_bytes=512 * MIB, resident_bytes=512 * MIB) is None
+    assert g.observe(reading(10), budget_bytes=512 * MIB, resident_bytes=512 * MIB) is None
 
 
 def test_between_the_watermarks_nothing_moves() -> None:
     g = governor()
     for _ in range(20):
-        assert g.observe(reading(0.3), budget_bytes=2 * GIB, resident_bytes=2 * GIB) is None
+        assert g.observe(reading(1500), budget_bytes=2 * GIB, resident_bytes=2 * GIB) is None
 
 
 def test_growth_waits_for_calm_readings_then_steps() -> None:
     g = governor(grow_after=3)
-    assert g.observe(reading(0.6), 2 * GIB, 2 * GIB) is None
-    assert g.observe(reading(0.6), 2 * GIB, 2 * GIB) is None
-    change = g.observe(reading(0.6), 2 * GIB, 2 * GIB)
+    assert g.observe(reading(3000), 2 * GIB, 2 * GIB) is None
+    assert g.observe(reading(3000), 2 * GIB, 2 * GIB) is None
+    change = g.observe(reading(3000), 2 * GIB, 2 * GIB)
     assert change is not None and change.after == 2 * GIB + 256 * MIB and not change.shrinks
-    assert g.observe(reading(0.6), change.after, 2 * GIB) is None  # calm counts again from zero
+    assert g.observe(reading(3000), change.after, 2 * GIB) is None  # calm counts again from zero
 
 
 def test_no_growth_right_after_a_shrink() -> None:
     g = governor(grow_after=1, cooldown=5)
-    assert g.observe(reading(0.05), 2 * GIB, 2 * GIB) is not None
+    assert g.observe(reading(50), 2 * GIB, 2 * GIB) is not None
     for _ in range(5):
-        assert g.observe(reading(0.9), 1 * GIB, 1 * GIB) is None
-    assert g.observe(reading(0.9), 1 * GIB, 1 * GIB) is not None
+        assert g.observe(reading(6000), 1 * GIB, 1 * GIB) is None
+    assert g.observe(reading(6000), 1 * GIB, 1 * GIB) is not None
 
 
 def test_growth_stops_at_the_ceiling_and_leaves_the_comfort_room() -> None:
     g = governor(grow_after=1, cooldown=0)
-    change = g.observe(reading(0.9), 4 * GIB - 100 * MIB, 0)
+    change = g.observe(reading(6000), 4 * GIB - 100 * MIB, 0)
     assert change is not None and change.after == 4 * GIB
-    assert g.observe(reading(0.9), 4 * GIB, 0) is None
-    near = MemoryReading(room_bytes=int(0.3 * USABLE) + 10 * MIB, usable_bytes=USABLE)
-    g2 = governor(grow_after=1, cooldown=0, grow_above=0.30001)
+    assert g.observe(reading(6000), 4 * GIB, 0) is None
+    near = MemoryReading(room_bytes=GIB + 10 * MIB, usable_bytes=USABLE)
+    g2 = governor(grow_after=1, cooldown=0, grow_above_bytes=GIB + 1)
     change2 = g2.observe(near, GIB, GIB)
     assert change2 is not None and change2.after - GIB <= 10 * MIB + 1
 
@@ -89,7 +91,7 @@ def test_growth_stops_at_the_ceiling_and_leaves_the_comfort_room() -> None:
     "bad",
     [
         {"floor_bytes": 5 * GIB},
-        {"shrink_below": 0.5},
+        {"shrink_below_bytes": 2 * GIB},
         {"step_bytes": 0},
         {"grow_after": 0},
     ],

@@ -7,20 +7,24 @@ and moves the budget between a floor (the token cycle: below it the cache hits a
 nothing) and a ceiling (``--cache-ceil-mb``, or the budget ``auto`` chose at start):
 
 - **shrink**, at once, when memory is short: the room left (``MemAvailable``, or what is left
-  under the process's cgroup limit, whichever is less) falls below ``shrink_below`` of the
-  memory the process can use, or the kernel reports memory pressure (PSI ``some avg10`` at or
-  above ``pressure_pct``: tasks stalled on memory). The budget drops below what the cache
-  holds by enough to bring the room back to ``comfort`` (at least ``step_bytes``), never
-  below the floor;
-- **grow**, slowly, when memory is plentiful: the room stays above ``grow_above`` with no
-  pressure for ``grow_after`` readings in a row, and not within ``cooldown`` readings of a
-  shrink; each step adds at most ``step_bytes`` and never more than leaves the room at
-  ``comfort``, up to the ceiling.
+  under the process's cgroup limit, whichever is less) falls below ``shrink_below_bytes``,
+  or the kernel reports memory pressure (PSI ``some avg10`` at or above ``pressure_pct``:
+  tasks stalled on memory). The budget drops below what the cache holds by enough to bring
+  the room back to ``comfort_bytes`` (at least ``step_bytes``), never below the floor;
+- **grow**, slowly, when memory is plentiful: the room stays above ``grow_above_bytes`` with
+  no pressure for ``grow_after`` readings in a row, and not within ``cooldown`` readings of
+  a shrink; each step adds at most ``step_bytes`` and never more than leaves the room at
+  ``comfort_bytes``, up to the ceiling.
+
+The room is counted in bytes, not as a share of the machine: ``--cache-mb auto`` leaves 1 GiB
+(``AUTO_FLOOR_MIB``) to everything else, so the comfort is that 1 GiB, a shrink starts at half
+of it and growth above twice it; a share would have the governor fight the budget ``auto``
+chose on a large machine (20% of 24 GiB is 4.8 GiB that ``auto`` gave the cache).
 
 A budget that shrinks evicts the coldest entries and gives their pages back (the engine does
 that at the next decode boundary); one that grows only lets the cache fill again as tokens
-route. The thresholds follow the watermark scheme of an arena governor streaming experts in
-another engine (shrink at 20% free, grow at 40%), with PSI added as the earliest sign.
+route. The scheme follows the watermarks of an arena governor streaming experts in another
+engine (shrink, comfort, grow), with PSI added as the earliest sign.
 
 Pure: readings in, decisions out; ``adapters.memory_pressure`` reads the machine.
 """
@@ -55,9 +59,9 @@ class GovernorConfig:
 
     floor_bytes: int
     ceil_bytes: int
-    shrink_below: float = 0.20
-    comfort: float = 0.30
-    grow_above: float = 0.40
+    shrink_below_bytes: int = 512 * MIB
+    comfort_bytes: int = 1024 * MIB
+    grow_above_bytes: int = 2048 * MIB
     pressure_pct: float = 10.0
     step_bytes: int = 256 * MIB
     grow_after: int = 3
@@ -66,8 +70,8 @@ class GovernorConfig:
     def __attrs_post_init__(self) -> None:
         if not 0 <= self.floor_bytes <= self.ceil_bytes:
             raise ValueError(f"need 0 <= floor <= ceiling, got {self.floor_bytes} and {self.ceil_bytes}")
-        if not 0 < self.shrink_below < self.comfort < self.grow_above < 1:
-            raise ValueError("need 0 < shrink_below < comfort < grow_above < 1")
+        if not 0 < self.shrink_below_bytes < self.comfort_bytes < self.grow_above_bytes:
+            raise ValueError("need 0 < shrink_below_bytes < comfort_bytes < grow_above_bytes")
         if self.step_bytes <= 0 or self.grow_after < 1 or self.cooldown < 0:
             raise ValueError("need step_bytes > 0, grow_after >= 1 and cooldown >= 0")
 
@@ -102,10 +106,10 @@ class MemoryGovernor:
         c = self.config
         self.since_shrink += 1
         pressed = reading.pressure_pct is not None and reading.pressure_pct >= c.pressure_pct
-        short = reading.room_share < c.shrink_below
+        short = reading.room_bytes < c.shrink_below_bytes
         if pressed or short:
             self.calm = 0
-            want = int(c.comfort * reading.usable_bytes) - reading.room_bytes
+            want = c.comfort_bytes - reading.room_bytes
             # what the cache holds is what a smaller budget gives back: shrink from there
             after = max(c.floor_bytes, min(budget_bytes, resident_bytes) - max(c.step_bytes, want))
             if after >= budget_bytes:
@@ -118,13 +122,13 @@ class MemoryGovernor:
                 f"{reading.usable_bytes / MIB:,.0f} MiB"
             )
             return BudgetChange(budget_bytes, after, "shrink: " + why)
-        if reading.room_share <= c.grow_above:
+        if reading.room_bytes <= c.grow_above_bytes:
             self.calm = 0
             return None
         self.calm += 1
         if self.calm < c.grow_after or self.since_shrink <= c.cooldown or budget_bytes >= c.ceil_bytes:
             return None
-        spare = reading.room_bytes - int(c.comfort * reading.usable_bytes)
+        spare = reading.room_bytes - c.comfort_bytes
         after = min(c.ceil_bytes, budget_bytes + min(c.step_bytes, spare))
         if after <= budget_bytes:
             return None
