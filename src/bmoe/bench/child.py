@@ -145,6 +145,8 @@ class BmoeStepper:
             "substituted": c.substituted,
             "rank_s": c.rank_s,
             "issue_s": c.issue_s,
+            # the wait for reads by MoE layer (``stall_layer_N``): where a token's stall sits
+            **{f"stall_layer_{i}": s for i, s in enumerate(c.stall_layers)},
         }
 
     def stream_info(self) -> dict[str, Any] | None:
