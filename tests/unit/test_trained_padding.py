@@ -58,3 +58,10 @@ def test_the_computed_experts_are_the_dequantized_trained_ones() -> None:
     assert np.array_equal(padded.computed[n.router], weights[n.router])  # routers stay F32
     with pytest.raises(ValueError, match="multiples of 32"):
         pad_experts(dims, weights, 100)
+
+
+def test_the_check_allows_more_for_a_deeper_model() -> None:
+    from bmoe.bench.trained.check import DEFAULT_TOLERANCE, depth_tolerance
+
+    assert depth_tolerance(3) == depth_tolerance(6) == DEFAULT_TOLERANCE
+    assert depth_tolerance(16) == pytest.approx(DEFAULT_TOLERANCE * 16 / 6)

@@ -22,7 +22,15 @@ F32 = npt.NDArray[np.float32]
 
 DEFAULT_TOLERANCE = 2e-2
 """Largest absolute logit difference accepted between llama.cpp and a float32/float64
-reference on the same weights."""
+reference on the same weights, for the default 6-layer model."""
+TOLERANCE_LAYERS = 6
+
+
+def depth_tolerance(n_layer: int) -> float:
+    """``DEFAULT_TOLERANCE`` grown with the depth past 6 layers: the F16 KV cache's rounding
+    compounds layer by layer (the 16-layer bench model: max 3.2e-2, mean 8.7e-5, every argmax
+    the same, against torch)."""
+    return DEFAULT_TOLERANCE * max(1.0, n_layer / TOLERANCE_LAYERS)
 
 
 def llama_logits(path: Path, windows: Sequence[Sequence[int]], *, n_threads: int = 2) -> list[F32]:

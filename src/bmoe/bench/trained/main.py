@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # torch before llama_cpp: with llama.cpp's OpenMP runtime loaded first, a training step
     # took three to twenty times longer (the import order is why these imports are here)
-    from bmoe.bench.trained.check import compare, llama_logits
+    from bmoe.bench.trained.check import compare, depth_tolerance, llama_logits
     from bmoe.bench.trained.held_out import run_held_out
     from bmoe.bench.trained.train import TrainConfig, train
 
@@ -183,7 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     gguf = write_gguf(out / GGUF_NAME, dims, trained.weights, meta=meta)
     n_check = args.check_windows
     check = compare(
-        list(after.logits[:n_check]), llama_logits(gguf, windows[:n_check].tolist(), n_threads=args.threads)
+        list(after.logits[:n_check]),
+        llama_logits(gguf, windows[:n_check].tolist(), n_threads=args.threads),
+        depth_tolerance(dims.n_layer),
     )
     _say(check.text())
     checks = [check]
