@@ -99,6 +99,14 @@ def test_the_session_runs_the_governor_only_where_asked(tiny_model_path: TinyMod
         thread = auto.governor._thread
         assert thread is not None and thread.is_alive()
         auto.generate(GenerateRequest(PROMPTS[0], n_predict=4))
+        auto.set_cache_budget(1)  # the user's budget is the ceiling from then on
+        assert auto.governor.policy.config.ceil_bytes == MIB
+        assert auto.governor.policy.config.floor_bytes <= MIB
+        assert auto.streaming is not None
+        auto.streaming.set_budget(3 * MIB // 4)  # so is one set past the session
+        auto.governor.step()
+        assert auto.governor.policy.config.ceil_bytes == 3 * MIB // 4
+        assert auto.streaming.counters().budget_bytes <= 3 * MIB // 4
     assert not thread.is_alive()  # stopped with the session
     with Session.open(config(path, governor="auto", cache_mb=2)) as fixed:
         assert fixed.governor is None

@@ -4,7 +4,9 @@ session's cache budget (``--cache-governor``; the policy is
 
 Each ``interval_s`` it takes a reading and, when the policy answers a change, sets the budget:
 the streamer applies it at the next decode boundary (it waits for a decode in flight), so a
-token's reads never see the budget move under them. Every change is kept in ``changes`` and
+token's reads never see the budget move under them. A budget someone else set (the user,
+``Session.set_cache_budget`` or ``StreamingControl.set_budget``) is the ceiling from then on:
+the governor may shrink it under pressure, never grow past it. Every change is kept in ``changes`` and
 handed to ``on_change`` (the CLI prints it as a ``moe-governor:`` line). The thread stops
 with the session.
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+
+import attrs
 
 from bmoe.adapters.memory_pressure import MemoryProbe
 from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig, MemoryGovernor, MemoryReading
@@ -40,6 +44,7 @@ class CacheGovernor:
         self.on_change = on_change
         self.changes: list[BudgetChange] = []
         self.last: MemoryReading | None = None
+        self._expected = control.counters().budget_bytes  # the budget as this governor left it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -48,14 +53,26 @@ class CacheGovernor:
         reading = self.probe.read()
         self.last = reading
         counters = self.control.counters()
+        if counters.budget_bytes != self._expected:  # someone else set it: their ceiling
+            self.set_ceiling(counters.budget_bytes)
         change = self.policy.observe(reading, counters.budget_bytes, counters.resident_bytes)
         if change is None:
             return None
+        self._expected = change.after
         self.control.set_budget(change.after)
         self.changes.append(change)
         if self.on_change is not None:
             self.on_change(change)
         return change
+
+    def set_ceiling(self, ceil_bytes: int) -> None:
+        """A budget the user set is the ceiling from then on: the governor may still shrink
+        it under pressure, never grow past it."""
+        self._expected = ceil_bytes
+        c = self.policy.config
+        self.policy.config = attrs.evolve(
+            c, ceil_bytes=ceil_bytes, floor_bytes=min(c.floor_bytes, ceil_bytes)
+        )
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="bmoe-cache-governor", daemon=True)

@@ -463,11 +463,15 @@ class Session:
 
     def set_cache_budget(self, budget_mb: int) -> None:
         """Shrink or grow the expert cache (evicts in eviction order). From any thread: during a
-        decode it takes effect at the next decode boundary."""
+        decode it takes effect at the next decode boundary. With the governor running, the
+        budget set is its ceiling from then on (it may shrink it under pressure, never grow
+        past it)."""
         if budget_mb < 0:
             raise ConfigError(f"cache budget must be >= 0 MiB, not {budget_mb}")
         if self.streaming is None:
             raise ConfigError("this session does not stream experts")
+        if self.governor is not None:
+            self.governor.set_ceiling(budget_mb * MIB)
         self.streaming.set_budget(budget_mb * MIB)
 
     def cancel(self) -> None:
