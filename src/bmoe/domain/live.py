@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from bmoe.domain.generation import Progress
+from bmoe.domain.metrics import ProgressTotals
 from bmoe.domain.streaming import MIB, StreamCounters
 
 HEAT_TOP = 7  # heat levels 0..HEAT_TOP
@@ -27,29 +27,9 @@ HEAT_FLOOR = 0.25  # heat below a quarter of one routed slot shows as none
 
 
 @attrs.define
-class LiveTotals:
-    """One request's figures as its tokens come (``add`` each ``Progress``)."""
-
-    tokens: int = 0
-    steps: int = 0  # the most tokens the request will generate
-    decode_s: float = 0.0  # the decode tokens' wall time (the first token left out)
-    hits: int = 0
-    misses: int = 0
-    bytes_read: int = 0
-    stall_s: float = 0.0
-    streaming: bool = False
-
-    def add(self, p: Progress) -> None:
-        self.tokens = p.step
-        self.steps = p.steps
-        if p.step > 1:
-            self.decode_s += p.wall_ms / 1000.0
-        if p.stream is not None:
-            self.streaming = True
-            self.hits += p.stream.hits
-            self.misses += p.stream.misses
-            self.bytes_read += p.stream.bytes_read
-            self.stall_s += p.stream.stall_s
+class LiveTotals(ProgressTotals):
+    """One request's figures as its tokens come (``add`` each ``Progress``); each figure is
+    None where it is not defined yet (no decode token, no expert request, not streaming)."""
 
     @property
     def decode_tokens(self) -> int:

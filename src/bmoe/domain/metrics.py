@@ -286,12 +286,11 @@ def parse_metrics(text: str) -> MetricsFile:
 
 
 @attrs.define
-class RunningTotals:
-    """What ``--progress`` shows as tokens come: tokens, decode rate, hit rate, MiB read.
-
-    The rate leaves out the first token (sampled from the prefill's logits) as ``tok_s`` does;
-    the hit rate and MiB cover the decode tokens' expert requests (-1 when not streaming).
-    """
+class ProgressTotals:
+    """A run's figures summed as its tokens come (``add`` each ``Progress``): tokens, the
+    decode tokens' wall time (the first token, sampled from the prefill's logits, left out),
+    and the expert requests, reads and wait for reads. The CLI's ``--progress`` line
+    (``RunningTotals``) and the server's live view (``bmoe.domain.live.LiveTotals``) show them."""
 
     tokens: int = 0
     steps: int = 0  # the most tokens the run will generate
@@ -299,6 +298,7 @@ class RunningTotals:
     hits: int = 0
     misses: int = 0
     bytes_read: int = 0
+    stall_s: float = 0.0
     streaming: bool = False
 
     def add(self, p: Progress) -> None:
@@ -311,6 +311,16 @@ class RunningTotals:
             self.hits += p.stream.hits
             self.misses += p.stream.misses
             self.bytes_read += p.stream.bytes_read
+            self.stall_s += p.stream.stall_s
+
+
+@attrs.define
+class RunningTotals(ProgressTotals):
+    """What ``--progress`` shows as tokens come: tokens, decode rate, hit rate, MiB read.
+
+    The rate leaves out the first token (sampled from the prefill's logits) as ``tok_s`` does;
+    the hit rate and MiB cover the decode tokens' expert requests (-1 when not streaming).
+    """
 
     @property
     def tok_s(self) -> float:
