@@ -95,7 +95,7 @@ class MemoryGroup:
         for site in sites:
             limit_file = _FILES[site.version][0]
             if site.version == 2:
-                controllers = _read(site.parent / "cgroup.subtree_control")
+                controllers = read_or_empty(site.parent / "cgroup.subtree_control")
                 if "memory" not in controllers.split():
                     why.append(
                         f"v2 at {site.parent}: the memory controller is not enabled for child groups "
@@ -131,12 +131,12 @@ class MemoryGroup:
     def peak_bytes(self) -> int | None:
         """The group's peak memory use (page cache included), None where the kernel has no
         such file (cgroup v2 before Linux 5.19)."""
-        text = _read(self.path / _FILES[self.site.version][1]).strip()
+        text = read_or_empty(self.path / _FILES[self.site.version][1]).strip()
         return int(text) if text.isdigit() else None
 
     def oom_kills(self) -> int:
         _, _, events, key = _FILES[self.site.version]
-        for line in _read(self.path / events).splitlines():
+        for line in read_or_empty(self.path / events).splitlines():
             parts = line.split()
             if len(parts) == 2 and parts[0] == key and parts[1].isdigit():
                 return int(parts[1])
@@ -144,15 +144,7 @@ class MemoryGroup:
 
     def close(self, attempts: int = 50) -> bool:
         """Remove the group (waits up to ``attempts`` x 0.1 s for its processes to leave)."""
-        for _ in range(attempts):
-            try:
-                self.path.rmdir()
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                time.sleep(0.1)
-        return False
+        return remove_group(self.path, attempts)
 
     def __enter__(self) -> MemoryGroup:
         return self
@@ -161,7 +153,22 @@ class MemoryGroup:
         self.close()
 
 
-def _read(path: Path) -> str:
+def remove_group(path: Path, attempts: int = 50) -> bool:
+    """Remove a group's folder, waiting up to ``attempts`` x 0.1 s for its processes to leave;
+    True when it is gone."""
+    for _ in range(attempts):
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def read_or_empty(path: Path) -> str:
+    """A cgroup file's text, "" where it cannot be read (absent on this kernel, no access)."""
     try:
         return path.read_text()
     except OSError:
@@ -170,4 +177,6 @@ def _read(path: Path) -> str:
 
 def machine_sites(v1_controller: str = "memory") -> list[CgroupSite]:
     """This machine's candidate sites, from ``/proc/self/mounts`` and ``/proc/self/cgroup``."""
-    return candidate_sites(_read(Path("/proc/self/mounts")), _read(Path("/proc/self/cgroup")), v1_controller)
+    return candidate_sites(
+        read_or_empty(Path("/proc/self/mounts")), read_or_empty(Path("/proc/self/cgroup")), v1_controller
+    )

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 
 import attrs
 
-from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup
+from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup, read_or_empty, remove_group
 
 MIB = 1024 * 1024
 
@@ -138,7 +137,7 @@ class IoGroup:
                 if nested:
                     with contextlib.suppress(OSError):  # refused: said below
                         (site.parent / "cgroup.subtree_control").write_text("+io")
-                controllers = _read(site.parent / "cgroup.subtree_control")
+                controllers = read_or_empty(site.parent / "cgroup.subtree_control")
                 if "io" not in {c.lstrip("+") for c in controllers.split()}:
                     why.append(
                         f"v2 at {site.parent}: the io controller is not enabled for child groups "
@@ -177,20 +176,14 @@ class IoGroup:
         """Bytes the group's processes read from the device so far (v1
         ``blkio.throttle.io_service_bytes``, v2 ``io.stat``): reads the throttle held."""
         if self.version == 1:
-            return parse_v1_read_bytes(_read(self.path / "blkio.throttle.io_service_bytes"), self.device)
-        return parse_v2_read_bytes(_read(self.path / "io.stat"), self.device)
+            return parse_v1_read_bytes(
+                read_or_empty(self.path / "blkio.throttle.io_service_bytes"), self.device
+            )
+        return parse_v2_read_bytes(read_or_empty(self.path / "io.stat"), self.device)
 
     def close(self, attempts: int = 50) -> bool:
         """Remove the group (waits up to ``attempts`` x 0.1 s for its processes to leave)."""
-        for _ in range(attempts):
-            try:
-                self.path.rmdir()
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                time.sleep(0.1)
-        return False
+        return remove_group(self.path, attempts)
 
 
 def parse_v1_read_bytes(text: str, device: BlockDevice) -> int:
@@ -239,10 +232,3 @@ class Confinement:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
