@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult
@@ -23,10 +24,13 @@ from bmoe.runtime import Session
 from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
 from bmoe.serve.api_responses import Delta, ModelCard, Outcome, outcome
 from bmoe.serve.errors import RequestCancelledError
+from bmoe.serve.live import Kind
 from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request, fill_context
 from bmoe.serve.monitor import EngineMonitor
 from bmoe.serve.stop import StopScanner
 from bmoe.serve.worker import Job, SessionWorker
+
+T = TypeVar("T")
 
 Emit = Callable[[Delta], None]
 
@@ -69,25 +73,28 @@ class ServedSession:
         turn = chat_turn(asked, self.defaults)
         stops = asked.generation.stop
         history = turn.history
-        return self.worker.submit(lambda job: self._generate(job, turn.request, stops, emit, history, True))
+        return self.worker.submit(
+            self._watched("chat", lambda job: self._generate(job, turn.request, stops, emit, history, True))
+        )
 
     def complete(self, asked: CompletionRequest, emit: Emit = _ignore) -> Job[Outcome]:
         """Queue a text completion."""
         request = completion_request(asked, self.defaults)
         stops = asked.generation.stop
-        return self.worker.submit(lambda job: self._generate(job, request, stops, emit, None, False))
+        return self.worker.submit(
+            self._watched("completion", lambda job: self._generate(job, request, stops, emit, None, False))
+        )
 
     def decide(self, request: DecideRequest) -> Job[DecideResult]:
         """Queue a decision."""
 
         def work(job: Job[DecideResult]) -> DecideResult:
-            with self.monitor.request("decide"):
-                result = self.session.decide(request, on_begin=job.began)
-                if result.cancelled:
-                    raise RequestCancelledError("the decision was cancelled")
+            result = self.session.decide(request, on_begin=job.began)
+            if result.cancelled:
+                raise RequestCancelledError("the decision was cancelled")
             return result
 
-        return self.worker.submit(work)
+        return self.worker.submit(self._watched("decide", work))
 
     def close(self, timeout: float | None = None) -> None:
         """Cancel what runs and what waits, take no more requests, close the session."""
@@ -96,19 +103,16 @@ class ServedSession:
 
     # -- on the worker's thread ------------------------------------------------------------
 
-    def _generate(
-        self,
-        job: Job[Outcome],
-        request: GenerateRequest,
-        stops: Sequence[str],
-        emit: Emit,
-        history: Sequence[ChatMessage] | None,
-        chat: bool,
-    ) -> Outcome:
-        with self.monitor.request("chat" if chat else "completion"):
-            return self._generate_watched(job, request, stops, emit, history, chat)
+    def _watched(self, kind: Kind, work: Callable[[Job[T]], T]) -> Callable[[Job[T]], T]:
+        """``work``, run as one request the engine monitor follows (the live view)."""
 
-    def _generate_watched(
+        def run(job: Job[T]) -> T:
+            with self.monitor.request(kind):
+                return work(job)
+
+        return run
+
+    def _generate(
         self,
         job: Job[Outcome],
         request: GenerateRequest,
