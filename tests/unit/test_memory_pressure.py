@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bmoe.adapters.memory_pressure import (
-    MemoryProbe,
-    own_group,
-    parse_meminfo,
-    parse_psi_some_avg10,
-    parse_stat_value,
-)
+from bmoe.adapters.memory_pressure import MemoryProbe, own_group, parse_psi_some_avg10, parse_stat_value
+from bmoe.adapters.system_memory import parse_meminfo
 
 GIB = 1 << 30
 MEMINFO = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   18000000 kB\n"

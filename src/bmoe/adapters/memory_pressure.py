@@ -19,20 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bmoe.adapters.system_memory import UNLIMITED, parse_meminfo, read_cgroup_int
 from bmoe.domain.streaming.governor import MemoryReading
-
-UNLIMITED = 1 << 60
-
-
-def parse_meminfo(text: str) -> tuple[int | None, int | None]:
-    """``(MemTotal, MemAvailable)`` in bytes."""
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        fields = rest.split()
-        if key in ("MemTotal", "MemAvailable") and fields and fields[0].isdigit():
-            values[key] = int(fields[0]) * 1024
-    return values.get("MemTotal"), values.get("MemAvailable")
 
 
 def parse_psi_some_avg10(text: str) -> float | None:
@@ -115,8 +103,8 @@ class MemoryProbe:
         if self.group is not None:
             version, folder = self.group
             limit_file, usage_file, inactive = _FILES[version]
-            limit = _read_int(folder / limit_file)
-            usage = _read_int(folder / usage_file)
+            limit = read_cgroup_int(folder / limit_file)
+            usage = read_cgroup_int(folder / usage_file)
             if limit is not None and usage is not None and limit < UNLIMITED // 2:
                 used = max(0, usage - parse_stat_value(_read(folder / "memory.stat"), *inactive))
                 usable = min(usable, limit) if usable else limit
@@ -135,10 +123,3 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
-
-
-def _read_int(path: Path) -> int | None:
-    text = _read(path).strip()
-    if text == "max":
-        return UNLIMITED
-    return int(text) if text.isdigit() else None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import attrs
 
 from bmoe.adapters.memory_pressure import MemoryProbe
-from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig, MemoryGovernor, MemoryReading
+from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig, MemoryGovernor
 from bmoe.runtime.streaming import StreamingControl
 
 OnChange = Callable[[BudgetChange], None]
@@ -43,7 +43,6 @@ class CacheGovernor:
         self.interval_s = interval_s
         self.on_change = on_change
         self.changes: list[BudgetChange] = []
-        self.last: MemoryReading | None = None
         self._expected = control.counters().budget_bytes  # the budget as this governor left it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -51,7 +50,6 @@ class CacheGovernor:
     def step(self) -> BudgetChange | None:
         """One reading and, where the policy says so, the budget moved."""
         reading = self.probe.read()
-        self.last = reading
         counters = self.control.counters()
         if counters.budget_bytes != self._expected:  # someone else set it: their ceiling
             self.set_ceiling(counters.budget_bytes)
