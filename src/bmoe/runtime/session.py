@@ -240,7 +240,7 @@ class Session:
         start = info.budget.bytes
         ceil = stream.cache_ceil_mb * MIB if stream.cache_ceil_mb is not None else start
         floor = min(info.token_cycle_bytes, ceil)
-        governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=max(ceil, floor)))
+        governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=ceil))
         governor.start()
         return governor
 
