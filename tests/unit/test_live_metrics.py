@@ -13,6 +13,7 @@ import pytest
 from bmoe.domain.generation import Progress
 from bmoe.domain.live import ExpertHeat, ExpertSnapshot, LiveTotals, heat_levels
 from bmoe.domain.streaming import MIB, StreamCounters
+from bmoe.domain.streaming.governor import BudgetChange
 from bmoe.serve.errors import RequestCancelledError
 from bmoe.serve.live import (
     BUSY_TICK_S,
@@ -175,11 +176,27 @@ def test_an_event_during_a_decode_reports_the_request_and_the_cache() -> None:
         "heat_top": 7,
         "cells": ["f000", "0009"],  # routed twice: hottest (7); once: ceil(7 / 2); bit 0 resident
         "stale": False,
+        "governor": None,  # no governor runs
     }
     assert feed.cooling
     # no snapshot this time (the decode held the lock too long): the last one, marked stale
     again = feed.event(view, None, now=1.5)
     assert again["cache"]["cells"] == ["f000", "0009"] and again["cache"]["stale"]
+
+
+def test_the_cache_carries_the_governors_count_of_changes_and_its_last_one() -> None:
+    feed = MetricsFeed("tiny", streaming=True)
+    view = MonitorView(0)
+    snap = snapshot(b"\x00" * 12, (0,) * 12, budget_bytes=4 * MIB)
+    assert feed.event(view, snap, now=1.0, governor=[])["cache"]["governor"] == {"changes": 0, "last": None}
+    changes = [
+        BudgetChange(4 * MIB, 2 * MIB, "shrink: 100 MiB free"),
+        BudgetChange(2 * MIB, 3 * MIB, "grow: x"),
+    ]
+    assert feed.event(view, snap, now=1.2, governor=changes)["cache"]["governor"] == {
+        "changes": 2,
+        "last": {"from_bytes": 2 * MIB, "to_bytes": 3 * MIB, "why": "grow: x"},
+    }
 
 
 def test_states_follow_the_request() -> None:

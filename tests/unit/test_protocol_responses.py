@@ -18,6 +18,7 @@ from bmoe.adapters.protocol import (
     Done,
     Error,
     Progress,
+    ProgressBudgetChange,
     ProtocolError,
     Ready,
     Response,
@@ -44,6 +45,9 @@ PROGRESS = Progress(
     cache_hit_pct=76.0,
     delta_text="é",
     delta_reasoning="",
+    cache_resident_mib=250.0,
+    cache_budget_mib=256.0,
+    budget_changes=(ProgressBudgetChange(from_mib=400.0, to_mib=256.0, why="shrink: 100 MiB free"),),
 )
 DONE = Done(
     id="a",
@@ -100,7 +104,9 @@ EXPECTED_LINES = {
     BEGIN: b'BMOE_BEGIN {"id":1}\n',
     PROGRESS: (
         b'BMOE_PROGRESS {"step":3,"steps":32,"wall_ms":190.5,"io_ms":60.25,"compute_ms":120.0,'
-        b'"mgmt_ms":10.25,"stall_ms":0.0,"read_mb":236.5,"cache_hit_pct":76.0,"delta_text":"\xc3\xa9","delta_reasoning":""}\n'
+        b'"mgmt_ms":10.25,"stall_ms":0.0,"read_mb":236.5,"cache_hit_pct":76.0,"delta_text":"\xc3\xa9","delta_reasoning":"",'
+        b'"cache_resident_mib":250.0,"cache_budget_mib":256.0,'
+        b'"budget_changes":[{"from_mib":400.0,"to_mib":256.0,"why":"shrink: 100 MiB free"}]}\n'
     ),
     DONE: (
         b'BMOE_DONE {"id":"a","cancelled":false,"tokens":48,"tok_s":5.25,"prefill_s":1.5,"prefill_tps":40.0,'
@@ -121,12 +127,13 @@ EXPECTED_LINES = {
     ),
 }
 
-# The keys of docs/protocol.md, in its order: the contract (choice_p_renorm: a key bmoe adds).
+# The keys of docs/protocol.md, in its order: the contract (choice_p_renorm, BMOE_PROGRESS's
+# cache_*_mib and budget_changes: keys bmoe adds).
 PROTOCOL_KEYS = {
     "BMOE_READY": "load_s arch n_ctx n_expert_used think_ctl repacked weights placement",
     "BMOE_BEGIN": "id",
     "BMOE_PROGRESS": """step steps wall_ms io_ms compute_ms mgmt_ms stall_ms read_mb cache_hit_pct
-        delta_text delta_reasoning""",
+        delta_text delta_reasoning cache_resident_mib cache_budget_mib budget_changes""",
     "BMOE_DONE": """id cancelled tokens tok_s prefill_s prefill_tps load_s n_prompt n_past cache_hit_pct
         read_mib io_s_tok compute_s_tok mgmt_s_tok stall_s_tok cache_resident_mib cache_budget_mib
         prefill_read_mib prefill_io_s prefill_stall_s text reasoning tool_calls logprobs""",

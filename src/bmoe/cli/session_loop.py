@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from bmoe.adapters.protocol import (
@@ -33,6 +33,7 @@ from bmoe.adapters.protocol import (
     Error,
     GenerateCmd,
     Progress,
+    ProgressBudgetChange,
     ReaderEvent,
     Ready,
     RequestId,
@@ -45,6 +46,7 @@ from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.generation import Progress as TokenProgress
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB
+from bmoe.domain.streaming.governor import BudgetChange
 from bmoe.errors import BmoeError, ConfigError, SessionFailedError
 from bmoe.runtime import Session
 
@@ -77,6 +79,7 @@ class SessionLoop:
         self._in_flight: object = _IDLE  # the id of the request that began and has not ended
         self._queued: Counter[RequestId] = Counter()  # ids of requests queued, not yet begun
         self._cancel_on_begin: Counter[RequestId] = Counter()  # queued ids already cancelled
+        self._changes_sent = 0  # the governor's budget changes already on a BMOE_PROGRESS line
 
     def send(self, response: Response) -> None:
         with self._out:
@@ -210,10 +213,20 @@ class SessionLoop:
         result = self.session.decide(request, on_begin=lambda: self._begin(cmd.id))
         return decide_response(cmd.id, result)
 
+    def _budget_changes(self) -> list[BudgetChange]:
+        """The governor's budget changes not yet on a ``BMOE_PROGRESS`` line (the governor's
+        thread appends to ``changes``; this takes what is there now)."""
+        governor = self.session.governor
+        if governor is None:
+            return []
+        news = governor.changes[self._changes_sent :]
+        self._changes_sent += len(news)
+        return news
+
     def _generate(self, cmd: GenerateCmd) -> Response:
         def on_progress(p: TokenProgress) -> None:
             if self.progress:
-                self.send(progress_response(p))
+                self.send(progress_response(p, self._budget_changes()))
 
         request = GenerateRequest(
             prompt=cmd.prompt,
@@ -229,8 +242,9 @@ class SessionLoop:
         return done_response(cmd.id, result, self.session.load_s)
 
 
-def progress_response(p: TokenProgress) -> Progress:
-    """``BMOE_PROGRESS`` for one token (streaming figures -1 when not streaming)."""
+def progress_response(p: TokenProgress, budget_changes: Sequence[BudgetChange] = ()) -> Progress:
+    """``BMOE_PROGRESS`` for one token (streaming figures -1 when not streaming), with the
+    governor's ``budget_changes`` since the previous line."""
     if p.stream is None:
         return Progress(
             step=p.step,
@@ -254,6 +268,12 @@ def progress_response(p: TokenProgress) -> Progress:
         cache_hit_pct=p.stream.hit_pct,
         delta_text=p.delta_text,
         delta_reasoning=p.delta_reasoning,
+        cache_resident_mib=p.stream.resident_bytes / MIB,
+        cache_budget_mib=p.stream.budget_bytes / MIB,
+        budget_changes=tuple(
+            ProgressBudgetChange(from_mib=c.before / MIB, to_mib=c.after / MIB, why=c.why)
+            for c in budget_changes
+        ),
     )
 
 

@@ -12,11 +12,13 @@ recent routing, scaled to the hottest expert of late: ``bmoe.domain.live.ExpertH
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
 
 from bmoe.domain.live import HEAT_TOP, ExpertHeat, ExpertSnapshot, LiveTotals
+from bmoe.domain.streaming.governor import BudgetChange
 
 Json = dict[str, Any]
 Kind = Literal["chat", "completion", "decide"]
@@ -99,7 +101,23 @@ def grid_cells(snap: ExpertSnapshot, levels: list[int]) -> list[str]:
     return rows
 
 
-def cache_body(snap: ExpertSnapshot, levels: list[int], stale: bool) -> Json:
+def governor_body(changes: Sequence[BudgetChange] | None) -> Json | None:
+    """The memory-pressure governor: how many changes it made and the last one; None when
+    it does not run."""
+    if changes is None:
+        return None
+    last = changes[-1] if changes else None
+    return {
+        "changes": len(changes),
+        "last": None
+        if last is None
+        else {"from_bytes": last.before, "to_bytes": last.after, "why": last.why},
+    }
+
+
+def cache_body(
+    snap: ExpertSnapshot, levels: list[int], stale: bool, governor: Sequence[BudgetChange] | None = None
+) -> Json:
     c = snap.counters
     requests = c.hits + c.misses
     return {
@@ -114,6 +132,7 @@ def cache_body(snap: ExpertSnapshot, levels: list[int], stale: bool) -> Json:
         "heat_top": HEAT_TOP,
         "cells": grid_cells(snap, levels),
         "stale": stale,
+        "governor": governor_body(governor),
     }
 
 
@@ -139,10 +158,17 @@ class MetricsFeed:
         self._snap: ExpertSnapshot | None = None
         self._levels: list[int] = []
 
-    def event(self, view: MonitorView, snap: ExpertSnapshot | None, now: float) -> Json:
+    def event(
+        self,
+        view: MonitorView,
+        snap: ExpertSnapshot | None,
+        now: float,
+        governor: Sequence[BudgetChange] | None = None,
+    ) -> Json:
         """The event for ``view`` and the cache's ``snap`` taken at ``now`` (seconds, any
         clock that only goes forward); ``snap`` None: it could not be taken this time, the
-        previous one is shown (``stale``)."""
+        previous one is shown (``stale``). ``governor``: the memory-pressure governor's
+        changes so far, None when it does not run."""
         stale = snap is None and self._snap is not None
         if snap is not None:
             self._snap = snap
@@ -150,7 +176,7 @@ class MetricsFeed:
             self._levels = self.heat.levels()
         cache = None
         if self.streaming and self._snap is not None:
-            cache = cache_body(self._snap, self._levels, stale)
+            cache = cache_body(self._snap, self._levels, stale, governor)
         return {
             "model": self.model,
             "state": view.state,

@@ -68,7 +68,8 @@ async def metrics_events(served: ServedSession, feed: MetricsFeed) -> AsyncItera
                 snap = await asyncio.to_thread(served.expert_snapshot, SNAPSHOT_TIMEOUT_S)
             view = served.monitor.view()
             last = loop.time()
-            body = feed.event(view, snap, last)
+            governor = served.session.governor
+            body = feed.event(view, snap, last, None if governor is None else governor.changes)
             yield ServerSentEvent(data=json.dumps(body, separators=(",", ":")))
             tick = next_tick(view, feed.cooling)
             with contextlib.suppress(TimeoutError):

@@ -41,6 +41,7 @@ from bmoe.adapters.protocol.responses import (
     DoneToolCall,
     Error,
     Progress,
+    ProgressBudgetChange,
     Ready,
     Response,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "Error",
     "GenerateCmd",
     "Progress",
+    "ProgressBudgetChange",
     "ProtocolError",
     "ReaderEvent",
     "Ready",

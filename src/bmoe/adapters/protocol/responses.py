@@ -77,6 +77,17 @@ class Begin:
 
 
 @attrs.frozen(kw_only=True)
+class ProgressBudgetChange:
+    """One change the memory-pressure governor made to the expert cache's budget: from
+    ``from_mib`` to ``to_mib``, and ``why`` in words (``shrink: ...`` or ``grow: ...``, the
+    ``moe-governor:`` line's reason)."""
+
+    from_mib: float = attrs.field(converter=as_float)
+    to_mib: float = attrs.field(converter=as_float)
+    why: str = attrs.field(validator=_is_str)
+
+
+@attrs.frozen(kw_only=True)
 class Progress:
     """``BMOE_PROGRESS``, per decoded token of the generate in flight.
 
@@ -88,6 +99,11 @@ class Progress:
     - ``cache_hit_pct``: expert cache hit rate so far, 0 to 100.
     - ``delta_text``, ``delta_reasoning``: the answer and reasoning text this token completed
       (whole UTF-8 characters only, so possibly empty).
+    - ``cache_resident_mib``, ``cache_budget_mib`` (beyond the C++ engine's keys): the expert
+      cache's fill and budget after this token.
+    - ``budget_changes`` (beyond them too): the governor's changes to the budget since the
+      previous ``BMOE_PROGRESS`` line (since the session opened, for its first), oldest first;
+      empty when there were none.
     """
 
     TAG: ClassVar[str] = "BMOE_PROGRESS"
@@ -103,6 +119,9 @@ class Progress:
     cache_hit_pct: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     delta_text: str = attrs.field(validator=_is_str, default="")
     delta_reasoning: str = attrs.field(validator=_is_str, default="")
+    cache_resident_mib: float = attrs.field(converter=as_float, default=NOT_MEASURED)
+    cache_budget_mib: float = attrs.field(converter=as_float, default=NOT_MEASURED)
+    budget_changes: tuple[ProgressBudgetChange, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
