@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 
 # Property tests check behaviour, not speed: on a loaded 2-CPU machine (CI builds, other
@@ -9,3 +10,11 @@ from hypothesis import settings
 # fail a correct test as "flaky". Speed is measured by the benchmarks, not here.
 settings.register_profile("bmoe", deadline=None, print_blob=True)
 settings.load_profile("bmoe")
+
+
+@pytest.fixture(autouse=True)
+def _own_profile_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line's and the server's ``--profile auto`` learn into a folder of each test's
+    own (processes a test starts inherit it), never the user's ``~/.cache/bmoe/profiles``:
+    a profile left by one test would warm the next one's cache and change its counters."""
+    monkeypatch.setenv("BMOE_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))

@@ -494,6 +494,30 @@ cdef class ExpertStreamer:
         drop_planned_evictions(self.s, False)
         release_all(self.s)
 
+    def read_ahead(self, int layer, experts, bint hot=True):
+        """Read ``experts`` of ``layer`` ahead of need, as ``ExpertCachePolicy.prefetch``
+        plans it (``hot``: a committed set, its residents touched and its reads entering
+        probation's most recent end; else the cold end): queued on the lanes, returns at
+        once with the number issued. A request that routes to one adopts its read. Between
+        decodes (the session's decode lock held), in ``MODE_STREAM``."""
+        cdef int issued
+        if self.s.fds == NULL or self.s.mode != C_MODE_STREAM:
+            raise ValueError("reads ahead need the fast path streaming (MODE_STREAM)")
+        if not 0 <= layer < self.s.core.n_layer or self.s.core.entry_bytes[layer] == 0:
+            raise ValueError(f"layer {layer} has no routed experts")
+        ids = [int(e) for e in experts]
+        bad = [e for e in ids if not 0 <= e < self.s.core.n_expert]
+        if bad:
+            raise ValueError(f"expert id {bad[0]} out of range [0, {self.s.core.n_expert})")
+        core_begin(self.s.core)
+        for e in ids:
+            core_want(self.s.core, e)
+        with nogil:
+            issued = core_prefetch(self.s.core, layer, hot)
+            defer_planned_evictions(self.s)
+            issue_reads(self.s)
+        return issued
+
     def evict_all(self):
         """Drop every resident expert (the next use reads it again)."""
         core_evict_all(self.s.core)

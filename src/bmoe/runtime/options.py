@@ -13,6 +13,7 @@ from bmoe.adapters.llama import devices as ggml_devices
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES, StreamConfig, prompt_batch
+from bmoe.domain.streaming.usage_profile import WARM_SHARE
 from bmoe.errors import ConfigError
 
 
@@ -181,6 +182,21 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         help="shrink the cache when memory runs short (PSI, the cgroup's limit, MemAvailable) and grow it "
         "back when memory is free: auto (default) = on under --cache-mb auto; on; off",
     )
+    m.add_argument(
+        "--profile",
+        default="auto",
+        metavar="FILE|auto|off",
+        help="the usage profile: warm the cache at start with the experts earlier runs routed most, read "
+        "in the background, and learn into it (auto, the default: one file per model under "
+        "~/.cache/bmoe/profiles or $BMOE_PROFILE_DIR; off; or a file)",
+    )
+    m.add_argument(
+        "--profile-share",
+        type=float,
+        default=WARM_SHARE,
+        metavar="F",
+        help=f"warm at most this share of the cache from the profile (default: {WARM_SHARE})",
+    )
     m.add_argument("--io-threads", type=int, default=4, metavar="N", help="read lanes (default: 4)")
     m.add_argument("--no-odirect", action="store_true", help="buffered reads instead of O_DIRECT")
     m.add_argument(
@@ -296,6 +312,8 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         cache_mb=args.cache_mb,
         cache_ceil_mb=args.cache_ceil_mb,
         governor=args.cache_governor,
+        profile=args.profile,
+        profile_share=args.profile_share,
         io_threads=args.io_threads,
         odirect=not args.no_odirect,
         policy=args.stream_policy,

@@ -28,6 +28,7 @@ from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.llama.model import ModelParams
 from bmoe.adapters.model_files import MappedFiles
 from bmoe.adapters.system_memory import available_bytes
+from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
@@ -49,6 +50,7 @@ from bmoe.errors import (
 from bmoe.runtime import placement as model_placement
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.streaming import StreamingControl
+from bmoe.runtime.usage_profile import ProfileKeeper
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
@@ -180,6 +182,9 @@ class Session:
         self.governor: CacheGovernor | None = None
         if self.streaming is not None and config.stream.governed:
             self.governor = self._start_governor(config.stream, self.streaming)
+        self.profile: ProfileKeeper | None = None
+        if self.streaming is not None and config.stream.profile != "off":
+            self.profile = self._open_profile(config.stream, self.streaming)
         self.load_s = time.perf_counter() - t0
         self._closed = False
 
@@ -243,6 +248,32 @@ class Session:
         governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=ceil))
         governor.start()
         return governor
+
+    def _open_profile(self, stream: StreamConfig, control: StreamingControl) -> ProfileKeeper | None:
+        """The usage profile (``--profile``): warm the cache from it now (in the background)
+        and learn into it from now on. Its lines go to ``notes``."""
+        paths = control.streaming.layout.paths
+        try:
+            key = model_key(paths)
+        except OSError as exc:
+            self.notes.append(f"moe-profile: cannot read the model to key its profile: {exc}")
+            return None
+        path = profile_path(stream.profile, key)
+        if path is None:
+            return None
+        keeper = ProfileKeeper(control, path, key, self.model.n_expert_used)
+        if control.counters().budget_bytes > 0:
+            keeper.warm(stream.profile_share)
+        self.notes.extend(keeper.notes)
+        keeper.notes.clear()
+        return keeper
+
+    def _learn(self) -> None:
+        """After a request: the profile counts it (and merges every few requests)."""
+        if self.profile is not None:
+            self.profile.after_request()
+            self.notes.extend(self.profile.notes)
+            self.profile.notes.clear()
 
     def _layout_note(self, config: SessionConfig) -> str:
         """What a resident fallback of a streamed load computes with: a model loaded for
@@ -370,6 +401,7 @@ class Session:
             decode_steps=max(0, len(result.tokens) - 1),
             decode_wall_s=decode_wall,
         )
+        self._learn()
         return attrs.evolve(result, stream=report)
 
     def decide(self, request: DecideRequest, on_begin: OnBegin | None = None) -> DecideResult:
@@ -392,6 +424,7 @@ class Session:
             streaming.end_turn()
             if meter is not None and not result.cancelled:
                 meter.observe(result.n_prefilled, result.prefill_s, delta.stall_s, delta.bytes_read)
+            self._learn()
         return result
 
     def _piece_meter(self) -> PieceMeter | None:
@@ -518,6 +551,8 @@ class Session:
         if self.governor is not None:
             self.governor.close()
         self._backend.close_sampler()
+        if self.profile is not None:
+            self.profile.save()
         if self.streaming is not None:
             self.streaming.close()
         self.ctx.close()

@@ -17,6 +17,7 @@ callback walks the cache.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from bmoe.adapters.expert_source import LaneExpertSource
@@ -178,6 +179,22 @@ class StreamingControl:
                 self._reference.set_budget(budget_bytes)
             else:
                 self.streaming.streamer.set_budget(budget_bytes)
+
+    def read_ahead(self, targets: Sequence[tuple[int, Sequence[int]]]) -> int:
+        """Read ``[(layer, experts)]`` ahead of need, in that order, as committed sets (the
+        warm-up of a usage profile): queued on the lanes at the next decode boundary,
+        returns at once with the number of entries issued (the reference policy issues them
+        on its source's pool). A request adopts those it routes to."""
+        issued = 0
+        with self.lock:
+            if self._closed:
+                return 0
+            for layer, experts in targets:
+                if self._reference is not None:
+                    issued += self._reference.read_ahead(layer, experts)
+                else:
+                    issued += self.streaming.streamer.read_ahead(layer, experts, True)
+        return issued
 
     def evict_all(self) -> None:
         with self.lock:

@@ -157,6 +157,15 @@ class PolicyStreaming:
             self.source.release(early.evictions)
             self.source.issue(early.issued)
 
+    def read_ahead(self, layer: int, experts: Iterable[int]) -> int:
+        """Read ``experts`` of ``layer`` ahead of need as a committed set (``prefetch`` with
+        ``hot``; the warm-up of a usage profile): issued on the source, returns the number
+        issued. Between decodes."""
+        plan = self.policy.prefetch(layer, experts, hot=True)
+        self.source.release(plan.evictions)
+        self.source.issue(plan.issued)
+        return len(plan.issued)
+
     def set_budget(self, budget_bytes: int) -> tuple[Entry, ...]:
         """Change the budget between decodes; evicts in eviction order down to it."""
         evicted = self.policy.set_budget(budget_bytes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from bmoe.domain.streaming.engine_options import EngineOptions
+from bmoe.domain.streaming.usage_profile import WARM_SHARE
 from bmoe.errors import ConfigError
 
 MIB = 1024 * 1024
@@ -30,6 +31,11 @@ class StreamConfig:
       ``ExpertCachePolicy`` and the decode routing ones, ``DecodeRouting``, and their plans
       are executed through the expert-source port: slow, for checking that the C engine
       follows the policies; the output is identical; no traces).
+    - ``profile``: the usage profile (:mod:`bmoe.domain.streaming.usage_profile`): ``off``
+      (the library's default), ``auto`` (one file per model under the user's cache folder;
+      the command line's and the server's default) or a file. With one, a new session warms
+      its cache with the experts earlier sessions routed most (up to ``profile_share`` of
+      the budget, read in the background) and merges what it routes into the file.
     - ``engine``: developer-only, for A/B measurements and tests: how the C engine does its
       work (``EngineOptions``; the output and decisions stay the same); None reads the
       ``BMOE_*`` variables (``EngineOptions.from_environ``).
@@ -66,6 +72,8 @@ class StreamConfig:
     route_ahead: int = 0
     drop_cold: float = 0.0
     substitute: float | None = None
+    profile: str = "off"  # --profile off|auto|FILE
+    profile_share: float = WARM_SHARE  # --profile-share
     route_trace: str | None = None  # --route-trace FILE (docs/telemetry.md)
     io_trace: str | None = None  # --io-trace FILE
     engine: EngineOptions | None = None
@@ -104,6 +112,10 @@ class StreamConfig:
             raise ConfigError(f"prefetch must be >= 0 layers, not {self.prefetch}")
         if self.prefetch and self.cache_mb == 0:
             raise ConfigError("--prefetch needs the cache (reads ahead land in it): not with --cache-mb 0")
+        if not self.profile:
+            raise ConfigError("--profile takes off, auto or a file name")
+        if not 0.0 <= self.profile_share <= 1.0:
+            raise ConfigError(f"--profile-share must be in [0, 1], not {self.profile_share}")
         if self.io_threads < 1:
             raise ConfigError(f"io_threads must be >= 1, not {self.io_threads}")
         check_read_ahead(self)
