@@ -134,6 +134,12 @@ class MemoryGroup:
         text = read_or_empty(self.path / _FILES[self.site.version][1]).strip()
         return int(text) if text.isdigit() else None
 
+    def usage_bytes(self) -> int | None:
+        """The group's memory use now (page cache included), None where it cannot be read."""
+        name = "memory.usage_in_bytes" if self.site.version == 1 else "memory.current"
+        text = read_or_empty(self.path / name).strip()
+        return int(text) if text.isdigit() else None
+
     def oom_kills(self) -> int:
         _, _, events, key = _FILES[self.site.version]
         for line in read_or_empty(self.path / events).splitlines():
