@@ -44,6 +44,7 @@ class Policies:
     settings: dict[str, object]
     acted: tuple[str, ...]  # counters that must not be 0: each policy acted
     half: bool = False  # a cache of half the experts (some of a layer's own are cached)
+    full: bool = False  # a cache of every expert (it fills: cold at first, then all cached)
 
 
 PREDICT = {"predict_prefetch": True, "predict_log": True}
@@ -51,6 +52,11 @@ POLICIES = {  # a drop of 0.75 is a real threshold at top-2 (1.0 drops every col
     "predict+drop": Policies({**PREDICT, "drop_cold": 0.75}, ("predict_slots", "prefetch_issued")),
     "route-ahead+drop": Policies({"route_ahead": 1, "drop_cold": 1.0}, ("route_ahead_committed", "dropped")),
     "substitute+prefetch": Policies({"substitute": 10.0, "prefetch": 1}, ("substituted",), half=True),
+    # the auto gate: shut in a cache that misses on every token, open in one that holds all
+    "predict-auto-shut": Policies({**PREDICT, "predict_auto": True}, ("predict_gate_closed",)),
+    "predict-auto-open": Policies(
+        {**PREDICT, "predict_auto": True}, ("predict_gate_open", "predict_slots"), full=True
+    ),
 }
 
 Run = tuple[list[int], np.ndarray, StreamCounters, list[Entry]]
@@ -67,6 +73,7 @@ def run(
     policy: str,
     *,
     half: bool = False,
+    full: bool = False,
     swap_router: int | None = None,
     requests: tuple[GenerateRequest, ...] = (WARM_UP, REQUEST),
     **routing: object,
@@ -82,6 +89,8 @@ def run(
             s.streaming.streaming.streamer.set_gate(swap_router, rows.ctypes.data)
         m = s.model
         entries = m.n_layer * m.n_expert // 2 if half else m.n_expert_used + EXTRA_ENTRIES
+        if full:
+            entries = m.n_layer * m.n_expert
         s.streaming.set_budget(entries * s.streaming.info.entry_bytes)
         tokens = [t for request in requests for t in s.generate(request).tokens]
         return tokens, s.last_logits(), s.streaming.counters(), s.streaming.resident_entries()
@@ -104,8 +113,8 @@ def test_the_reference_routing_policies_decide_as_the_fast_path(
 ) -> None:
     path = tiny_model_path(name)
     p = POLICIES[policies]
-    fast = run(path, "fast", half=p.half, **p.settings)
-    ref = run(path, "reference", half=p.half, **p.settings)
+    fast = run(path, "fast", half=p.half, full=p.full, **p.settings)
+    ref = run(path, "reference", half=p.half, full=p.full, **p.settings)
     same_decisions(fast, ref)
     c = ref[2]
     for counter in p.acted:

@@ -8,6 +8,7 @@ import pytest
 
 from bmoe.domain.streaming import ExpertCachePolicy
 from bmoe.domain.streaming.decode_routing import (
+    AUTO_WINDOW,
     SOFTMAX,
     SOFTMAX_WEIGHT,
     DecodeRouting,
@@ -15,6 +16,7 @@ from bmoe.domain.streaming.decode_routing import (
     RouterScores,
     RoutingSettings,
     Scorer,
+    auto_gate_open,
 )
 from bmoe.service.expert_streaming import PolicyStreaming
 from bmoe.testing.fake_expert_source import FakeExpertSource
@@ -225,3 +227,55 @@ def test_prefill_calls_and_calls_without_a_view_skip_the_routing_policies() -> N
 def test_the_routing_policies_need_the_routers() -> None:
     with pytest.raises(ValueError, match="routers"):
         PolicyStreaming(FakeExpertSource(SIZES, N_EXPERT), 1000, routing=RoutingSettings(route_ahead=1))
+
+
+def test_the_auto_gate_opens_only_while_few_slots_are_cold() -> None:
+    assert not auto_gate_open(0, 0)  # nothing observed: closed
+    assert auto_gate_open(10, 100) and not auto_gate_open(11, 100)
+    r = routing(predict_prefetch=True, predict_auto=True)
+    assert not r.gate_open
+    r.observe(cold=2, slots=2)  # a cold start: closed
+    assert not r.gate_open and r.counters.predict_gate_closed == 1
+    for _ in range(AUTO_WINDOW):
+        r.observe(cold=0, slots=10)  # the cold call leaves the window: open
+    assert r.gate_open and r.counters.predict_gate_open == AUTO_WINDOW - 1
+    r.observe(cold=AUTO_WINDOW * 10, slots=0)  # one call of many cold slots closes it again
+    assert not r.gate_open
+
+
+def test_with_the_auto_gate_closed_the_next_layer_is_neither_ranked_nor_read() -> None:
+    r = routing(predict_prefetch=True, predict_auto=True)
+    ranked: list[int] = []
+
+    def counting(layer: int) -> RouterScores:
+        ranked.append(layer)
+        return scorer()(layer)
+
+    r.route(0, [0, 1], None, counting)
+    r.observe(cold=2, slots=2)
+    assert r.reads_ahead(0) == [] and ranked == [0]  # the watchdog's check of layer 0 only
+    for _ in range(AUTO_WINDOW):
+        r.observe(cold=0, slots=2)
+    r.route(2, [5, 6], None, counting)
+    r.cache.request(2, [5, 6])
+    (plan,) = r.reads_ahead(2)
+    assert ranked == [0, 2, 3] and plan.issued == ((3, 1), (3, 2))  # the watchdog checks token 1
+
+
+def test_without_auto_the_gate_is_always_open() -> None:
+    r = routing(predict_prefetch=True)
+    r.observe(cold=100, slots=100)
+    assert r.gate_open and r.counters.predict_gate_closed == 0
+
+
+def test_policy_streaming_observes_each_routed_decode_call_cold_slots() -> None:
+    source = FakeExpertSource(SIZES, N_EXPERT, latency=0.0)
+    routers = Routers(2, SOFTMAX, MOE)
+    settings = RoutingSettings(predict_prefetch=True, predict_auto=True)
+    streaming = PolicyStreaming(source, 10_000, routing=settings, routers=routers)
+    view = FakeRouterView(ROUTERS)
+    streaming.route(0, [0, 1], 1, view)
+    assert streaming.routing is not None
+    assert streaming.routing.counters.predict_gate_closed == 1  # two misses of two slots
+    streaming.route(0, [0, 1], 1, view)
+    assert streaming.routing.counters.predict_gate_closed == 2  # 2 cold of 4: still closed

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from bmoe.cext import route_policy as c_policy
 from bmoe.domain.streaming import routing
+from bmoe.domain.streaming.decode_routing import AUTO_COLD_PCT, auto_gate_open
 
 N_EXPERT = 16
 
@@ -70,3 +71,8 @@ def test_substitute(scores: list[float], resident: list[bool], k: int, margin: f
     assert c_policy.substitute(ids, scores, resident, margin) == routing.substitute(
         ids, scores, resident, margin
     )
+
+
+@given(st.integers(0, 10_000), st.integers(0, 10_000))
+def test_the_auto_gate(cold: int, slots: int) -> None:
+    assert c_policy.gate_open(cold, slots, AUTO_COLD_PCT) == auto_gate_open(cold, slots)

@@ -418,6 +418,8 @@ class ExpertStreaming:
             rank_worker=r["rank_worker"],
             watchdog_checks=r["watchdog_checks"],
             watchdog_trips=r["watchdog_trips"],
+            predict_gate_open=r["predict_gate_open"],
+            predict_gate_closed=r["predict_gate_closed"],
             requests=s["requests"],
             hits=s["hits"],
             misses=s["misses"],

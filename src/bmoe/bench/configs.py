@@ -78,6 +78,7 @@ def parse_kinds(text: str) -> list[str]:
 POLICY_FLAGS = {
     "prefetch": ("prefetch", int, "--prefetch"),
     "predict": ("predict_prefetch", None, "--predict-prefetch"),
+    "predict-auto": ("predict_prefetch", None, "--predict-prefetch auto"),
     "route-ahead": ("route_ahead", int, "--route-ahead"),
     "drop": ("drop_cold", float, "--drop-cold-experts"),
     "substitute": ("substitute", float, "--expert-substitute"),
@@ -106,6 +107,8 @@ class Policy:
 
     def stream_kwargs(self) -> dict[str, object]:
         field, kind, _ = POLICY_FLAGS[self.name]
+        if self.name == "predict-auto":
+            return {field: True, "predict_auto": True}
         if kind is None:
             return {field: True}
         assert self.value is not None

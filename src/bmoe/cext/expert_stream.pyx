@@ -117,6 +117,7 @@ from bmoe.cext.pthreads cimport (
 from bmoe.cext.route_policy cimport (
     rp_agreement,
     rp_drop,
+    rp_gate_open,
     rp_rank,
     rp_substitute,
     rp_weights,
@@ -258,9 +259,10 @@ cdef class ExpertStreamer:
         self.s.r.sel_b[layer] = <const float *> selection_bias
 
     def configure_routing(self, *, int predict=0, int spec_max=2, int route_ahead=0,
-                          double drop_cold=0.0, substitute=None):
+                          double drop_cold=0.0, substitute=None, bint predict_auto=False):
         """``predict``: bit 1 logs the stale gate's agreement, bit 2 reads its predicted
-        misses ahead (at most ``spec_max`` per layer); ``route_ahead`` N > 0 commits each
+        misses ahead (at most ``spec_max`` per layer), only while the auto gate is open with
+        ``predict_auto`` (``decode_routing.auto_gate_open``); ``route_ahead`` N > 0 commits each
         decode layer to the ranking made N MoE layers earlier; ``drop_cold`` F > 0 drops
         cold misses below F / k; ``substitute`` L (None: off) replaces a miss by a resident
         expert within L. Between decodes only."""
@@ -273,6 +275,8 @@ cdef class ExpertStreamer:
         if (drop_cold > 0 or substitute is not None) and not self.s.r.ready:
             raise ValueError("set_router first")
         self.s.r.predict = predict
+        self.s.r.predict_auto = 1 if predict_auto and predict & 2 else 0
+        self.s.r.gate_open = 0 if self.s.r.predict_auto else 1
         self.s.r.spec_max = spec_max
         self.s.r.route_ahead = route_ahead
         self.s.r.drop_f = drop_cold

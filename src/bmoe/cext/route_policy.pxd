@@ -4,7 +4,7 @@
 # so tests drive both with the same inputs. Shared by ``expert_stream`` (the engine).
 
 from libc.math cimport exp
-from libc.stdint cimport int32_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 
 
 cdef inline void rp_rank(const float * scores, int n, int k, int32_t * out, uint8_t * chosen) noexcept nogil:
@@ -157,3 +157,9 @@ cdef inline int rp_worth_reading(const int32_t * ranked, const double * weights,
             out[n] = ranked[i]
             n += 1
     return n
+
+
+cdef inline bint rp_gate_open(int64_t cold, int64_t slots, int pct) noexcept nogil:
+    """``--predict-prefetch auto``'s gate (``decode_routing.auto_gate_open``): open while at
+    most ``pct`` percent of the window's slots were cold; closed before any slot."""
+    return slots > 0 and 100 * cold <= pct * slots

@@ -3,12 +3,13 @@
 callable from Python, so tests drive them beside ``bmoe.domain.streaming.routing`` with
 the same inputs and compare every decision."""
 
-from libc.stdint cimport int32_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free
 
 from bmoe.cext.route_policy cimport (
     rp_agreement,
     rp_drop,
+    rp_gate_open,
     rp_rank,
     rp_substitute,
     rp_weights,
@@ -151,3 +152,8 @@ def weight_threshold_ids(ranked, weights, double fraction):
         free(rk)
         free(w)
         free(out)
+
+
+def gate_open(int64_t cold, int64_t slots, int pct):
+    """``decode_routing.auto_gate_open`` in C (with the percentage given)."""
+    return bool(rp_gate_open(cold, slots, pct))

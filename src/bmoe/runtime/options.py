@@ -216,9 +216,14 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
     )
     m.add_argument(
         "--predict-prefetch",
-        action="store_true",
+        nargs="?",
+        const="on",
+        default=None,
+        choices=("on", "auto"),
+        metavar="auto",
         help="in decode, apply the next MoE layer's router to this layer's router input (the stale gate) "
-        "and read its predicted misses ahead (lossless; needs the cache; excludes --prefetch)",
+        "and read its predicted misses ahead (lossless; needs the cache; excludes --prefetch); auto: "
+        "only while at most 10%% of the last 64 layer calls' experts were not cached (latency-bound)",
     )
     m.add_argument(
         "--predict-spec-max",
@@ -319,7 +324,8 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         policy=args.stream_policy,
         prefetch=args.prefetch,
         prefill_ahead=not args.no_prefill_ahead,
-        predict_prefetch=args.predict_prefetch,
+        predict_prefetch=args.predict_prefetch is not None,
+        predict_auto=args.predict_prefetch == "auto",
         predict_spec_max=args.predict_spec_max,
         predict_log=args.predict_log,
         route_ahead=args.route_ahead,

@@ -37,6 +37,7 @@ def routing_settings(config: StreamConfig) -> RoutingSettings:
     return RoutingSettings(
         predict_log=config.predict_log,
         predict_prefetch=config.predict_prefetch,
+        predict_auto=config.predict_auto,
         spec_max=config.predict_spec_max,
         route_ahead=config.route_ahead,
         drop_cold=config.drop_cold,
@@ -86,6 +87,7 @@ class StreamingControl:
                     route_ahead=config.route_ahead,
                     drop_cold=config.drop_cold,
                     substitute=config.substitute,
+                    predict_auto=config.predict_auto,
                 )
             if config.route_trace is not None or config.io_trace is not None:
                 self._traces = TraceFiles(

@@ -111,6 +111,9 @@ class PolicyStreaming:
         except ValueError as exc:
             self._graph_fault = GraphFault(layer, str(exc))
             raise self._graph_fault.error() from exc
+        if routed:
+            assert self.routing is not None
+            self.routing.observe(len(plan.loads), len(plan.hits) + len(plan.loads))
         wait = 0.0
         try:
             self.source.release(plan.evictions)
@@ -220,4 +223,6 @@ class PolicyStreaming:
             "substituted": r.substituted,
             "watchdog_checks": r.watchdog_checks,
             "watchdog_trips": r.watchdog_trips,
+            "predict_gate_open": r.predict_gate_open,
+            "predict_gate_closed": r.predict_gate_closed,
         }

@@ -211,6 +211,7 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
         graph_fault(s, layer, GRAPH_NO_EXPERTS)
         return
     if routed:  # the worker ranks the layers ahead while this layer's load is served
+        observe_plan(s)
         asked = ask_rankings(s, layer)
     if s.tr.route_on:
         trace_route(s, t, layer, skip)

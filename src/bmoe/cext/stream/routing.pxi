@@ -110,7 +110,7 @@ cdef int rank_targets(stream_t * s, int layer, int * targets, int * committed) n
     (prediction: ``committed`` 0) and the one N MoE layers on (route-ahead: 1)."""
     cdef routing_t * r = &s.r
     cdef int n = 0, target
-    if r.predict:
+    if r.predict and r.gate_open:
         target = moe_layer_ahead(s, layer, 1)
         if target >= 0:
             targets[n] = target
@@ -123,6 +123,30 @@ cdef int rank_targets(stream_t * s, int layer, int * targets, int * committed) n
             committed[n] = 1
             n += 1
     return n
+
+
+cdef void observe_plan(stream_t * s) noexcept nogil:
+    """After a decode layer call's plan: its misses and its slots enter the auto gate's
+    window of ``AUTO_WINDOW`` calls, and the gate moves (``DecodeRouting.observe``)."""
+    cdef routing_t * r = &s.r
+    cdef int32_t cold = s.core.n_loads
+    cdef int32_t slots = s.core.n_hits + s.core.n_loads
+    if r.win_n == AUTO_WINDOW:
+        r.win_cold_sum -= r.win_cold[r.win_pos]
+        r.win_slots_sum -= r.win_slots[r.win_pos]
+    else:
+        r.win_n += 1
+    r.win_cold[r.win_pos] = cold
+    r.win_slots[r.win_pos] = slots
+    r.win_cold_sum += cold
+    r.win_slots_sum += slots
+    r.win_pos = (r.win_pos + 1) % AUTO_WINDOW
+    if r.predict_auto and r.predict & 2:
+        r.gate_open = 1 if rp_gate_open(r.win_cold_sum, r.win_slots_sum, AUTO_COLD_PCT) else 0
+        if r.gate_open:
+            r.gate_open_calls += 1
+        else:
+            r.gate_closed_calls += 1
 
 
 cdef void find_router(ggml_tensor * t, int layer, ggml_tensor ** probs, ggml_tensor ** x) noexcept nogil:
@@ -432,6 +456,8 @@ cdef object routing_stats(stream_t * s):
         "substituted": r.n_substituted,
         "watchdog_checks": r.checks,
         "watchdog_trips": r.trips,
+        "predict_gate_open": r.gate_open_calls,
+        "predict_gate_closed": r.gate_closed_calls,
         "watchdog_trip": (r.trip_token, r.trip_layer, r.trip_agree) if r.trips else None,
         "disarmed": r.disarmed != 0,
         "rank_s": r.rank_s,

@@ -26,6 +26,10 @@ cdef enum:
                                    # the entry meanwhile waits for that)
 
 cdef enum:
+    AUTO_WINDOW = 64       # the auto gate's decode calls (decode_routing.AUTO_WINDOW)
+    AUTO_COLD_PCT = 10     # ... and its share of cold slots (decode_routing.AUTO_COLD_PCT)
+
+cdef enum:
     PAGE = 4096
     MAX_CAPTURE = 16384
     NAME_LEN = 64
@@ -177,6 +181,16 @@ cdef struct routing_t:
     const float ** gate_b          # [n_layer]: router bias [n_expert] (gpt-oss), or NULL
     const float ** sel_b           # [n_layer]: selection bias [n_expert] (exp_probs_b), or NULL
     int predict                    # bit 1: log the prediction's agreement; bit 2: read ahead
+    int predict_auto               # with bit 2: predict and read only while the auto gate is open
+    int gate_open                  # the auto gate now (1 without predict_auto)
+    int32_t win_cold[64]           # the auto gate's ring of the last AUTO_WINDOW decode calls
+    int32_t win_slots[64]
+    int win_pos
+    int win_n
+    int64_t win_cold_sum
+    int64_t win_slots_sum
+    int64_t gate_open_calls
+    int64_t gate_closed_calls
     int spec_max                   # predicted misses read per layer
     int route_ahead                # N: commit the ranking made N MoE layers earlier
     double drop_f                  # > 0: drop cold misses below drop_f / k
@@ -360,6 +374,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
     s.proj_ready = <uint8_t *> calloc(n_layer * n_expert, 1)
     s.pw_ids = <int32_t *> calloc(n_expert, sizeof(int32_t))
     s.pw_layer = -1
+    s.r.gate_open = 1  # no auto gate until configure_routing asks for one
     for i in range(n_proj):
         s.proj_order[i] = i
         s.proj_order_packed |= i << (4 * i)

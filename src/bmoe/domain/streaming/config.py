@@ -48,6 +48,9 @@ class StreamConfig:
     - ``predict_prefetch``: in decode, apply the next MoE layer's router to this layer's
       router input (the stale gate) and read its predicted misses ahead, at most
       ``predict_spec_max`` per layer (lossless; needs the cache).
+    - ``predict_auto``: with ``predict_prefetch``, read the guesses only while decode is
+      latency-bound: at most 10% of the experts the last 64 decode layer calls wanted missed
+      the cache (``decode_routing.auto_gate_open``); the next layer is not even ranked otherwise.
     - ``predict_log``: the same prediction, observed only (no reads): its accuracy per layer.
     - ``route_ahead``: N > 0 replaces each decode layer's selection with the ranking its
       router gave the input N MoE layers earlier, and reads those experts that early (lossy).
@@ -67,6 +70,7 @@ class StreamConfig:
     prefetch: int = 0
     prefill_ahead: bool = True
     predict_prefetch: bool = False
+    predict_auto: bool = False  # --predict-prefetch auto
     predict_spec_max: int = 2
     predict_log: bool = False
     route_ahead: int = 0
@@ -159,6 +163,8 @@ def check_read_ahead(config: StreamConfig) -> None:
     needs_cache = [f for f in flags if f in cached_only]
     if needs_cache and config.cache_mb == 0:
         raise ConfigError(f"{', '.join(needs_cache)} need(s) the cache: not with --cache-mb 0")
+    if config.predict_auto and not config.predict_prefetch:
+        raise ConfigError("predict_auto needs predict_prefetch (--predict-prefetch auto)")
     if config.predict_prefetch and config.prefetch:
         raise ConfigError("--predict-prefetch and --prefetch exclude each other (one prefetcher at a time)")
     if config.route_ahead:

@@ -82,6 +82,8 @@ class StreamCounters:
     issue_s: float = 0.0  # issuing a ranking's reads ahead
     watchdog_checks: int = 0
     watchdog_trips: int = 0
+    predict_gate_open: int = 0  # --predict-prefetch auto: decode layer calls with the gate open
+    predict_gate_closed: int = 0  # ... and closed (no prediction made nor read)
 
     def decisions(self) -> StreamCounters:
         """The counters the cache policy decides: timers and page-release mechanics zeroed

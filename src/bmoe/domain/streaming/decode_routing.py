@@ -21,6 +21,20 @@ reference``) runs it, and the gates compare both. Per decode layer call (one tok
    and plan their reads ahead through the cache policy: drop-aware, a guess reads at most
    ``spec_max`` misses and enters cold, a committed routing reads them all and enters hot.
 
+``--predict-prefetch auto`` reads the stale gate's guesses only where they pay: while decode
+is latency-bound. The gate is the share of *cold* slots (misses) over the last
+``AUTO_WINDOW`` decode layer calls (``observe``, after each call's plan). At most
+``AUTO_COLD_PCT`` percent cold: the cache holds nearly everything, the few reads a token
+needs take less time than its compute, and the guesses' wasted reads have idle lanes to
+take; above it the lanes carry the token's own reads and a guess's wasted read delays them
+(measured: docs/benchmarks.md, "An adaptive stale gate"). While the gate is closed the next
+layer is not even ranked. A guess that a layer then adopts is a hit, so an open gate lowers
+the share it is judged on: the gate has some hysteresis (the I/O-bound caches measured stay
+far above the mark with the guesses on: 14% and 42% cold). Hits on entries read ahead
+long before (a prefill's next layer, a usage profile's warm-up) are hits too, which is why
+adopted entries are not counted cold. Counts of whole slots in a ring of calls: the C engine
+computes the same integers.
+
 A router is evaluated by the ``scorer`` the mechanism gives for the layer call (the C GEMV
 the fast path uses: summing in another order would break ties differently); ``None`` when
 the router's input cannot be read or the call's top-k is not the model's, and then nothing
@@ -45,6 +59,14 @@ from bmoe.domain.streaming.routing import (
 
 SOFTMAX, SIGMOID, SOFTMAX_WEIGHT, SQRT_SOFTPLUS = 1, 2, 3, 4  # llama.cpp's expert_gating_func
 WATCHDOG_EVERY = 16  # decode tokens between two watchdog checks (the first token is checked)
+AUTO_WINDOW = 64  # decode layer calls the auto gate looks back over (the C engine's too)
+AUTO_COLD_PCT = 10  # the auto gate is open while at most this share of slots is cold
+
+
+def auto_gate_open(cold: int, slots: int) -> bool:
+    """``--predict-prefetch auto``: read guesses ahead while at most ``AUTO_COLD_PCT`` percent
+    of the window's slots were cold (nothing observed yet: closed)."""
+    return slots > 0 and 100 * cold <= AUTO_COLD_PCT * slots
 
 
 @attrs.frozen
@@ -53,6 +75,7 @@ class RoutingSettings:
 
     predict_log: bool = False
     predict_prefetch: bool = False
+    predict_auto: bool = False  # with predict_prefetch: only while the auto gate is open
     spec_max: int = 2
     route_ahead: int = 0
     drop_cold: float = 0.0
@@ -121,6 +144,8 @@ class RoutingCounters:
     substituted: int = 0
     watchdog_checks: int = 0
     watchdog_trips: int = 0
+    predict_gate_open: int = 0
+    predict_gate_closed: int = 0
 
 
 class DecodeRouting:
@@ -144,6 +169,27 @@ class DecodeRouting:
         self._last_layer: int | None = None
         self._scorer: Scorer | None = None  # the current call's, until its reads ahead
         self._ranked: dict[int, tuple[list[int], list[float], int]] = {}  # layer -> (ids, weights, token)
+        self._window: list[tuple[int, int]] = []  # the auto gate's last calls: (cold, slots)
+        self._cold = 0
+        self._slots = 0
+        self.gate_open = not settings.predict_auto
+
+    def observe(self, cold: int, slots: int) -> None:
+        """A decode layer call's plan: ``slots`` entries wanted, ``cold`` of them missed.
+        Moves the auto gate."""
+        self._window.append((cold, slots))
+        self._cold += cold
+        self._slots += slots
+        if len(self._window) > AUTO_WINDOW:
+            old_cold, old_slots = self._window.pop(0)
+            self._cold -= old_cold
+            self._slots -= old_slots
+        if self.settings.predict_auto and self.settings.predict_prefetch:
+            self.gate_open = auto_gate_open(self._cold, self._slots)
+            if self.gate_open:
+                self.counters.predict_gate_open += 1
+            else:
+                self.counters.predict_gate_closed += 1
 
     def route(
         self, layer: int, ids: Sequence[int], probs: Sequence[float] | None, scorer: Scorer | None
@@ -211,7 +257,7 @@ class DecodeRouting:
         if scorer is None or self.disarmed:
             return plans
         for depth, committed, wanted in (
-            (1, False, s.predict),
+            (1, False, s.predict and self.gate_open),
             (s.route_ahead, True, s.route_ahead > 0),
         ):
             if not wanted:
