@@ -199,8 +199,9 @@ def prefill_figures(stepper: StockStepper | BmoeStepper, tokens: Sequence[int]) 
 
 
 def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, Any]:
-    """Load the configuration, prefill the first ``spec["prompt_tokens"]`` of
-    ``spec["tokens"]`` (if any), teacher-force the rest, return the figures."""
+    """Load the configuration, wait ``spec["idle_s"]`` (if any), prefill the first
+    ``spec["prompt_tokens"]`` of ``spec["tokens"]`` (if any), teacher-force the rest, return
+    the figures."""
     import time
 
     t0 = time.perf_counter()
@@ -214,6 +215,8 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
     try:
         out["after_load"] = procfs.status_bytes()
         out["peak_reset"] = procfs.reset_peak_rss()  # VmHWM from here on: the prefill's and the decode's
+        if spec.get("idle_s", 0) > 0:  # an app whose first request comes a while after the load
+            time.sleep(spec["idle_s"])
         prompt = int(spec.get("prompt_tokens", 0))
         if prompt:
             out.update(prefill_figures(stepper, spec["tokens"][:prompt]))
