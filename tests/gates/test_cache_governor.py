@@ -116,3 +116,28 @@ def test_the_session_runs_the_governor_only_where_asked(tiny_model_path: TinyMod
         StreamConfig(enabled=True, cache_mb=0, governor="on")
     with pytest.raises(ConfigError, match="governor must be one of"):
         StreamConfig(enabled=True, governor="sometimes")
+
+
+def test_a_budget_set_while_a_decode_runs_is_applied_by_the_next_decode(tiny_model_path: TinyModel) -> None:
+    """The decoding thread takes its lock back within microseconds (``threading.Lock`` is
+    not fair): a budget set meanwhile is left pending and the next decode applies it
+    before it runs, whoever wins the lock."""
+    import threading
+    import time
+
+    path = tiny_model_path("qwen3moe")
+    with Session.open(config(path)) as s:
+        control = s.streaming
+        assert control is not None
+        start = control.counters().budget_bytes
+        with control:  # a decode in flight
+            setter = threading.Thread(target=control.set_budget, args=(start // 2,))
+            setter.start()
+            deadline = time.monotonic() + 10
+            while control._pending_budget is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert control.counters().budget_bytes == start  # not while the decode runs
+        with control:  # the next decode, even if it takes the lock before the setter
+            assert control.counters().budget_bytes == start // 2
+        setter.join()
+        assert control.counters().budget_bytes == start // 2

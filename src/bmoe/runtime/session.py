@@ -224,7 +224,7 @@ class Session:
             ctx.close()
             raise
         control = StreamingControl(streaming, config.stream)
-        ctx.decode_lock = control.lock
+        ctx.decode_lock = control  # lock held around each decode; a pending budget applied first
         ctx.explain_abort = control.check
         if config.stream.policy == "reference":
             self.notes.append("moe-stream: reference policy (Python, slow): for checking the fast path")

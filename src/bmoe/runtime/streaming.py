@@ -9,9 +9,14 @@ Wires what ``ExpertStreaming.attach`` set up to one of the two ways of serving a
   (``StreamerRouterView``), and ``DecodeRouting`` decides what the fast path's C code does.
 
 Both give bit-identical output and equal counters (the gates run both). ``lock`` is held
-around every ``llama_decode`` (the context takes it), so ``set_budget`` and ``close`` from
-another thread wait for the decode in flight and act at its boundary, never while the C
-callback walks the cache.
+around every ``llama_decode``, so
+``set_budget`` and ``close`` from another thread wait for the decode in flight and act at
+its boundary, never while the C callback walks the cache (the control itself is the context
+manager the context enters). A budget set while a decode runs
+is also left *pending*, and the decoding thread applies it when it enters its next
+decode: ``threading.Lock`` is not fair, and a thread that decodes token after token takes
+it back within microseconds, so a waiter could miss boundary after boundary (measured: a
+governor's shrink landed up to 7 s after it was decided, under memory pressure).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class StreamingControl:
         self.streaming = streaming
         self.info: StreamingInfo = streaming.info
         self.lock = threading.Lock()
+        self._pending_budget: int | None = None  # set while a decode ran; applied at a boundary
+        self._pending_lock = threading.Lock()
         self._closed = False
         self._reference: PolicyStreaming | None = None
         self._router_view: StreamerRouterView | None = None
@@ -173,14 +180,37 @@ class StreamingControl:
 
     def set_budget(self, budget_bytes: int) -> None:
         """Change the cache budget at the next decode boundary (waits for a decode in
-        flight); evicts in eviction order down to it."""
+        flight; if another decode starts first, that decode applies it before it runs);
+        evicts in eviction order down to it."""
+        with self._pending_lock:
+            self._pending_budget = budget_bytes
         with self.lock:
-            if self._closed:
-                return
-            if self._reference is not None:
-                self._reference.set_budget(budget_bytes)
-            else:
-                self.streaming.streamer.set_budget(budget_bytes)
+            self._apply_pending_budget()
+
+    def _apply_pending_budget(self) -> None:
+        """The budget left pending, if any (``lock`` held)."""
+        with self._pending_lock:
+            budget, self._pending_budget = self._pending_budget, None
+        if budget is None or self._closed:
+            return
+        if self._reference is not None:
+            self._reference.set_budget(budget)
+        else:
+            self.streaming.streamer.set_budget(budget)
+
+    def __enter__(self) -> StreamingControl:
+        """What the context holds around each ``llama_decode`` (``ctx.decode_lock``): ``lock``,
+        then a budget left pending applied."""
+        self.lock.acquire()
+        try:
+            self._apply_pending_budget()
+        except BaseException:
+            self.lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
 
     def read_ahead(self, targets: Sequence[tuple[int, Sequence[int]]]) -> int:
         """Read ``[(layer, experts)]`` ahead of need, in that order, as committed sets (the
