@@ -55,6 +55,7 @@ def test_prefetch_is_lossless_and_the_fast_path_decides_as_the_reference(
     assert no_timers(fast[2]) == no_timers(ref[2])
     assert fast[3] == ref[3]
     assert fast[2].prefetch_issued > 0  # reads ahead did happen
+    assert 0 < fast[2].bytes_landed <= fast[2].bytes_read  # a read is counted when planned
     assert fast[2].prefetch_hits + fast[2].prefetch_wasted <= fast[2].prefetch_issued
 
 

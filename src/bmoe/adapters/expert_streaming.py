@@ -444,6 +444,7 @@ class ExpertStreaming:
             evict_wait_s=s["evict_wait_s"],
             reads_orphaned=s["orphaned"],
             orphans_cut=s["orphans_cut"],
+            bytes_landed=s["landed_bytes"],
             projection_waits=s["projection_waits"],
         )
 

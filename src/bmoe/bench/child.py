@@ -130,6 +130,7 @@ class BmoeStepper:
             "evictions": c.evictions,
             "rereads": c.rereads,
             "bytes_read": c.bytes_read,
+            "bytes_landed": c.bytes_landed,
             "io_s": c.io_s,
             "mgmt_s": c.mgmt_s,
             "stall_s": c.stall_s,
@@ -194,6 +195,7 @@ def prefill_figures(stepper: StockStepper | BmoeStepper, tokens: Sequence[int]) 
         read = _delta(stepper.counters(), counters)
         if read is not None:
             out["prefill_read_bytes"] = int(read["bytes_read"])
+            out["prefill_landed_bytes"] = int(read["bytes_landed"])
             out["prefill_stall_s"] = read["stall_s"]
     return out
 

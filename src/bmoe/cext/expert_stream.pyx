@@ -574,6 +574,7 @@ cdef class ExpertStreamer:
             "evict_wait_s": s.evict_wait_s,
             "orphaned": s.orphaned,
             "orphans_cut": s.orphans_cut,
+            "landed_bytes": s.landed_bytes,
             "projection_waits": s.proj_splits,
             "recycled": s.recycled,
             "recycling": s.recycle != 0,

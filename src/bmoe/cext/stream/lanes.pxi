@@ -102,6 +102,8 @@ cdef int read_entry_now(stream_t * s, int32_t idx, int lane, bint stoppable=Fals
         if s.tr.io_on:
             t0 = now()
         result = run_job(s, &job, lane)
+        if result == 0:
+            bmoe_fetch_add(&s.landed_bytes, job.size)
         if s.tr.io_on and result == 0:
             trace_read(s, &job, idx, p, lane, t0)
         if result != 0:

@@ -283,6 +283,9 @@ cdef struct stream_t:
                                    # its lane (IO_ORPHAN) instead of waited for; 0: waited for
     int64_t orphaned               # victims left to their lane so
     int64_t orphans_cut            # orphaned reads that stopped before their last projection
+    long long landed_bytes         # projection bytes read from the files into their slices (the
+                                   # plans count a read when planned: one cancelled while queued,
+                                   # or cut, never lands); any lane, atomically
     # projection waits: a layer's loads are queued at its topk and each node that reads one
     # of its expert projections waits, when it is asked for, for that projection of the
     # layer's experts only (the compute of one projection overlaps the reads of the next)

@@ -29,6 +29,7 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "evict_wait_s": 0.0,
     "reads_orphaned": 0,
     "orphans_cut": 0,
+    "bytes_landed": 0,
     "projection_waits": 0,
     "rank_s": 0.0,
     "rank_wait_s": 0.0,
@@ -66,6 +67,8 @@ class StreamCounters:
     evict_wait_s: float = 0.0  # ... the eval thread's wait (inside mgmt_s)
     reads_orphaned: int = 0  # evictions left to their read's lane, which gave the pages back after
     orphans_cut: int = 0  # ... whose read stopped before its last projection
+    bytes_landed: int = 0  # bytes the reads put in memory (bytes_read counts a read when planned;
+    # one cancelled while still queued, or cut short, lands less; the fast path's, 0 in reference)
     projection_waits: int = 0  # graph nodes that waited for one expert projection of their layer
     # decode routing (docs/read-ahead.md): slots are (token, layer, selected expert)
     decode_slots: int = 0
