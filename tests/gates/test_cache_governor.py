@@ -141,3 +141,29 @@ def test_a_budget_set_while_a_decode_runs_is_applied_by_the_next_decode(tiny_mod
             assert control.counters().budget_bytes == start // 2
         setter.join()
         assert control.counters().budget_bytes == start // 2
+
+
+def test_the_governor_never_waits_for_a_decode_in_flight(tiny_model_path: TinyModel) -> None:
+    """Under pressure decodes slow down: a governor that waited for the decode lock missed
+    readings for seconds. Its change is left pending: applied by the next decode, or by the
+    governor's next reading when none runs."""
+    path = tiny_model_path("qwen3moe")
+    with Session.open(config(path)) as s:
+        control = s.streaming
+        assert control is not None
+        start = control.counters().budget_bytes
+        floor = control.streaming.info.token_cycle_bytes
+        governor = CacheGovernor(
+            control,
+            GovernorConfig(floor_bytes=floor, ceil_bytes=start, shrink_below_bytes=100 * MIB),
+            ScriptedProbe([50, 50]),
+        )
+        with control:  # a decode in flight: the step returns at once
+            change = governor.step()
+            assert change is not None and change.after == floor
+            assert control.counters().budget_bytes == start and control.target_budget() == floor
+            assert governor.step() is None  # its next reading sees its own target, not a stranger's
+            assert governor.policy.config.ceil_bytes == start
+        assert control.counters().budget_bytes == start  # no decode came, nothing applied yet
+        control.settle()  # what the governor's next reading does first
+        assert control.counters().budget_bytes == floor

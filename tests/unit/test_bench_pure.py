@@ -440,6 +440,7 @@ def _prefilled(r: dict, tok_s: float, *, read: int | None = None, stall: float |
     out["prefill_kernel_read_bytes"] = 300 * MIB
     if read is not None:
         out["prefill_read_bytes"] = read
+        out["prefill_landed_bytes"] = read - 100 * MIB  # some planned reads were cancelled
         out["prefill_stall_s"] = stall
     return out
 
@@ -457,14 +458,15 @@ def test_prefill_figures_are_medians_of_the_rounds_that_finished() -> None:
     assert s.prefill_tok_s == 50.0 and s.prefill_tok_s_rounds == [40.0, None, 80.0, 50.0]
     assert s.prefill_s == pytest.approx(8.0)  # the median of 10, 5 and 8 s
     assert s.prefill_read_mib == pytest.approx(800.0) and s.prefill_stall_s == pytest.approx(2.0)
+    assert s.prefill_landed_mib == pytest.approx(700.0)
     assert s.prefill_kernel_read_mib == pytest.approx(300.0)
     assert s.tok_s == 4.0  # the decode's figures are the decode's alone
     lines = report.summary_lines([s], [], report.check_routing(None), rounds=4)
     assert "- S: prefill tok/s of the 4 rounds 40.00, failed, 80.00, 50.00" in lines
     assert "- S: decode tok/s of the 4 rounds 3.00, failed, 5.00, 4.00" in lines
     reads = (
-        "- S: the prefill of 400 tokens read 800 MiB (bmoe's counters), the compute waited 2.00 s for "
-        "reads (medians of the rounds)"
+        "- S: the prefill of 400 tokens planned 800 MiB of reads (bmoe's counters), 700 MiB landed "
+        "(the rest cancelled while queued), the compute waited 2.00 s for reads (medians of the rounds)"
     )
     assert reads in lines
 

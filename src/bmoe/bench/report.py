@@ -64,7 +64,8 @@ class Summary:
     prefill_tok_s: float | None = None
     prefill_tok_s_rounds: list[float | None] = attrs.field(factory=list)
     prefill_s: float | None = None
-    prefill_read_mib: float | None = None  # what the streamer read for the prefill (bmoe's counters)
+    prefill_read_mib: float | None = None  # what the streamer planned to read for the prefill (bmoe's counters)
+    prefill_landed_mib: float | None = None  # ... and what its reads landed (cancelled reads excluded)
     prefill_stall_s: float | None = None  # the prefill's wait for those reads
     prefill_kernel_read_mib: float | None = None  # /proc/<pid>/io read_bytes over the prefill
     prefill_x_stock: float | None = None  # prefill tok/s over the stock baseline's (StockBaseline)
@@ -154,6 +155,7 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]], skipped: str 
         ],
         prefill_s=_prefill_median(ok, "prefill_s"),
         prefill_read_mib=_prefill_median(ok, "prefill_read_bytes", MIB),
+        prefill_landed_mib=_prefill_median(ok, "prefill_landed_bytes", MIB),
         prefill_stall_s=_prefill_median(ok, "prefill_stall_s"),
         prefill_kernel_read_mib=_prefill_median(ok, "prefill_kernel_read_bytes", MIB),
     )
@@ -462,9 +464,12 @@ def summary_lines(
             stall = ""
             if s.prefill_stall_s is not None:
                 stall = f", the compute waited {s.prefill_stall_s:.2f} s for reads"
+            landed = ""
+            if s.prefill_landed_mib is not None and s.prefill_landed_mib < s.prefill_read_mib:
+                landed = f", {s.prefill_landed_mib:,.0f} MiB landed (the rest cancelled while queued)"
             lines.append(
-                f"- {s.label}: the prefill of {s.prompt_tokens} tokens read {s.prefill_read_mib:,.0f} MiB "
-                f"(bmoe's counters){stall} (medians of the rounds)"
+                f"- {s.label}: the prefill of {s.prompt_tokens} tokens planned {s.prefill_read_mib:,.0f} MiB "
+                f"of reads (bmoe's counters){landed}{stall} (medians of the rounds)"
             )
         lines.extend(f"- {s.label}: {n}" for n in s.notes)
         for error, count in Counter(s.errors).items():

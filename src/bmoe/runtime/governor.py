@@ -2,9 +2,12 @@
 session's cache budget (``--cache-governor``; the policy is
 :mod:`bmoe.domain.streaming.governor`, the readings :mod:`bmoe.adapters.memory_pressure`).
 
-Each ``interval_s`` it takes a reading and, when the policy answers a change, sets the budget:
-the streamer applies it at the next decode boundary (it waits for a decode in flight), so a
-token's reads never see the budget move under them. A budget someone else set (the user,
+Each ``interval_s`` it takes a reading and, when the policy answers a change, sets the budget
+without waiting: the change is applied at the next decode boundary (by the decoding thread
+when its next decode starts, or by this thread at its next reading if no decode runs), so a
+token's reads never see the budget move under them and the governor keeps reading while a
+slow decode runs (waiting for the decode lock, it used to miss readings for seconds under
+pressure). A budget someone else set (the user,
 ``Session.set_cache_budget`` or ``StreamingControl.set_budget``) is the ceiling from then on:
 the governor may shrink it under pressure, never grow past it. Every change is kept in ``changes`` and
 handed to ``on_change`` (the CLI prints it as a ``moe-governor:`` line). The thread stops
@@ -49,15 +52,16 @@ class CacheGovernor:
 
     def step(self) -> BudgetChange | None:
         """One reading and, where the policy says so, the budget moved."""
+        self.control.settle()
         reading = self.probe.read()
-        counters = self.control.counters()
-        if counters.budget_bytes != self._expected:  # someone else set it: their ceiling
-            self.set_ceiling(counters.budget_bytes)
-        change = self.policy.observe(reading, counters.budget_bytes, counters.resident_bytes)
+        budget = self.control.target_budget()
+        if budget != self._expected:  # someone else set it: their ceiling
+            self.set_ceiling(budget)
+        change = self.policy.observe(reading, budget, self.control.counters().resident_bytes)
         if change is None:
             return None
         self._expected = change.after
-        self.control.set_budget(change.after)
+        self.control.set_budget(change.after, wait=False)
         self.changes.append(change)
         if self.on_change is not None:
             self.on_change(change)

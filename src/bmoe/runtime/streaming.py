@@ -178,14 +178,33 @@ class StreamingControl:
 
     # -- control (any thread) --------------------------------------------------------------
 
-    def set_budget(self, budget_bytes: int) -> None:
-        """Change the cache budget at the next decode boundary (waits for a decode in
-        flight; if another decode starts first, that decode applies it before it runs);
-        evicts in eviction order down to it."""
+    def set_budget(self, budget_bytes: int, *, wait: bool = True) -> None:
+        """Change the cache budget at the next decode boundary; evicts in eviction order down
+        to it. It is left pending, then applied here once no decode runs (``wait``: this
+        waits for the decode in flight; without, it returns at once) or by the next decode
+        when it starts, whichever comes first. Without ``wait``, call ``settle`` later: a
+        budget left pending while no decode follows is applied there."""
         with self._pending_lock:
             self._pending_budget = budget_bytes
-        with self.lock:
-            self._apply_pending_budget()
+        self._apply_when_free(wait)
+
+    def settle(self) -> None:
+        """Apply a budget left pending if no decode runs now (never waits)."""
+        if self._pending_budget is not None:
+            self._apply_when_free(False)
+
+    def target_budget(self) -> int:
+        """The budget as last set: the one left pending, if any, else the one in force."""
+        with self._pending_lock:
+            pending = self._pending_budget
+        return pending if pending is not None else self.counters().budget_bytes
+
+    def _apply_when_free(self, wait: bool) -> None:
+        if self.lock.acquire(blocking=wait):
+            try:
+                self._apply_pending_budget()
+            finally:
+                self.lock.release()
 
     def _apply_pending_budget(self) -> None:
         """The budget left pending, if any (``lock`` held)."""
