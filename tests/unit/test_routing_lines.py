@@ -60,3 +60,8 @@ def test_the_cost_says_where_the_rankings_were_made() -> None:
         "ranking 1.00 ms/token on the worker (the eval thread waited 0.50), issuing reads 0.00 ms/token"
     )
     assert line(rank_s=0.01).endswith("ranking 1.00 ms/token, issuing reads 0.00 ms/token")
+
+
+def test_the_auto_gate_says_how_often_it_was_open() -> None:
+    (line,) = routing_lines(report(StreamCounters(predict_gate_open=30, predict_gate_closed=10)))
+    assert line.startswith("moe-predict: auto: the gate was open on 30 of 40 decode layer calls (75")

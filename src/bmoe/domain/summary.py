@@ -117,6 +117,13 @@ def routing_lines(report: StreamReport) -> list[str]:
             f"{_pct(d.predict_agree, d.predict_slots)} of {d.predict_slots} routed slots "
             f"(per MoE layer: {per_layer}); {cost}"
         )
+    gated = d.predict_gate_open + d.predict_gate_closed
+    if gated:
+        lines.append(
+            f"moe-predict: auto: the gate was open on {d.predict_gate_open} of {gated} decode layer "
+            f"calls ({_pct(d.predict_gate_open, gated)}): guesses are read while at most 10% of "
+            "the slots miss the cache"
+        )
     if d.route_ahead_committed + d.route_ahead_passed:
         lines.append(
             f"moe-route-ahead: {d.route_ahead_committed} routings committed, {d.route_ahead_passed} passed "
