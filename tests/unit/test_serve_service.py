@@ -64,6 +64,7 @@ class FakeSession:
         self.results: list[RunResult] = []
         self.closed = False
         self.streaming = None  # resident: no expert cache
+        self.governor = None  # ... so no cache governor
         self.feeding = (0, 0)
         self.token_s = 0.0  # how long each token takes (the live feed's tests)
 

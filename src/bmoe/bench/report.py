@@ -64,7 +64,7 @@ class Summary:
     prefill_tok_s: float | None = None
     prefill_tok_s_rounds: list[float | None] = attrs.field(factory=list)
     prefill_s: float | None = None
-    prefill_read_mib: float | None = None  # what the streamer planned to read for the prefill (bmoe's counters)
+    prefill_read_mib: float | None = None  # the prefill's reads as planned (bmoe's counters)
     prefill_landed_mib: float | None = None  # ... and what its reads landed (cancelled reads excluded)
     prefill_stall_s: float | None = None  # the prefill's wait for those reads
     prefill_kernel_read_mib: float | None = None  # /proc/<pid>/io read_bytes over the prefill
