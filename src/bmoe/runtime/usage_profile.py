@@ -83,7 +83,7 @@ class ProfileKeeper:
         self.notes.append(
             f"moe-profile: warming {chosen.entries} experts ({chosen.bytes / MIB:.0f} MiB, "
             f"{chosen.share:.0%} of the routing of {profile.tokens:.0f} tokens, "
-            f"{profile.sessions} sessions) from {self.path}"
+            f"{profile.sessions} session{'' if profile.sessions == 1 else 's'}) from {self.path}"
         )
         return chosen
 
