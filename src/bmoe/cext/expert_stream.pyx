@@ -517,9 +517,7 @@ cdef class ExpertStreamer:
         for e in ids:
             core_want(self.s.core, e)
         with nogil:
-            issued = core_prefetch(self.s.core, layer, hot)
-            defer_planned_evictions(self.s)
-            issue_reads(self.s)
+            issued = prefetch_wanted(self.s, layer, hot)
         return issued
 
     def evict_all(self):

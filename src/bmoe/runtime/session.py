@@ -264,16 +264,19 @@ class Session:
         keeper = ProfileKeeper(control, path, key, self.model.n_expert_used)
         if control.counters().budget_bytes > 0:
             keeper.warm(stream.profile_share)
-        self.notes.extend(keeper.notes)
-        keeper.notes.clear()
+        self._take_notes(keeper)
         return keeper
 
     def _learn(self) -> None:
         """After a request: the profile counts it (and merges every few requests)."""
         if self.profile is not None:
             self.profile.after_request()
-            self.notes.extend(self.profile.notes)
-            self.profile.notes.clear()
+            self._take_notes(self.profile)
+
+    def _take_notes(self, keeper: ProfileKeeper) -> None:
+        """The profile's lines, moved to the session's ``notes``."""
+        self.notes.extend(keeper.notes)
+        keeper.notes.clear()
 
     def _layout_note(self, config: SessionConfig) -> str:
         """What a resident fallback of a streamed load computes with: a model loaded for

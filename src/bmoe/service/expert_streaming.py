@@ -165,8 +165,7 @@ class PolicyStreaming:
         ``hot``; the warm-up of a usage profile): issued on the source, returns the number
         issued. Between decodes."""
         plan = self.policy.prefetch(layer, experts, hot=True)
-        self.source.release(plan.evictions)
-        self.source.issue(plan.issued)
+        self._issue([plan])
         return len(plan.issued)
 
     def set_budget(self, budget_bytes: int) -> tuple[Entry, ...]:

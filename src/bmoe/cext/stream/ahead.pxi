@@ -3,8 +3,8 @@
 # routed at least half a layer's experts reads the whole next layer), as
 # ``bmoe.domain.streaming.prefetch`` and ``ExpertCachePolicy.prefetch`` decide.
 #
-# Owns: ``last_route*``. Calls: the core (``core_prefetch``), pages
-# (``defer_planned_evictions``), lanes (``issue_reads``). Eval thread; no lock of its own.
+# Owns: ``last_route*``. Calls: the core (``core_want``), lanes (``prefetch_wanted``). Eval
+# thread; no lock of its own.
 
 cdef void prefetch_after(stream_t * s, int layer) noexcept nogil:
     """Decode only: remember this token's routing of ``layer``, then read ahead the next
@@ -22,9 +22,7 @@ cdef void prefetch_after(stream_t * s, int layer) noexcept nogil:
                 core_begin(s.core)
                 for w in range(s.last_route_n[l]):
                     core_want(s.core, s.last_route[l * n_expert + w])
-                core_prefetch(s.core, l, False)
-                defer_planned_evictions(s)
-                issue_reads(s)
+                prefetch_wanted(s, l, False)
         l += 1
 
 
@@ -40,6 +38,4 @@ cdef void read_layer_ahead(stream_t * s, int layer) noexcept nogil:
     core_begin(s.core)
     for e in range(s.core.n_expert):
         core_want(s.core, e)
-    core_prefetch(s.core, l, False)
-    defer_planned_evictions(s)
-    issue_reads(s)
+    prefetch_wanted(s, l, False)

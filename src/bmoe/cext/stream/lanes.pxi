@@ -6,7 +6,9 @@
 # lives (``proj_t``).
 #
 # Owns: ``lanes_t`` (queue, workers), ``projs``, ``io_state``, ``proj_ready``, the files
-# and bounce buffers, ``io_s``. Calls: pages (claim, release), traces (``trace_read``), faults.
+# and bounce buffers, ``io_s``. Calls: the core (``core_prefetch``: ``prefetch_wanted``, the
+# one way a read ahead is planned and queued), pages (claim, release, evictions), traces
+# (``trace_read``), faults.
 # Locks: ``lanes.mu`` guards the queue, ``io_state`` and ``proj_ready``; a read itself runs
 # without it (``read_popped`` drops it). Workers wait on ``lanes.work``, readers of a
 # result on ``lanes.done``.
@@ -223,6 +225,16 @@ cdef void issue_reads(stream_t * s) noexcept nogil:
             read_popped(s, idx, 0)
     pthread_cond_broadcast(&s.lanes.work)
     pthread_mutex_unlock(&s.lanes.mu)
+
+
+cdef int prefetch_wanted(stream_t * s, int layer, bint hot) noexcept nogil:
+    """Read ahead the ids given with ``core_want`` for ``layer``: the core plans it
+    (``core_prefetch``), the plan's evictions go to the release ring and its reads are queued
+    at the back. Returns the number issued (-1: the layer has no routed experts)."""
+    cdef int issued = core_prefetch(s.core, layer, hot)
+    defer_planned_evictions(s)
+    issue_reads(s)
+    return issued
 
 
 cdef int start_lanes(stream_t * s) noexcept nogil:

@@ -4,7 +4,7 @@
 # (``bmoe.domain.streaming.decode_routing``, ``routing``), taken through ``route_policy.pxd``.
 #
 # Owns: ``routing_t`` but its worker part. Calls: rank_worker (ask, await), pages
-# (``map_zero_pages``, evictions), lanes (``issue_reads``), the core.
+# (``map_zero_pages``), lanes (``prefetch_wanted``), the core.
 # Locks: none; eval thread, except ``make_ranking``, which the rank worker runs too (on
 # targets the eval thread does not touch until ``await_rankings``).
 
@@ -345,9 +345,7 @@ cdef void issue_ranking(stream_t * s, int target, bint committed) noexcept nogil
         elif misses < r.spec_max:
             core_want(s.core, e)
             misses += 1
-    core_prefetch(s.core, target, committed)
-    defer_planned_evictions(s)
-    issue_reads(s)
+    prefetch_wanted(s, target, committed)
 
 
 cdef void rank_and_issue(stream_t * s, int target, bint issue, bint committed, bint made) noexcept nogil:

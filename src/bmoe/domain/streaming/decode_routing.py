@@ -43,6 +43,7 @@ is ranked, checked or read ahead.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -169,7 +170,7 @@ class DecodeRouting:
         self._last_layer: int | None = None
         self._scorer: Scorer | None = None  # the current call's, until its reads ahead
         self._ranked: dict[int, tuple[list[int], list[float], int]] = {}  # layer -> (ids, weights, token)
-        self._window: list[tuple[int, int]] = []  # the auto gate's last calls: (cold, slots)
+        self._window: deque[tuple[int, int]] = deque()  # the auto gate's last calls: (cold, slots)
         self._cold = 0
         self._slots = 0
         self.gate_open = not settings.predict_auto
@@ -181,7 +182,7 @@ class DecodeRouting:
         self._cold += cold
         self._slots += slots
         if len(self._window) > AUTO_WINDOW:
-            old_cold, old_slots = self._window.pop(0)
+            old_cold, old_slots = self._window.popleft()
             self._cold -= old_cold
             self._slots -= old_slots
         if self.settings.predict_auto and self.settings.predict_prefetch:
