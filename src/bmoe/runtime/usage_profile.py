@@ -50,10 +50,8 @@ class ProfileKeeper:
         self.save_every = save_every
         self.notes: list[str] = []
         self.warmed: WarmSet | None = None
-        self.loaded: UsageProfile | None = None
         self._requests = 0
-        self._saved: tuple[int, ...] = (0,) * (self.n_layer * self.n_expert)
-        self._merged_once = False
+        self._saved: tuple[int, ...] = (0,) * (self.n_layer * self.n_expert)  # all 0 until a merge
         self._broken = False  # writing failed once: stop trying
 
     def warm(self, share: float) -> WarmSet | None:
@@ -70,7 +68,6 @@ class ProfileKeeper:
         if profile is None:
             self.notes.append(f"moe-profile: none yet at {self.path}: learning from this session")
             return None
-        self.loaded = profile
         streamer = self.control.streaming.streamer
         sizes = [int(streamer.entry_bytes(layer)) for layer in range(self.n_layer)]
         budget = self.control.counters().budget_bytes
@@ -106,7 +103,7 @@ class ProfileKeeper:
         if not any(delta):
             return None
         tokens = routed_tokens(delta, self.n_layer, self.n_expert, self.k)
-        first = not self._merged_once
+        first = not any(self._saved)  # this process's first merge
         try:
             merged, replaced = update_profile(
                 self.path,
@@ -122,5 +119,4 @@ class ProfileKeeper:
         if replaced is not None:
             self.notes.append(f"moe-profile: replaced {self.path} ({replaced})")
         self._saved = now
-        self._merged_once = True
         return merged
