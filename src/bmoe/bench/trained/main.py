@@ -5,7 +5,8 @@
 2. the untrained model's routing on them (the random-router baseline);
 3. training for ``--minutes`` of wall time (progress on stderr);
 4. the weights, ``DIR/trained-weights.npz`` (``--from-weights`` starts from such a file and
-   skips training), and the GGUF, ``DIR/trained-moe.gguf``;
+   skips training, or with ``--resume`` trains on from it, for example at a longer
+   ``--context``), and the GGUF, ``DIR/trained-moe.gguf``;
 5. llama.cpp's logits on the first held-out windows against torch's: exit status 1 when
    they differ by more than the tolerance;
 6. with ``--bench-scale``, the bench-scale file (each expert padded with zeros to a real
@@ -57,6 +58,8 @@ weights. A wrong layout or norm moves logits by whole units on average."""
 BENCH_DIMS = TrainedDims(n_layer=16, n_expert=64, n_expert_used=8)
 """The bench's trained model (``--bench``): the bench model's depth and top-k, half its experts."""
 BENCH_MINUTES = 40.0
+TOKENS_PER_STEP = 2048
+"""Tokens a training step sees: 8 windows of the default 256 positions, one of 2,048."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -91,6 +94,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--embd", type=int, default=None, help=f"model width (default {default.n_embd})")
     p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        help=f"positions trained, the GGUF's context length (default {default.n_ctx}); each step "
+        f"trains on about {TOKENS_PER_STEP:,} tokens whatever the context",
+    )
+    p.add_argument(
         "--bench",
         action="store_true",
         help=f"the bench's trained model: {BENCH_DIMS.n_layer} layers, {BENCH_DIMS.n_expert} experts, "
@@ -109,6 +119,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bench-out", type=Path, default=None, help="where to write the bench-scale file instead")
     p.add_argument(
         "--from-weights", type=Path, default=None, help=f"start from a {WEIGHTS_NAME}: no training"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --from-weights: train on from them for --minutes (a fresh optimizer, its peak "
+        "rate the end rate of a first run's schedule)",
     )
     p.add_argument("--seed", type=int, default=0, help="initial weights and batch order (default 0)")
     p.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads (default 2)")
@@ -133,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     minutes = args.minutes if args.minutes is not None else (BENCH_MINUTES if args.bench else 6.0)
     if minutes <= 0 or args.seed < 0 or args.windows < 1 or not 1 <= args.check_windows <= args.windows:
         _say("need --minutes > 0, --seed >= 0 and 1 <= --check-windows <= --windows")
+        return 2
+    if args.resume and args.from_weights is None:
+        _say("--resume trains on from --from-weights: give both")
         return 2
     try:
         dims = chosen_dims(args)
@@ -164,10 +183,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    config = TrainConfig(minutes=minutes, seed=args.seed, threads=args.threads)
-    if args.from_weights is not None:
+    config = TrainConfig(
+        minutes=minutes, seed=args.seed, threads=args.threads, batch=max(1, TOKENS_PER_STEP // dims.n_ctx)
+    )
+    if args.resume:
+        # a first run ends at min_lr_share of its rate: training on from there at the full
+        # rate undid what it had learned (the loss rose within 3 steps)
+        config = attrs.evolve(config, lr=config.lr * config.min_lr_share)
+    if args.from_weights is not None and not args.resume:
         trained = load_weights(args.from_weights)
         _say(f"weights from {args.from_weights}: {trained.steps} steps trained, no training now")
+    elif args.from_weights is not None:
+        earlier = load_weights(args.from_weights)
+        _say(f"weights from {args.from_weights}: {earlier.steps} steps trained; training on")
+        trained = resumed(earlier, train(dims, earlier.weights, train_ids, config))
+        save_weights(out / WEIGHTS_NAME, trained)
     else:
         trained = train(dims, initial, train_ids, config)
         save_weights(out / WEIGHTS_NAME, trained)
@@ -285,6 +315,7 @@ def chosen_dims(args: argparse.Namespace) -> TrainedDims:
         "n_expert_used": args.top_k,
         "n_ff_exp": args.expert_width,
         "n_embd": args.embd,
+        "n_ctx": args.context,
     }
     return attrs.evolve(base, **{k: v for k, v in given.items() if v is not None})
 
@@ -297,9 +328,22 @@ def cached_trained_path(dims: TrainedDims, seed: int, width: int) -> Path:
 
 
 def trained_model_name(dims: TrainedDims, seed: int, width: int) -> str:
+    """The file's name says its shape; the context only where it is not the default 256
+    positions (the name the bench already cached stays valid)."""
+    context = "" if dims.n_ctx == TrainedDims().n_ctx else f"-C{dims.n_ctx}"
     return (
         f"trained-q4_0-L{dims.n_layer}-E{dims.n_embd}-F{dims.n_ff_exp}p{width}-X{dims.n_expert}"
-        f"-K{dims.n_expert_used}-seed{seed}.gguf"
+        f"-K{dims.n_expert_used}{context}-seed{seed}.gguf"
+    )
+
+
+def resumed(earlier: TrainResult, now: TrainResult) -> TrainResult:
+    """The weights trained on from ``earlier``, with the steps, tokens and time of both."""
+    return attrs.evolve(
+        now,
+        steps=earlier.steps + now.steps,
+        tokens=earlier.tokens + now.tokens,
+        seconds=earlier.seconds + now.seconds,
     )
 
 
