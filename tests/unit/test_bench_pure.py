@@ -606,3 +606,12 @@ def test_a_skipped_stock_does_not_fail_the_bench() -> None:
     skipped = report.summarize(cf.BenchConfig("stock", "st", "stock"), [], "too big")
     stream = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=MIB)])
     assert exit_status([skipped, stream], [report.TokenCheck("stream-0", "stock-norepack", 8, 8, None)]) == 0
+
+
+def test_the_stale_gate_with_more_reads_a_layer_is_a_policy_of_its_own() -> None:
+    (policy,) = cf.parse_policies("predict-spec=4")
+    assert policy.key == "predict-spec4"
+    assert policy.flag == "--predict-prefetch --predict-spec-max 4"
+    assert policy.stream_kwargs() == {"predict_prefetch": True, "predict_spec_max": 4}
+    with pytest.raises(cf.BenchConfigError):
+        cf.parse_policies("predict-spec")

@@ -33,6 +33,8 @@ def test_each_policy_reports_what_it_did() -> None:
                 watchdog_checks=3,
                 watchdog_trips=1,
                 stall_layers=(0.05, 0.012, 0.0),
+                stall_s=0.062,
+                stall_ahead_s=0.012,
             )
         )
     )
@@ -42,7 +44,8 @@ def test_each_policy_reports_what_it_did() -> None:
         f"(per MoE layer: 75.0% 50.0%); {cost}",
         "moe-route-ahead: 30 routings committed, 10 passed through; committed selection agreed with "
         f"the router on 75.0% of slots; {cost}",
-        "moe-stall: waiting for reads by layer, ms/token: 5.0 1.2 0.0",
+        "moe-stall: waiting for reads by layer, ms/token: 5.0 1.2 0.0; of the total 6.2, 1.2 in layers "
+        "that missed nothing (reads ahead not landed yet)",
         "moe-drop: 8 of 80 decode slots not read (10.0%), weights zeroed and the survivors renormalised",
         "moe-substitute: 4 of 80 decode slots served by a resident expert instead (5.0%)",
         "moe-watchdog: the router evaluated here disagreed with the graph's (3 checks): prediction and "

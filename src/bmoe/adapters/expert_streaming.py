@@ -432,6 +432,7 @@ class ExpertStreaming:
             budget_bytes=s["budget_bytes"],
             stall_s=s["stall_s"],
             stall_layers=tuple(s["stall_layer_s"]),
+            stall_ahead_s=s["stall_ahead_s"],
             prefetch_issued=s["prefetch_issued"],
             prefetch_hits=s["prefetch_hits"],
             prefetch_wasted=s["prefetch_wasted"],

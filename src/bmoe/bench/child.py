@@ -134,6 +134,7 @@ class BmoeStepper:
             "io_s": c.io_s,
             "mgmt_s": c.mgmt_s,
             "stall_s": c.stall_s,
+            "stall_ahead_s": c.stall_ahead_s,
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,

@@ -79,6 +79,7 @@ POLICY_FLAGS = {
     "prefetch": ("prefetch", int, "--prefetch"),
     "predict": ("predict_prefetch", None, "--predict-prefetch"),
     "predict-auto": ("predict_prefetch", None, "--predict-prefetch auto"),
+    "predict-spec": ("predict_spec_max", int, "--predict-prefetch --predict-spec-max"),
     "route-ahead": ("route_ahead", int, "--route-ahead"),
     "drop": ("drop_cold", float, "--drop-cold-experts"),
     "substitute": ("substitute", float, "--expert-substitute"),
@@ -109,6 +110,8 @@ class Policy:
         field, kind, _ = POLICY_FLAGS[self.name]
         if self.name == "predict-auto":
             return {field: True, "predict_auto": True}
+        if self.name == "predict-spec":
+            return {"predict_prefetch": True, field: int(self.value or 0)}
         if kind is None:
             return {field: True}
         assert self.value is not None

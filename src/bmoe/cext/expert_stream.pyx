@@ -563,6 +563,7 @@ cdef class ExpertStreamer:
             "io_s": s.io_s,
             "stall_s": s.stall_s,
             "stall_layer_s": [s.stall_layer[i] for i in range(c.n_layer)],
+            "stall_ahead_s": s.stall_ahead_s,
             "mgmt_s": s.mgmt_s,
             "release_s": s.release_s,
             "release_lanes_s": s.release_lanes_s,

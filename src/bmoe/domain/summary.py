@@ -132,7 +132,11 @@ def routing_lines(report: StreamReport) -> list[str]:
         )
     if (d.route_ahead_committed + d.route_ahead_passed or d.predict_slots) and any(d.stall_layers):
         per_layer = " ".join(f"{1e3 * s / steps:.1f}" for s in d.stall_layers)
-        lines.append(f"moe-stall: waiting for reads by layer, ms/token: {per_layer}")
+        lines.append(
+            f"moe-stall: waiting for reads by layer, ms/token: {per_layer}; of the total "
+            f"{1e3 * d.stall_s / steps:.1f}, {1e3 * d.stall_ahead_s / steps:.1f} in layers that missed "
+            "nothing (reads ahead not landed yet)"
+        )
     if d.dropped:
         lines.append(
             f"moe-drop: {d.dropped} of {d.decode_slots} decode slots not read "

@@ -14,6 +14,8 @@ cdef inline void count_stall(stream_t * s, int layer, double seconds) noexcept n
     are not counted: they are ``release_s``)."""
     s.stall_s += seconds
     s.stall_layer[layer] += seconds
+    if s.wait_ahead_only:
+        s.stall_ahead_s += seconds
 
 
 cdef void count_routes(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
@@ -220,6 +222,7 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     else:  # measured: deferring a layer's own evictions did not win (docs/benchmarks.md)
         drop_planned_evictions(s, True)
     s.pw_layer = -1
+    s.wait_ahead_only = n_loads == 0
     if n_loads > 0 or s.core.n_adopted > 0:
         if not queue_loads(s, layer):
             load_and_wait(s, layer)

@@ -266,6 +266,9 @@ cdef struct stream_t:
                                    # IO_RELEASE, IO_RELEASING
     double stall_s                 # the callback's time waiting for reads
     double * stall_layer           # [n_layer]: stall_s by layer
+    double stall_ahead_s           # stall_s of layer calls that missed nothing: their wait was for
+                                   # reads issued ahead that had not landed (late, not wrong)
+    int wait_ahead_only            # the layer call being served missed nothing (its loads: 0)
     int recycle                    # option: hand evicted pages to the plan's reads (mremap); 0 once
                                    # the kernel refused (then pages are released as before)
     uint8_t * recycled_mark        # [n_layer * n_expert]: scratch, this plan's recycled victims

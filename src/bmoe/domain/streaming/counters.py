@@ -36,6 +36,7 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "rank_worker": False,
     "issue_s": 0.0,
     "stall_layers": (),
+    "stall_ahead_s": 0.0,
 }
 
 
@@ -55,6 +56,8 @@ class StreamCounters:
     budget_bytes: int = 0
     stall_s: float = 0.0  # time the compute waited for reads
     stall_layers: tuple[float, ...] = ()  # stall_s by layer (the fast path's)
+    stall_ahead_s: float = 0.0  # the part of stall_s in layer calls that missed nothing: waiting
+    # for reads issued ahead (prefetch, prediction, route-ahead) that had not landed yet
     prefetch_issued: int = 0
     prefetch_hits: int = 0
     prefetch_wasted: int = 0
