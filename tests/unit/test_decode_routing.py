@@ -103,6 +103,25 @@ def test_predictive_prefetch_reads_at_most_spec_max_misses_cold() -> None:
     assert r.cache.resident()[0] == (2, 5)  # a guess enters at the cold end
 
 
+def test_a_deeper_prediction_guesses_the_next_moe_layers_nearest_first_and_guesses_again() -> None:
+    r = routing(predict_prefetch=True, spec_max=1, predict_depth=2)
+    r.route(0, [0, 1], None, scorer())
+    r.cache.request(0, [0, 1])
+    near, far = r.reads_ahead(0)  # layers 2 and 3 (1 has no experts), a miss each
+    assert (near.issued, far.issued) == (((2, 5),), ((3, 1),))
+    r.route(2, [5, 6], None, scorer())
+    r.cache.request(2, [5, 6])
+    near, far = r.reads_ahead(2)  # layer 3 again: its first guess is resident, one more miss
+    assert (near.issued, far.issued) == (((3, 2),), ((4, 7),))
+    assert r.counters.predict_slots == {2: 2}
+
+
+def test_the_prediction_depth_is_checked() -> None:
+    for depth in (0, 5):
+        with pytest.raises(ValueError, match="depth"):
+            routing(predict_prefetch=True, predict_depth=depth)
+
+
 def test_the_watchdog_disarms_prediction_and_route_ahead_when_the_router_disagrees() -> None:
     r = routing(route_ahead=1)
     route = r.route(0, [4, 5], None, scorer())  # layer 0's own router names 0 and 1

@@ -27,6 +27,7 @@ def on(**kw: object) -> StreamConfig:
         ({"drop_cold": 1.5}, r"must be in \[0, 1\]"),
         ({"substitute": -0.1}, "--expert-substitute must be >= 0"),
         ({"predict_prefetch": True, "predict_spec_max": 0}, "--predict-spec-max must be >= 1"),
+        ({"predict_prefetch": True, "predict_depth": 5}, "--predict-depth must be in 1..4"),
         ({"route_trace": "r.csv", "policy": "reference"}, "reference does not write traces"),
         ({"io_trace": "io.csv", "policy": "reference"}, "reference does not write traces"),
     ],

@@ -80,6 +80,7 @@ POLICY_FLAGS = {
     "predict": ("predict_prefetch", None, "--predict-prefetch"),
     "predict-auto": ("predict_prefetch", None, "--predict-prefetch auto"),
     "predict-spec": ("predict_spec_max", int, "--predict-prefetch --predict-spec-max"),
+    "predict-depth": ("predict_depth", int, "--predict-prefetch --predict-depth"),
     "route-ahead": ("route_ahead", int, "--route-ahead"),
     "drop": ("drop_cold", float, "--drop-cold-experts"),
     "substitute": ("substitute", float, "--expert-substitute"),
@@ -110,7 +111,7 @@ class Policy:
         field, kind, _ = POLICY_FLAGS[self.name]
         if self.name == "predict-auto":
             return {field: True, "predict_auto": True}
-        if self.name == "predict-spec":
+        if self.name in ("predict-spec", "predict-depth"):
             return {"predict_prefetch": True, field: int(self.value or 0)}
         if kind is None:
             return {field: True}

@@ -259,9 +259,11 @@ cdef class ExpertStreamer:
         self.s.r.sel_b[layer] = <const float *> selection_bias
 
     def configure_routing(self, *, int predict=0, int spec_max=2, int route_ahead=0,
-                          double drop_cold=0.0, substitute=None, bint predict_auto=False):
+                          double drop_cold=0.0, substitute=None, bint predict_auto=False,
+                          int predict_depth=1):
         """``predict``: bit 1 logs the stale gate's agreement, bit 2 reads its predicted
-        misses ahead (at most ``spec_max`` per layer), only while the auto gate is open with
+        misses ahead (at most ``spec_max`` per layer, for each of the next ``predict_depth``
+        MoE layers, nearest first), only while the auto gate is open with
         ``predict_auto`` (``decode_routing.auto_gate_open``); ``route_ahead`` N > 0 commits each
         decode layer to the ranking made N MoE layers earlier; ``drop_cold`` F > 0 drops
         cold misses below F / k; ``substitute`` L (None: off) replaces a miss by a resident
@@ -270,6 +272,8 @@ cdef class ExpertStreamer:
             raise ValueError("set_router first")
         if predict < 0 or predict > 3 or spec_max < 1 or route_ahead < 0 or drop_cold < 0:
             raise ValueError("invalid routing settings")
+        if not 1 <= predict_depth <= MAX_PREDICT_DEPTH:
+            raise ValueError(f"predict_depth must be in 1..{MAX_PREDICT_DEPTH}")
         if substitute is not None and substitute < 0:
             raise ValueError("the substitution margin must be >= 0")
         if (drop_cold > 0 or substitute is not None) and not self.s.r.ready:
@@ -278,6 +282,7 @@ cdef class ExpertStreamer:
         self.s.r.predict_auto = 1 if predict_auto and predict & 2 else 0
         self.s.r.gate_open = 0 if self.s.r.predict_auto else 1
         self.s.r.spec_max = spec_max
+        self.s.r.predict_depth = predict_depth
         self.s.r.route_ahead = route_ahead
         self.s.r.drop_f = drop_cold
         self.s.r.subst_l = -1.0 if substitute is None else substitute

@@ -233,6 +233,14 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         help="with --predict-prefetch: predicted misses read ahead per layer (default: 2)",
     )
     m.add_argument(
+        "--predict-depth",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --predict-prefetch: guess each of the next N MoE layers, nearest first: reads start "
+        "earlier, guessed less well (1-4; default: 1)",
+    )
+    m.add_argument(
         "--predict-log",
         action="store_true",
         help="evaluate the stale-gate prediction without reading anything: its agreement per layer "
@@ -327,6 +335,7 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         predict_prefetch=args.predict_prefetch is not None,
         predict_auto=args.predict_prefetch == "auto",
         predict_spec_max=args.predict_spec_max,
+        predict_depth=args.predict_depth,
         predict_log=args.predict_log,
         route_ahead=args.route_ahead,
         drop_cold=args.drop_cold_experts,

@@ -44,6 +44,7 @@ def routing_settings(config: StreamConfig) -> RoutingSettings:
         predict_prefetch=config.predict_prefetch,
         predict_auto=config.predict_auto,
         spec_max=config.predict_spec_max,
+        predict_depth=config.predict_depth,
         route_ahead=config.route_ahead,
         drop_cold=config.drop_cold,
         substitute=config.substitute,
@@ -91,6 +92,7 @@ class StreamingControl:
                     predict=(1 if config.predict_log or config.predict_prefetch else 0)
                     | (2 if config.predict_prefetch else 0),
                     spec_max=config.predict_spec_max,
+                    predict_depth=config.predict_depth,
                     route_ahead=config.route_ahead,
                     drop_cold=config.drop_cold,
                     substitute=config.substitute,

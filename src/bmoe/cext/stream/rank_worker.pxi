@@ -12,7 +12,7 @@ cdef void * rank_worker_main(void * arg) noexcept nogil:
     cdef stream_t * s = <stream_t *> arg
     cdef routing_t * r = &s.r
     cdef int j, n
-    cdef int targets[2]
+    cdef int targets[MAX_TARGETS]
     cdef double t0
     pthread_mutex_lock(&r.w_mu)
     while True:
@@ -70,7 +70,7 @@ cdef bint ask_rankings(stream_t * s, int layer) noexcept nogil:
     """Hand this layer's rankings to the worker (before its load); False when it does not
     run or there is nothing to rank (``rank_ahead`` then ranks on this thread)."""
     cdef routing_t * r = &s.r
-    cdef int committed[2]
+    cdef int committed[MAX_TARGETS]
     if not (r.w_started and r.use_worker) or r.x == NULL or r.disarmed:
         return False
     pthread_mutex_lock(&r.w_mu)

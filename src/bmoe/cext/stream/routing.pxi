@@ -106,16 +106,18 @@ cdef void make_ranking(stream_t * s, int target) noexcept nogil:
 
 
 cdef int rank_targets(stream_t * s, int layer, int * targets, int * committed) noexcept nogil:
-    """The layers a decode layer's router input ranks, in order: the next MoE layer
-    (prediction: ``committed`` 0) and the one N MoE layers on (route-ahead: 1)."""
+    """The layers a decode layer's router input ranks, in order (at most ``MAX_TARGETS``):
+    the next ``predict_depth`` MoE layers, nearest first (prediction: ``committed`` 0), and
+    the one N MoE layers on (route-ahead: 1)."""
     cdef routing_t * r = &s.r
-    cdef int n = 0, target
+    cdef int n = 0, target, depth
     if r.predict and r.gate_open:
-        target = moe_layer_ahead(s, layer, 1)
-        if target >= 0:
-            targets[n] = target
-            committed[n] = 0
-            n += 1
+        for depth in range(1, r.predict_depth + 1):
+            target = moe_layer_ahead(s, layer, depth)
+            if target >= 0:
+                targets[n] = target
+                committed[n] = 0
+                n += 1
     if r.route_ahead:
         target = moe_layer_ahead(s, layer, r.route_ahead)
         if target >= 0:
@@ -369,8 +371,8 @@ cdef void rank_ahead(stream_t * s, int layer, bint asked) noexcept nogil:
     during the load or not, the reads are issued here: the same decisions either way)."""
     cdef routing_t * r = &s.r
     cdef int j, n
-    cdef int targets[2]
-    cdef int committed[2]
+    cdef int targets[MAX_TARGETS]
+    cdef int committed[MAX_TARGETS]
     if asked:
         await_rankings(s)
     if r.x == NULL or r.disarmed:

@@ -26,6 +26,10 @@ cdef enum:
                                    # the entry meanwhile waits for that)
 
 cdef enum:
+    MAX_TARGETS = 5        # rankings a decode layer makes: MAX_PREDICT_DEPTH guesses, 1 commitment
+    MAX_PREDICT_DEPTH = 4  # decode_routing.MAX_PREDICT_DEPTH
+
+cdef enum:
     AUTO_WINDOW = 64       # the auto gate's decode calls (decode_routing.AUTO_WINDOW)
     AUTO_COLD_PCT = 10     # ... and its share of cold slots (decode_routing.AUTO_COLD_PCT)
 
@@ -192,6 +196,7 @@ cdef struct routing_t:
     int64_t gate_open_calls
     int64_t gate_closed_calls
     int spec_max                   # predicted misses read per layer
+    int predict_depth              # MoE layers the stale gate guesses ahead, nearest first
     int route_ahead                # N: commit the ranking made N MoE layers earlier
     double drop_f                  # > 0: drop cold misses below drop_f / k
     double subst_l                 # >= 0: substitute within this score margin; < 0 off
@@ -237,7 +242,7 @@ cdef struct routing_t:
     int w_stop
     int w_pending                  # rankings asked and not yet made
     int w_n
-    int w_targets[2]
+    int w_targets[MAX_TARGETS]
     pthread_t w_thread
     pthread_mutex_t w_mu
     pthread_cond_t w_cv
@@ -397,6 +402,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
     s.r.sel_b = <const float **> calloc(n_layer, sizeof(float *))
     s.r.subst_l = -1.0
     s.r.spec_max = 2
+    s.r.predict_depth = 1
     s.r.last_layer = 1 << 30
     s.tr.last_layer = 1 << 30
     # the engine options' defaults (set_engine_options)

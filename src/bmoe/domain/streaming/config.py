@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from bmoe.domain.streaming.decode_routing import MAX_PREDICT_DEPTH
 from bmoe.domain.streaming.engine_options import EngineOptions
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
 from bmoe.errors import ConfigError
@@ -47,7 +48,8 @@ class StreamConfig:
       cache to hold it).
     - ``predict_prefetch``: in decode, apply the next MoE layer's router to this layer's
       router input (the stale gate) and read its predicted misses ahead, at most
-      ``predict_spec_max`` per layer (lossless; needs the cache).
+      ``predict_spec_max`` per layer (lossless; needs the cache); ``predict_depth`` N > 1
+      guesses each of the next N MoE layers so (reads issued earlier, guessed less well).
     - ``predict_auto``: with ``predict_prefetch``, read the guesses only while decode is
       latency-bound: at most 10% of the experts the last 64 decode layer calls wanted missed
       the cache (``decode_routing.auto_gate_open``); the next layer is not even ranked otherwise.
@@ -72,6 +74,7 @@ class StreamConfig:
     predict_prefetch: bool = False
     predict_auto: bool = False  # --predict-prefetch auto
     predict_spec_max: int = 2
+    predict_depth: int = 1  # --predict-depth: MoE layers guessed ahead, nearest first
     predict_log: bool = False
     route_ahead: int = 0
     drop_cold: float = 0.0
@@ -147,6 +150,8 @@ def check_read_ahead(config: StreamConfig) -> None:
     """The combination rules of reading ahead, dropping and substituting (ConfigError)."""
     if config.predict_spec_max < 1:
         raise ConfigError(f"--predict-spec-max must be >= 1, not {config.predict_spec_max}")
+    if not 1 <= config.predict_depth <= MAX_PREDICT_DEPTH:
+        raise ConfigError(f"--predict-depth must be in 1..{MAX_PREDICT_DEPTH}, not {config.predict_depth}")
     if config.route_ahead < 0:
         raise ConfigError(f"--route-ahead must be >= 0 layers, not {config.route_ahead}")
     if not 0.0 <= config.drop_cold <= 1.0:

@@ -16,10 +16,13 @@ reference``) runs it, and the gates compare both. Per decode layer call (one tok
    then dropping, both against the cache's residency now. The returned ``DecodeRoute`` says
    the selection to write back, and which slots are dropped (not requested: their weights
    are zeroed by the mechanism);
-2. ``reads_ahead(layer)``, after the layer's load: rank the next MoE layer's router
-   (prediction) and the one ``N`` MoE layers on (route-ahead) on this layer's router input,
-   and plan their reads ahead through the cache policy: drop-aware, a guess reads at most
-   ``spec_max`` misses and enters cold, a committed routing reads them all and enters hot.
+2. ``reads_ahead(layer)``, after the layer's load: rank the next ``predict_depth`` MoE
+   layers' routers, nearest first (prediction), and the one ``N`` MoE layers on
+   (route-ahead) on this layer's router input, and plan their reads ahead through the cache
+   policy: drop-aware, a guess reads at most ``spec_max`` misses per layer and enters cold, a
+   committed routing reads them all and enters hot. A layer guessed at depth 2 is guessed
+   again at depth 1 one layer later: the misses the first guess queued count as resident
+   then, so the second reads only what the first missed (``spec_max`` more at most).
 
 ``--predict-prefetch auto`` reads the stale gate's guesses only where they pay: while decode
 is latency-bound. The gate is the share of *cold* slots (misses) over the last
@@ -62,6 +65,7 @@ SOFTMAX, SIGMOID, SOFTMAX_WEIGHT, SQRT_SOFTPLUS = 1, 2, 3, 4  # llama.cpp's expe
 WATCHDOG_EVERY = 16  # decode tokens between two watchdog checks (the first token is checked)
 AUTO_WINDOW = 64  # decode layer calls the auto gate looks back over (the C engine's too)
 AUTO_COLD_PCT = 10  # the auto gate is open while at most this share of slots is cold
+MAX_PREDICT_DEPTH = 4  # --predict-depth: MoE layers guessed ahead (the C engine's MAX_TARGETS)
 
 
 def auto_gate_open(cold: int, slots: int) -> bool:
@@ -78,6 +82,7 @@ class RoutingSettings:
     predict_prefetch: bool = False
     predict_auto: bool = False  # with predict_prefetch: only while the auto gate is open
     spec_max: int = 2
+    predict_depth: int = 1  # MoE layers the stale gate guesses ahead, nearest first
     route_ahead: int = 0
     drop_cold: float = 0.0
     substitute: float | None = None
@@ -156,6 +161,8 @@ class DecodeRouting:
     def __init__(self, settings: RoutingSettings, routers: Routers, cache: ExpertCachePolicy) -> None:
         if settings.spec_max < 1 or settings.route_ahead < 0 or settings.drop_cold < 0.0:
             raise ValueError("invalid routing settings")
+        if not 1 <= settings.predict_depth <= MAX_PREDICT_DEPTH:
+            raise ValueError(f"the prediction depth must be in 1..{MAX_PREDICT_DEPTH}")
         if settings.substitute is not None and settings.substitute < 0.0:
             raise ValueError("the substitution margin must be >= 0")
         if not 0 < routers.k <= cache.n_expert or routers.gating not in (1, 2, 3, 4):
@@ -257,10 +264,8 @@ class DecodeRouting:
         plans: list[PrefetchPlan] = []
         if scorer is None or self.disarmed:
             return plans
-        for depth, committed, wanted in (
-            (1, False, s.predict and self.gate_open),
-            (s.route_ahead, True, s.route_ahead > 0),
-        ):
+        guesses = [(depth, False, s.predict and self.gate_open) for depth in range(1, s.predict_depth + 1)]
+        for depth, committed, wanted in (*guesses, (s.route_ahead, True, s.route_ahead > 0)):
             if not wanted:
                 continue
             target = self._moe_layer_ahead(layer, depth)
