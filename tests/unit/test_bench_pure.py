@@ -615,3 +615,9 @@ def test_the_stale_gate_with_more_reads_a_layer_is_a_policy_of_its_own() -> None
     assert policy.stream_kwargs() == {"predict_prefetch": True, "predict_spec_max": 4}
     with pytest.raises(cf.BenchConfigError):
         cf.parse_policies("predict-spec")
+
+
+def test_a_deeper_stale_gate_is_a_policy_of_its_own() -> None:
+    (policy,) = cf.parse_policies("predict-depth=2")
+    assert policy.key == "predict-depth2"
+    assert policy.stream_kwargs() == {"predict_prefetch": True, "predict_depth": 2}
