@@ -621,3 +621,9 @@ def test_a_deeper_stale_gate_is_a_policy_of_its_own() -> None:
     (policy,) = cf.parse_policies("predict-depth=2")
     assert policy.key == "predict-depth2"
     assert policy.stream_kwargs() == {"predict_prefetch": True, "predict_depth": 2}
+
+
+def test_the_routing_probes_budget_runs_without_the_policies_when_only_the_probe_asks_for_it() -> None:
+    experts = 4096 * cf.MIB
+    configs = cf.build_configs(["stream"], [cf.Budget(percent=90.0)], experts, (), cf.parse_policies("predict"))
+    assert [c.key for c in configs] == ["stream-1024", "stream-3686", "stream-3686-predict"]

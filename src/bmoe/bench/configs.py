@@ -177,7 +177,8 @@ def build_configs(
     """The configurations in run order: stock ones first, then bmoe resident, then streaming
     by increasing budget. Streaming always includes the routing probe's budget (25% of the
     experts), and each budget (in MiB) runs once, then once more per ``prefetch`` depth and
-    per decode routing policy (budgets with a cache only)."""
+    per decode routing policy (budgets with a cache only, and not the probe's where only the
+    probe asked for it)."""
     extra = tuple(dict.fromkeys([*(Policy("prefetch", float(k)) for k in prefetch), *policies]))
     out: list[BenchConfig] = []
     labels = {
@@ -189,8 +190,8 @@ def build_configs(
         if kind in kinds:
             out.append(BenchConfig(key=kind, label=labels[kind], kind=kind))
     if "stream" in kinds:
-        wanted = [*budgets, Budget(percent=ROUTING_PROBE_PERCENT)]
-        mibs = sorted({b.resolve_mib(expert_bytes) for b in wanted})
+        asked = {b.resolve_mib(expert_bytes) for b in budgets}
+        mibs = sorted(asked | {Budget(percent=ROUTING_PROBE_PERCENT).resolve_mib(expert_bytes)})
         for mib in mibs:
             share = 100 * mib * MIB / expert_bytes if expert_bytes else None
             what = "cache off" if mib == 0 else f"cache {mib} MiB"
@@ -205,7 +206,7 @@ def build_configs(
                     expert_percent=share,
                 )
             )
-            for policy in extra if mib else ():
+            for policy in extra if mib and mib in asked else ():
                 out.append(
                     BenchConfig(
                         key=f"stream-{mib}-{policy.key}",
