@@ -59,7 +59,9 @@ POLICIES = {  # a drop of 0.75 is a real threshold at top-2 (1.0 drops every col
     ),
     # the next two MoE layers guessed, one read each: the second guess of a layer adds to the first
     "predict-depth2": Policies(
-        {**PREDICT, "predict_depth": 2, "predict_spec_max": 1}, ("predict_slots", "prefetch_issued"), half=True
+        {**PREDICT, "predict_depth": 2, "predict_spec_max": 1},
+        ("predict_slots", "prefetch_issued"),
+        half=True,
     ),
 }
 

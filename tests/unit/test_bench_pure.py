@@ -625,5 +625,6 @@ def test_a_deeper_stale_gate_is_a_policy_of_its_own() -> None:
 
 def test_the_routing_probes_budget_runs_without_the_policies_when_only_the_probe_asks_for_it() -> None:
     experts = 4096 * cf.MIB
-    configs = cf.build_configs(["stream"], [cf.Budget(percent=90.0)], experts, (), cf.parse_policies("predict"))
+    policies = cf.parse_policies("predict")
+    configs = cf.build_configs(["stream"], [cf.Budget(percent=90.0)], experts, (), policies)
     assert [c.key for c in configs] == ["stream-1024", "stream-3686", "stream-3686-predict"]
