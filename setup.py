@@ -37,7 +37,9 @@ extensions = [
         include_dirs=[INCLUDE],
         extra_compile_args=["-O2"],
     )
-    for name in ("route_recorder", "abort_flag", "cache_core", "route_policy", "probe", "weight_repack", "log_filter")
+    for name in (
+        "route_recorder", "abort_flag", "cache_core", "route_policy", "probe", "weight_repack", "log_filter", "load_hook"
+    )
 ] + [
     Extension(
         "bmoe.cext.expert_stream",

@@ -135,9 +135,8 @@ class Session:
         self._on_load = on_load
         # a model without routed experts in the registry runs resident even if asked to
         # stream: it is loaded as one (llama.cpp repacks it)
-        self._repack_at_load = config.repack and not (
-            config.stream.enabled and has_streamable_experts(config.model_path)
-        )
+        streams_experts = config.stream.enabled and has_streamable_experts(config.model_path)
+        self._repack_at_load = config.repack and not streams_experts
         self._placement = model_placement.resolve(
             config.placement, config.model_path, streaming=config.stream.enabled
         )
@@ -150,6 +149,8 @@ class Session:
                 # resident: llama.cpp repacks at load; streamed: attach repacks (the experts
                 # must stay where the streamer reads them)
                 use_extra_bufts=self._repack_at_load,
+                # streamed: the load need not read the experts (bmoe reads them as routed)
+                populate=not streams_experts,
                 n_expert_used=config.n_expert_used,
                 on_progress=None if on_load is None else (lambda f: on_load("loading the model", f)),
             ),

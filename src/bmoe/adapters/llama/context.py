@@ -138,6 +138,11 @@ class LlamaContext:
         self.explain_abort: Callable[[], None] | None = None
         self.feeding: tuple[int, int] = (0, 0)
 
+    @property
+    def abort(self) -> CCallback | None:
+        """The abort flag llama.cpp polls between graph nodes (None: none was given)."""
+        return self._abort
+
     # -- ownership -------------------------------------------------------------------------
 
     @property

@@ -14,6 +14,7 @@ import llama_cpp
 from bmoe.adapters.gguf_layout import read_header_values, validate_model_files
 from bmoe.adapters.llama.devices import cpu_buffer_type
 from bmoe.adapters.llama.log import capture_model_buffers, ensure_backend
+from bmoe.cext import load_hook
 from bmoe.domain.chat import with_one_bos
 from bmoe.errors import ConfigError, ModelLoadError, TokenizeError
 
@@ -34,6 +35,10 @@ class ModelParams:
     """
 
     use_mmap: bool = True
+    # False: llama.cpp's mapping is not read ahead at load (bmoe.cext.load_hook drops its
+    # MAP_POPULATE and WILLNEED): pages are read when first used. For streaming, which reads
+    # the experts itself; where the hook cannot be installed the load reads as before
+    populate: bool = True
     use_extra_bufts: bool = False
     vocab_only: bool = False
     n_expert_used: int | None = None  # override the model's top-k (lossy), 1..n_expert
@@ -119,8 +124,14 @@ class LlamaModel:
 
             progress_ref = llama_cpp.llama_progress_callback(progress)
             cparams.progress_callback = progress_ref
+        # whether the load left the mapping to be read as used (ModelParams.populate)
+        self.lazy_load = not params.populate and params.use_mmap and load_hook.install() > 0
         with capture_model_buffers() as buffers:
-            ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), cparams)
+            load_hook.set_active(self.lazy_load)
+            try:
+                ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), cparams)
+            finally:
+                load_hook.set_active(False)
         del progress_ref  # llama.cpp calls it during the load only
         # bytes per buffer type llama.cpp loaded the weights into (its log's figures)
         self.weight_buffers: dict[str, int] = dict(buffers)
