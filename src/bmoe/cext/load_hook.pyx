@@ -17,7 +17,7 @@ them. The assumption this rests on (libllama calls these three through its GOT) 
 by a gate: ``install`` says how many slots it redirected, and a load with the hook reads
 less than the file (``tests/gates/test_load_hook_gates.py``).
 
-Linux ELF only (glibc and bionic): elsewhere ``install`` finds nothing and returns 0.
+Linux ELF, 64-bit (glibc and bionic): elsewhere ``install`` finds nothing and returns 0.
 """
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
@@ -212,6 +212,8 @@ def install(bytes name_part=b"libllama") -> int:
     returns how many slots point at them now (0: nothing found, the load reads as before).
     Idempotent. The wrappers pass every call through until ``set_active(True)``."""
     cdef search_t s
+    if sizeof(void *) != 8:  # the ELF structures above are the 64-bit ones
+        return 0
     s.name_part = name_part
     s.objects = 0
     s.redirected = 0
