@@ -22,6 +22,7 @@ CASES = [
     (["--temp", "-1"], "temp must be >= 0"),
     (["--top-p", "5"], "top_p must be in [0, 1]"),
     (["--seed", "-1"], "seed must be >= 0"),
+    (["-ctv", "q8_0"], "--cache-type-v q8_0 needs flash attention"),
 ]
 
 

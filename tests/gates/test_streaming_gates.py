@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
 import bmoe.adapters.expert_streaming as expert_streaming_adapter
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
+from bmoe.adapters.llama.context import FlashAttn
 from bmoe.cext import expert_stream
 from bmoe.cext.route_recorder import RouteRecorder
 from bmoe.domain.generation import GenerateRequest
@@ -261,3 +263,25 @@ def test_without_room_for_the_mappings_pages_are_given_back_not_recycled(
         assert result.tokens == tokens and np.array_equal(s.last_logits(), logits)
         counters = s.streaming.counters()
     assert counters.evictions > 0 and counters.pages_recycled == 0
+
+
+@pytest.mark.parametrize(("type_k", "type_v", "flash_attn"), [("q8_0", "f16", "off"), ("q8_0", "q8_0", "on")])
+def test_a_quantized_kv_cache_streams_as_it_computes_resident(
+    tiny_model_path: TinyModel, type_k: str, type_v: str, flash_attn: FlashAttn
+) -> None:
+    """``-ctk`` / ``-ctv``: a quantized KV cache changes the output (as in llama.cpp); streamed,
+    the output is the resident model's with the same cache, bit for bit."""
+    path = tiny_model_path("qwen3moe")
+    params = attrs.evolve(PARAMS, cache_type_k=type_k, cache_type_v=type_v, flash_attn=flash_attn)
+    runs = []
+    for stream in (StreamConfig(), StreamConfig(enabled=True, cache_mb=None)):
+        with Session.open(SessionConfig(model_path=path, context=params, stream=stream)) as s:
+            assert (s.streaming is not None) == stream.enabled
+            runs.append((s.generate(REQUEST).tokens, s.last_logits()))
+    (resident_tokens, resident_logits), (streamed_tokens, streamed_logits) = runs
+    assert streamed_tokens == resident_tokens
+    assert np.array_equal(streamed_logits, resident_logits)
+    f16 = attrs.evolve(PARAMS, flash_attn=flash_attn)
+    with Session.open(SessionConfig(model_path=path, context=f16)) as s:
+        s.generate(REQUEST)
+        assert not np.array_equal(s.last_logits(), resident_logits)  # the f16 cache computes otherwise

@@ -10,6 +10,7 @@ from pathlib import Path
 from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.llama import devices as ggml_devices
+from bmoe.adapters.llama.context import KV_CACHE_TYPES
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES, StreamConfig, prompt_batch
@@ -57,6 +58,15 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         help="flash attention, as llama.cpp's flag (default: off, the faster on the CPUs measured: "
         "docs/benchmarks.md)",
     )
+    for short, name, part in (("-ctk", "--cache-type-k", "K"), ("-ctv", "--cache-type-v", "V")):
+        p.add_argument(
+            short,
+            name,
+            choices=tuple(KV_CACHE_TYPES),
+            default="f16",
+            help=f"the KV cache's {part} type, as llama.cpp's flag (default: f16; a quantized type takes "
+            "less memory and changes the output" + ("; needs -fa on or auto" if part == "V" else "") + ")",
+        )
     p.add_argument(
         "--no-repack",
         action="store_true",
@@ -359,5 +369,11 @@ def context_params(args: argparse.Namespace) -> ContextParams:
     batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
     threads = args.threads if args.threads is not None else physical_cores()
     return ContextParams(
-        n_ctx=args.ctx_size, n_batch=batch, n_ubatch=batch, n_threads=threads, flash_attn=args.flash_attn
+        n_ctx=args.ctx_size,
+        n_batch=batch,
+        n_ubatch=batch,
+        n_threads=threads,
+        flash_attn=args.flash_attn,
+        cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v,
     )

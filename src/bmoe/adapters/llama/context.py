@@ -28,6 +28,19 @@ _FLASH_ATTN = {
 }
 
 
+KV_CACHE_TYPES = {  # llama.cpp's -ctk / -ctv values -> ggml_type (ggml.h)
+    "f32": 0,
+    "f16": 1,
+    "bf16": 30,
+    "q8_0": 8,
+    "q4_0": 2,
+    "q4_1": 3,
+    "iq4_nl": 20,
+    "q5_0": 6,
+    "q5_1": 7,
+}
+
+
 class CCallback(Protocol):
     """A C function and its user data, owned by a Python object (see ``bmoe.cext``)."""
 
@@ -58,6 +71,10 @@ class ContextParams:
     # batch, copying the weights there first; streamed experts must be computed where they
     # are read (the copy would come before the read), so streaming with devices turns it off
     op_offload: bool = True
+    # the KV cache's types, llama.cpp's -ctk / -ctv: a quantized cache takes less memory and
+    # changes the output as it does in llama.cpp; a quantized V needs flash attention
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx < 8:
@@ -70,6 +87,13 @@ class ContextParams:
             )
         if self.flash_attn not in _FLASH_ATTN:
             raise ConfigError(f"flash_attn must be one of {sorted(_FLASH_ATTN)}, not {self.flash_attn!r}")
+        for flag, value in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            if value not in KV_CACHE_TYPES:
+                raise ConfigError(f"{flag} must be one of {', '.join(KV_CACHE_TYPES)}, not {value!r}")
+        if self.cache_type_v not in ("f32", "f16", "bf16") and self.flash_attn == "off":
+            raise ConfigError(
+                f"--cache-type-v {self.cache_type_v} needs flash attention (-fa on or auto), as in llama.cpp"
+            )
 
 
 class LlamaContext:
@@ -108,6 +132,8 @@ class LlamaContext:
         cparams.n_threads = params.n_threads
         cparams.n_threads_batch = params.n_threads
         cparams.flash_attn_type = _FLASH_ATTN[params.flash_attn]
+        cparams.type_k = KV_CACHE_TYPES[params.cache_type_k]
+        cparams.type_v = KV_CACHE_TYPES[params.cache_type_v]
         cparams.no_perf = True
         cparams.swa_full = params.swa_full
         cparams.op_offload = params.op_offload
