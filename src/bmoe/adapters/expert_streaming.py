@@ -147,16 +147,16 @@ def _capture(ctx: LlamaContext, streamer: expert_stream.ExpertStreamer, *, compu
         return set()
     streamer.mode = expert_stream.MODE_CAPTURE  # a second capture adds to the first (by name)
     try:
-        if compute:
-            ctx.decode([0], 0)
-        else:
-            assert isinstance(abort, AbortFlag)
+        if isinstance(abort, AbortFlag) and not compute:
             abort.set()
-            with contextlib.suppress(DecodeAbortedError):
-                ctx.decode([0], 0)
+            try:
+                with contextlib.suppress(DecodeAbortedError):
+                    ctx.decode([0], 0)
+            finally:
+                abort.clear()
+        else:
+            ctx.decode([0], 0)
     finally:
-        if not compute:
-            abort.clear()  # type: ignore[union-attr]  # set above only when it is an AbortFlag
         streamer.mode = expert_stream.MODE_OFF
         ctx.clear()
     return set(streamer.captured()) | set(streamer.captured_on_devices())
