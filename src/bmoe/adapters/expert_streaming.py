@@ -131,31 +131,28 @@ def _complement(ranges: list[tuple[int, int]], start: int, end: int) -> list[tup
     return out
 
 
-def _capture(ctx: LlamaContext, streamer: expert_stream.ExpertStreamer, *, compute: bool) -> set[str]:
+def _capture(ctx: LlamaContext, streamer: expert_stream.ExpertStreamer, abort: AbortFlag | None) -> set[str]:
     """One decode of token 0 in capture mode: the ``ask`` pass of llama.cpp's scheduler
     records every weight the graph reads before anything computes. The names seen, in host
     memory and on devices.
 
-    Without ``compute`` the decode is aborted (the context's abort flag, set before it) after
-    that pass: after a lazy load (``ModelParams.populate``) computing the token would read the
+    With ``abort`` (the context's abort flag) set before it, the decode stops after that
+    pass: after a lazy load (``ModelParams.populate``) computing the token would read the
     pages of every expert it routes, and the kernel's read-around with them (2.4 GB of the
     2.6 GB trained bench model here, with this disk's 8 MiB read-ahead). A graph in several
     parts (layers on devices) stops after the first part: the caller checks what was seen
     and captures again, computing."""
-    abort = ctx.abort
-    if not compute and not isinstance(abort, AbortFlag):
-        return set()
     streamer.mode = expert_stream.MODE_CAPTURE  # a second capture adds to the first (by name)
     try:
-        if isinstance(abort, AbortFlag) and not compute:
+        if abort is None:
+            ctx.decode([0], 0)
+        else:
             abort.set()
             try:
                 with contextlib.suppress(DecodeAbortedError):
                     ctx.decode([0], 0)
             finally:
                 abort.clear()
-        else:
-            ctx.decode([0], 0)
     finally:
         streamer.mode = expert_stream.MODE_OFF
         ctx.clear()
@@ -315,9 +312,13 @@ class ExpertStreaming:
         repack: bool = True,
     ) -> ExpertStreaming:
         # 1. capture: where did llama.cpp put each file?
-        wanted = {loc.name for _, _, loc in found}
-        if not (model.lazy_load and _capture(ctx, streamer, compute=False) >= wanted):
-            _capture(ctx, streamer, compute=True)
+        abort = ctx.abort
+        if not (
+            model.lazy_load
+            and isinstance(abort, AbortFlag)
+            and _capture(ctx, streamer, abort) >= {loc.name for _, _, loc in found}
+        ):
+            _capture(ctx, streamer, None)
         if streamer.capture_overflow:
             raise StreamingUnavailable("the graph reads more weight tensors than bmoe can locate")
         captured = streamer.captured()  # weights in host memory only
