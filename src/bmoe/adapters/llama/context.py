@@ -12,6 +12,7 @@ import attrs
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
+from gguf import GGMLQuantizationType
 
 from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama.log import capture_compute_buffers
@@ -28,16 +29,9 @@ _FLASH_ATTN = {
 }
 
 
-KV_CACHE_TYPES = {  # llama.cpp's -ctk / -ctv values -> ggml_type (ggml.h)
-    "f32": 0,
-    "f16": 1,
-    "bf16": 30,
-    "q8_0": 8,
-    "q4_0": 2,
-    "q4_1": 3,
-    "iq4_nl": 20,
-    "q5_0": 6,
-    "q5_1": 7,
+KV_CACHE_TYPES = {  # llama.cpp's -ctk / -ctv values -> ggml_type, as gguf-py numbers them
+    name: int(GGMLQuantizationType[name.upper()])
+    for name in ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 }
 
 
