@@ -6,6 +6,8 @@ Pure: no I/O. A budget is given in MiB (``1536``), as a share of the model's rou
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 
 MIB = 1024 * 1024
@@ -75,18 +77,20 @@ def parse_kinds(text: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
-POLICY_FLAGS = {
-    "prefetch": ("prefetch", int, "--prefetch"),
-    "predict": ("predict_prefetch", None, "--predict-prefetch"),
-    "predict-auto": ("predict_prefetch", None, "--predict-prefetch auto"),
-    "predict-spec": ("predict_spec_max", int, "--predict-prefetch --predict-spec-max"),
-    "predict-depth": ("predict_depth", int, "--predict-prefetch --predict-depth"),
-    "route-ahead": ("route_ahead", int, "--route-ahead"),
-    "drop": ("drop_cold", float, "--drop-cold-experts"),
-    "substitute": ("substitute", float, "--expert-substitute"),
+PREDICT: Mapping[str, object] = {"predict_prefetch": True}
+POLICY_FLAGS: dict[str, tuple[str, type | None, str, Mapping[str, object]]] = {
+    "prefetch": ("prefetch", int, "--prefetch", {}),
+    "predict": ("predict_prefetch", None, "--predict-prefetch", {}),
+    "predict-auto": ("predict_auto", None, "--predict-prefetch auto", PREDICT),
+    "predict-spec": ("predict_spec_max", int, "--predict-prefetch --predict-spec-max", PREDICT),
+    "predict-depth": ("predict_depth", int, "--predict-prefetch --predict-depth", PREDICT),
+    "route-ahead": ("route_ahead", int, "--route-ahead", {}),
+    "drop": ("drop_cold", float, "--drop-cold-experts", {}),
+    "substitute": ("substitute", float, "--expert-substitute", {}),
 }
 """The decode routing policies the bench can run beside each cache budget: name ->
-(``StreamConfig`` field, value type (None: a switch), the CLI flag)."""
+(``StreamConfig`` field, value type (None: a switch), the CLI flag, the other fields the
+policy needs set)."""
 
 
 @attrs.frozen
@@ -108,15 +112,11 @@ class Policy:
             raise BenchConfigError(f"policy {self.name} needs a value >= 0")
 
     def stream_kwargs(self) -> dict[str, object]:
-        field, kind, _ = POLICY_FLAGS[self.name]
-        if self.name == "predict-auto":
-            return {field: True, "predict_auto": True}
-        if self.name in ("predict-spec", "predict-depth"):
-            return {"predict_prefetch": True, field: int(self.value or 0)}
+        field, kind, _, implied = POLICY_FLAGS[self.name]
         if kind is None:
-            return {field: True}
+            return {**implied, field: True}
         assert self.value is not None
-        return {field: kind(self.value)}
+        return {**implied, field: kind(self.value)}
 
     @property
     def key(self) -> str:
