@@ -187,8 +187,8 @@ cdef struct routing_t:
     int predict                    # bit 1: log the prediction's agreement; bit 2: read ahead
     int predict_auto               # with bit 2: predict and read only while the auto gate is open
     int gate_open                  # the auto gate now (1 without predict_auto)
-    int32_t win_cold[64]           # the auto gate's ring of the last AUTO_WINDOW decode calls
-    int32_t win_slots[64]
+    int32_t win_cold[AUTO_WINDOW]  # the auto gate's ring of the last AUTO_WINDOW decode calls
+    int32_t win_slots[AUTO_WINDOW]
     int win_pos
     int win_n
     int64_t win_cold_sum
