@@ -84,9 +84,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policies",
         default="",
-        help="also run each cache budget with these decode routing policies, comma separated: "
-        "prefetch=K, predict, route-ahead=N, drop=F, substitute=L (e.g. predict,route-ahead=2,drop=0.75; "
-        "docs/read-ahead.md; default: none)",
+        help="also run each cache budget asked for (not the routing probe's 25%% added beside them) with "
+        "these decode routing policies, comma separated: prefetch=K, predict, predict-auto, "
+        "predict-spec=N, predict-depth=N, route-ahead=N, drop=F, substitute=L (e.g. "
+        "predict,route-ahead=2,drop=0.75; docs/read-ahead.md; default: none)",
     )
     p.add_argument(
         "--rounds", type=int, default=2, help="interleaved rounds over the configurations (median)"
