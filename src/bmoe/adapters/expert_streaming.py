@@ -131,7 +131,7 @@ def _complement(ranges: list[tuple[int, int]], start: int, end: int) -> list[tup
     return out
 
 
-def _capture(ctx: LlamaContext, streamer: expert_stream.ExpertStreamer, abort: AbortFlag | None) -> set[str]:
+def capture(ctx: LlamaContext, streamer: expert_stream.ExpertStreamer, abort: AbortFlag | None) -> set[str]:
     """One decode of token 0 in capture mode: the ``ask`` pass of llama.cpp's scheduler
     records every weight the graph reads before anything computes. The names seen, in host
     memory and on devices.
@@ -220,25 +220,36 @@ def _repack(
     streamer: expert_stream.ExpertStreamer,
     found: list[tuple[int, int, TensorLocation]],
     parts: RepackParts = "all",
+    refuse: tuple[str, ...] = (),
 ) -> WeightLayout:
-    """Repack what llama.cpp would (after the overlay and the routers' copies: the dense
-    bytes are read from the overlay, whose pages are given back once moved)."""
-    cpu = CpuRepack.find()
+    """Place what llama.cpp would (after the overlay and the routers' copies: the dense
+    bytes are read from the overlay, whose pages are given back once moved): each dense
+    weight in the first extra buffer type that computes it (``AMX`` before ``CPU_REPACK``
+    unless refused), each routed expert repacked into ``CPU_REPACK`` as it is read."""
+    cpu = CpuRepack.find(refuse)
     if cpu is None:
         return WeightLayout(asked=True)
     weights = streamer.captured_weights()
     expert_names = {loc.name for _, _, loc in found}
     n_used = model.n_expert_used
-    wanted = {name: t for name, (t, use) in weights.items() if cpu.wants(t, use, n_used)}
-    # ``parts``, an A/B switch for benchmarks only (EngineOptions.repack_parts): the dense
-    # weights' share of the gain and the experts' (the output then matches no resident run)
-    if parts in ("dense", "experts"):
-        wanted = {n: t for n, t in wanted.items() if (n in expert_names) == (parts == "experts")}
+    dense_at: dict[int, list[int]] = {}  # buft -> dense tensors placed there
+    names: dict[int, str] = {}
+    experts: dict[str, int] = {}
+    for name, (t, use) in weights.items():
+        is_expert = name in expert_names
+        # ``parts``, an A/B switch for benchmarks only (EngineOptions.repack_parts): the dense
+        # weights' share of the gain and the experts' (the output then matches no resident run)
+        if parts in ("dense", "experts") and is_expert != (parts == "experts"):
+            continue
+        if is_expert:
+            if cpu.wants(t, use, n_used):
+                experts[name] = t
+        elif (where := cpu.place(t, use, n_used)) is not None:
+            dense_at.setdefault(where[1], []).append(t)
+            names[where[1]] = where[0]
     with native_call("repacking the dense weights"):
-        dense_tensors = [t for name, t in wanted.items() if name not in expert_names]
-        dense = DenseRepack(cpu, dense_tensors, moved=expert_stream.give_back)
+        dense = DenseRepack(dense_at, moved=expert_stream.give_back, names=names)
         model.keep_until_closed(dense)
-        experts = {name: t for name, t in wanted.items() if name in expert_names}
         expert = ExpertRepack(cpu, experts.values())
         model.keep_until_closed(expert)
     n_repacked = 0
@@ -254,6 +265,7 @@ def _repack(
         dense_bytes=dense.n_bytes,
         expert_tensors=n_repacked,
         expert_tensors_total=len(found),
+        buffers=tuple(dense.by_type.items()),
     )
 
 
@@ -310,15 +322,16 @@ class ExpertStreaming:
         *,
         available_bytes: Callable[[], int],
         repack: bool = True,
+        refuse: tuple[str, ...] = (),
     ) -> ExpertStreaming:
         # 1. capture: where did llama.cpp put each file?
         abort = ctx.abort
         if not (
             model.lazy_load
             and isinstance(abort, AbortFlag)
-            and _capture(ctx, streamer, abort) >= {loc.name for _, _, loc in found}
+            and capture(ctx, streamer, abort) >= {loc.name for _, _, loc in found}
         ):
-            _capture(ctx, streamer, None)
+            capture(ctx, streamer, None)
         if streamer.capture_overflow:
             raise StreamingUnavailable("the graph reads more weight tensors than bmoe can locate")
         captured = streamer.captured()  # weights in host memory only
@@ -413,7 +426,9 @@ class ExpertStreaming:
                 )
         # 5. repacked weights, as llama.cpp would have them
         repacked = (
-            _repack(model, streamer, found, options.repack_parts) if repack else WeightLayout(asked=False)
+            _repack(model, streamer, found, options.repack_parts, refuse)
+            if repack
+            else WeightLayout(asked=False)
         )
         info = StreamingInfo(
             budget=budget,

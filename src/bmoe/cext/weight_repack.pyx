@@ -10,7 +10,8 @@ needs the expert tensors where it reads them) and then, with the calls below:
 
 - ``supported``: would llama.cpp repack this weight? The test its loader makes: the op the
   weight feeds, on a stand-in tensor in a buffer of the type, asked of the CPU device;
-- ``move_to_buffer``: dense weights move into one ``CPU_REPACK`` buffer
+- ``move_to_buffer``: dense weights move into one buffer of an extra type (``CPU_REPACK``,
+  or ``AMX`` where llama.cpp's loader would put them there)
   (``ggml_backend_tensor_alloc``, then ``ggml_backend_tensor_set`` from their bytes: what the
   loader does);
 - ``tag``: a routed-expert tensor keeps the streamer's memory and gets a ``CPU_REPACK``
@@ -49,6 +50,7 @@ ctypedef int (*buffer_init_tensor_f)(void *, ggml_tensor *) noexcept nogil
 ctypedef int (*tensor_alloc_f)(void *, ggml_tensor *, void *) noexcept nogil
 ctypedef void (*tensor_set_f)(ggml_tensor *, const void *, size_t, size_t) noexcept nogil
 ctypedef bool (*dev_supports_op_f)(void *, const ggml_tensor *) noexcept nogil
+ctypedef size_t (*buft_get_alloc_size_f)(void *, const ggml_tensor *) noexcept nogil
 
 cdef struct api_t:
     init_f init
@@ -67,6 +69,7 @@ cdef struct api_t:
     tensor_alloc_f tensor_alloc
     tensor_set_f tensor_set
     dev_supports_op_f dev_supports_op
+    buft_get_alloc_size_f buft_get_alloc_size
 
 cdef api_t api
 cdef bint bound = False
@@ -88,6 +91,7 @@ FUNCTIONS = (
     "ggml_backend_tensor_alloc",
     "ggml_backend_tensor_set",
     "ggml_backend_dev_supports_op",
+    "ggml_backend_buft_get_alloc_size",
 )
 """The ggml functions this module calls, by name: ``bind`` takes their addresses."""
 
@@ -99,7 +103,7 @@ def bind(addresses):
     """Take the addresses of ``FUNCTIONS`` (a mapping name -> address, from the loaded
     library); ``KeyError`` naming the first one missing."""
     global bound
-    cdef uintptr_t a[16]
+    cdef uintptr_t a[17]
     for i, name in enumerate(FUNCTIONS):
         value = addresses[name]
         if not value:
@@ -121,6 +125,7 @@ def bind(addresses):
     api.tensor_alloc = <tensor_alloc_f> a[13]
     api.tensor_set = <tensor_set_f> a[14]
     api.dev_supports_op = <dev_supports_op_f> a[15]
+    api.buft_get_alloc_size = <buft_get_alloc_size_f> a[16]
     bound = True
 
 
@@ -214,14 +219,15 @@ def supported(uintptr_t tensor, int op, int n_ids, uintptr_t buft, uintptr_t dev
 
 
 def aligned_size(uintptr_t buft, list tensors) -> int:
-    """Bytes of one ``buft`` buffer holding ``tensors`` one after the other, each aligned."""
+    """Bytes of one ``buft`` buffer holding ``tensors`` one after the other, each aligned
+    (each takes what the buffer type asks for it: ``AMX`` may ask more than its bytes)."""
     need_api()
     cdef size_t align = api.buft_get_alignment(<void *> buft)
     cdef size_t total = 0
     cdef ggml_tensor * t
     for address in tensors:
         t = <ggml_tensor *> <uintptr_t> address
-        total += (api.nbytes(t) + align - 1) // align * align
+        total += (api.buft_get_alloc_size(<void *> buft, t) + align - 1) // align * align
     return total
 
 
@@ -239,9 +245,11 @@ def move_to_buffer(uintptr_t buffer, uintptr_t buft, list tensors, moved=None):
     cdef void * old
     cdef int status
     out = []
+    cdef size_t room
     for address in tensors:
         t = <ggml_tensor *> <uintptr_t> address
         n = api.nbytes(t)
+        room = api.buft_get_alloc_size(<void *> buft, t)  # before the move: the type's own size
         old = t.data
         t.buffer = NULL
         t.data = NULL
@@ -252,7 +260,7 @@ def move_to_buffer(uintptr_t buffer, uintptr_t buft, list tensors, moved=None):
         out.append((<uintptr_t> old, n))
         if moved is not None:
             moved(<uintptr_t> old, n)
-        offset += (n + align - 1) // align * align
+        offset += (room + align - 1) // align * align
     return out
 
 

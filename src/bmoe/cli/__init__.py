@@ -115,6 +115,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
         verbose=args.verbose,
         n_expert_used=args.n_expert_used,
         repack=not args.no_repack,
+        amx=args.amx,
         decide=decide_config(args),
         stream=stream_config(args),
         placement=placement_config(args),

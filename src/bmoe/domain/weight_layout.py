@@ -22,7 +22,12 @@ class WeightLayout:
       is every repacked byte, llama.cpp's ``CPU_REPACK`` buffer);
     - ``expert_tensors`` of ``expert_tensors_total``: routed-expert tensors written repacked;
     - ``streaming_load``: a model loaded for streaming that runs resident (its weights stay
-      in the file's layout).
+      in the file's layout);
+    - ``buffers``: ``(buffer type, bytes)`` of the weights in llama.cpp's extra buffer types
+      (``CPU_REPACK``, ``AMX``), where more than ``CPU_REPACK`` alone is known;
+    - ``resident``: bmoe placed a resident model's weights itself (AMX refused), dense and
+      experts alike, ``dense_tensors`` / ``dense_bytes`` counting them all;
+    - ``note``: one line on a buffer type refused (``AMX refused: ...``), else "".
     """
 
     asked: bool
@@ -33,6 +38,9 @@ class WeightLayout:
     expert_tensors: int = 0
     expert_tensors_total: int = 0
     streaming_load: bool = False
+    buffers: tuple[tuple[str, int], ...] = ()
+    resident: bool = False
+    note: str = ""
 
     @property
     def repacked(self) -> bool:
@@ -40,7 +48,19 @@ class WeightLayout:
         return bool(self.dense_bytes or self.dense_tensors or self.expert_tensors)
 
     def summary(self) -> str:
-        """``weights repacked (...)``, or why they are in the file's layout."""
+        """``weights repacked (...)``, or why they are in the file's layout; then the note on
+        a refused buffer type, if any."""
+        text = self._where()
+        return f"{text}; {self.note}" if self.note else text
+
+    def _in_types(self, total: int) -> str:
+        """``CPU_REPACK 1.5 MiB``, or each buffer type's share where there are several."""
+        if len(self.buffers) <= 1:
+            name = self.buffers[0][0] if self.buffers else "CPU_REPACK"
+            return f"{name} {total / MIB:.1f} MiB"
+        return ", ".join(f"{name} {n / MIB:.1f} MiB" for name, n in self.buffers)
+
+    def _where(self) -> str:
         if not self.asked:
             return "weights in the file's layout (--no-repack)"
         if self.streaming_load:
@@ -50,8 +70,14 @@ class WeightLayout:
         if not self.repacked:
             return "weights in the file's layout (no weight of this model has a repacked form on this CPU)"
         if self.by_llama:
-            return f"weights repacked by llama.cpp at load (CPU_REPACK {self.dense_bytes / MIB:.1f} MiB)"
+            return f"weights repacked by llama.cpp at load ({self._in_types(self.dense_bytes)})"
+        if self.resident:
+            where = self._in_types(self.dense_bytes)
+            return f"weights repacked by bmoe at load ({self.dense_tensors} tensors, {where})"
+        dense = f"{self.dense_bytes / MIB:.1f} MiB"
+        if len(self.buffers) > 1:
+            dense += f": {self._in_types(self.dense_bytes)}"
         return (
-            f"weights repacked (dense {self.dense_tensors} tensors, {self.dense_bytes / MIB:.1f} MiB; "
+            f"weights repacked (dense {self.dense_tensors} tensors, {dense}; "
             f"experts {self.expert_tensors} of {self.expert_tensors_total} tensors, as read)"
         )

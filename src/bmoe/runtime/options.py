@@ -11,6 +11,7 @@ from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.llama import devices as ggml_devices
 from bmoe.adapters.llama.context import KV_CACHE_TYPES
+from bmoe.domain.cpu_features import AMX_MODES
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES, StreamConfig, prompt_batch
@@ -32,7 +33,7 @@ def cache_mb(text: str) -> int | None:
 
 
 def add_context_options(p: argparse.ArgumentParser) -> None:
-    """``-t``, ``-c``, ``-b``, ``-fa`` (the context ``context_params`` builds), ``--no-repack``,
+    """``-t``, ``-c``, ``-b``, ``-fa`` (the context ``context_params`` builds), ``--no-repack``, ``--amx``,
     the placement group (``-ngl``, ``--device``, ``--rpc``, ...) and ``--n-expert-used``."""
     p.add_argument(
         "-t",
@@ -72,6 +73,14 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep the weights in the file's layout: no CPU_REPACK (stock llama.cpp's default, which "
         "bmoe follows resident and streamed, repacks them for faster kernels)",
+    )
+    p.add_argument(
+        "--amx",
+        choices=AMX_MODES,
+        default="auto",
+        help="llama.cpp's AMX kernels (Intel Xeon): auto uses them where a probe ran the tile "
+        "instructions on this machine (some VMs advertise AMX and fault on it); on: wherever "
+        "llama.cpp offers them; off: never (weights in CPU_REPACK). Default: auto (docs/machines.md)",
     )
     add_placement_options(p)
     add_template_option(p)

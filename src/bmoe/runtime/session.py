@@ -26,11 +26,14 @@ from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.llama.model import ModelParams
+from bmoe.adapters.llama.repack import offered_buffer_types
 from bmoe.adapters.model_files import MappedFiles
+from bmoe.adapters.resident_placement import place_resident
 from bmoe.adapters.system_memory import available_bytes
 from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
+from bmoe.domain.cpu_features import AmxMode, check_amx_mode
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.decide.piece_policy import PieceMeter
@@ -48,6 +51,7 @@ from bmoe.errors import (
     StreamingFaultError,
 )
 from bmoe.runtime import placement as model_placement
+from bmoe.runtime.cpu_choice import amx_choice
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
@@ -96,6 +100,9 @@ class SessionConfig:
       the host are streamed as without it.
     - ``chat_template``: a Jinja chat template to use in place of the model's
       (``--chat-template-file``); ``None``: the model's own.
+    - ``amx``: llama.cpp's AMX buffer type (``--amx``): ``auto`` where a probe ran its tile
+      instructions on this machine, ``on`` wherever llama.cpp offers it, ``off`` never
+      (``bmoe.domain.cpu_features``; docs/machines.md).
     """
 
     model_path: Path
@@ -110,8 +117,10 @@ class SessionConfig:
     repack: bool = True
     placement: Placement = attrs.field(factory=Placement)
     chat_template: str | None = None
+    amx: AmxMode = "auto"
 
     def __attrs_post_init__(self) -> None:
+        check_amx_mode(self.amx)
         if self.n_predict < 0:
             raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
         check_placement(self.placement, self.stream, self.decide)
@@ -136,7 +145,10 @@ class Session:
         # a model without routed experts in the registry runs resident even if asked to
         # stream: it is loaded as one (llama.cpp repacks it)
         streams_experts = config.stream.enabled and has_streamable_experts(config.model_path)
-        self._repack_at_load = config.repack and not streams_experts
+        # AMX refused (its tiles fault here, or --amx off): bmoe places the weights itself
+        self.amx = amx_choice(config.amx, config.repack)
+        self._repack_at_load = config.repack and not streams_experts and not self.amx.self_placed
+        self._placed: WeightLayout | None = None  # resident, placed by bmoe
         self._placement = model_placement.resolve(
             config.placement, config.model_path, streaming=config.stream.enabled
         )
@@ -156,6 +168,12 @@ class Session:
             ),
         )
         self._mapped = MappedFiles.snapshot(config.model_path)
+        if config.repack and not streams_experts and self.amx.self_placed:
+            try:
+                self._placed = place_resident(self.model, self.amx.refused)
+            except BaseException:
+                self.model.close()
+                raise
         self._decide_probe: LlamaDecideProbe | None = None  # --decide-probe
         self._meter: PieceMeter | None = None  # decisions' piece costs, streamed
         try:
@@ -215,6 +233,7 @@ class Session:
                 config.stream,
                 available_bytes=available_bytes,
                 repack=config.repack,
+                refuse=self.amx.refused,
             )
             if self._on_load is not None:
                 self._on_load("setting up expert streaming", 1.0)
@@ -328,15 +347,23 @@ class Session:
 
     @property
     def weight_layout(self) -> WeightLayout:
-        """Which weights compute in llama.cpp's repacked layout."""
+        """Which weights compute in llama.cpp's repacked layout (and AMX's refusal, if any)."""
+        layout = self._layout()
+        return attrs.evolve(layout, note=self.amx.note) if self.amx.note and layout.asked else layout
+
+    def _layout(self) -> WeightLayout:
         if self.streaming is not None:
             return self.streaming.info.repack
         if not self.config.repack:
             return WeightLayout(asked=False)
+        if self._placed is not None:
+            return self._placed
         if not self._repack_at_load:
             return WeightLayout(asked=True, streaming_load=True)
-        repacked = self.model.repacked_bytes
-        return WeightLayout(asked=True, available=True, by_llama=True, dense_bytes=repacked)
+        extra = set(offered_buffer_types())
+        buffers = tuple((name, n) for name, n in self.model.weight_buffers.items() if name in extra and n)
+        repacked = sum(n for _, n in buffers) if buffers else self.model.repacked_bytes
+        return WeightLayout(asked=True, available=True, by_llama=True, dense_bytes=repacked, buffers=buffers)
 
     @property
     def feeding(self) -> tuple[int, int]:

@@ -79,6 +79,7 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
         verbose=args.verbose,
         n_expert_used=args.n_expert_used,
         repack=not args.no_repack,
+        amx=args.amx,
         decide=decide_config(args),
         stream=stream_config(args),
         placement=placement_config(args),
