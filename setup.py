@@ -38,7 +38,7 @@ extensions = [
         extra_compile_args=["-O2"],
     )
     for name in (
-        "route_recorder", "abort_flag", "cache_core", "route_policy", "probe", "weight_repack", "log_filter", "load_hook", "cpu_probe"
+        "route_recorder", "abort_flag", "cache_core", "route_policy", "probe", "weight_repack", "log_filter", "load_hook", "cpu_probe", "crash_signal"
     )
 ] + [
     Extension(

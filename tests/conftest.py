@@ -18,3 +18,10 @@ def _own_profile_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     own (processes a test starts inherit it), never the user's ``~/.cache/bmoe/profiles``:
     a profile left by one test would warm the next one's cache and change its counters."""
     monkeypatch.setenv("BMOE_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))
+
+
+def pytest_report_header() -> str:
+    """Which CPU buffer types the gates meet here (AMX used, refused or absent)."""
+    from bmoe.testing.machine import describe
+
+    return describe()

@@ -32,6 +32,7 @@ from bmoe.adapters.protocol import (
     Response,
     ResponseReader,
 )
+from bmoe.domain.crash import crash_line_in
 from bmoe.errors import BmoeError
 
 _EOF = object()
@@ -40,6 +41,11 @@ _STDERR_LINES = 20  # the child's last stderr lines kept for an error message
 
 class SessionClientError(BmoeError, RuntimeError):
     """The session process ended or answered something unexpected."""
+
+
+class SessionCrashedError(SessionClientError):
+    """The session process died of a signal; the message is the line it printed on the way
+    (``bmoe: the process died of SIGSEGV while running ...``), then its last stderr lines."""
 
 
 class SessionClient:
@@ -147,10 +153,17 @@ class SessionClient:
             stdin.write(line)
             stdin.flush()
         except BrokenPipeError as exc:
-            status = self.process.wait()
-            raise SessionClientError(
-                f"the session process ended (exit status {status}){self._stderr_note()}"
-            ) from exc
+            raise self._ended() from exc
+
+    def _ended(self) -> SessionClientError:
+        """The error for a process that ended: ``SessionCrashedError`` where it printed the
+        crash line, with that line first."""
+        status = self.process.wait()
+        note = self._stderr_note()
+        line = crash_line_in(self._stderr)
+        if line is not None:
+            return SessionCrashedError(f"{line} (exit status {status}){note}")
+        return SessionClientError(f"the session process ended (exit status {status}){note}")
 
     def next_response(self) -> Response:
         """The next response line, parsed; raises if the process ended."""
@@ -160,8 +173,7 @@ class SessionClient:
             raise SessionClientError(f"no response within {self.timeout} s") from exc
         if item is _EOF:
             self._responses.put(_EOF)
-            status = self.process.wait()
-            raise SessionClientError(f"the session process ended (exit status {status}){self._stderr_note()}")
+            raise self._ended()
         if isinstance(item, ProtocolError):
             raise item
         assert isinstance(item, Ready | Begin | Progress | Done | DecideDone | Error)

@@ -33,3 +33,17 @@ def tiny_model_path() -> TinyModelPath:
 def fixture_name(request: pytest.FixtureRequest) -> str:
     """Each fixture name in turn (tests using it run once per tiny model)."""
     return str(request.param)
+
+
+# Gate modules that set AMX_IN_ID = True say in each test's id how AMX was treated, on a
+# machine where llama.cpp offers it (used, or off because its tiles fault here).
+@pytest.fixture(autouse=True)
+def amx_case() -> str:
+    return ""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    from bmoe.testing.machine import AMX_OFFERED, SAFE_AMX_ID
+
+    if AMX_OFFERED and getattr(metafunc.module, "AMX_IN_ID", False) and "amx_case" in metafunc.fixturenames:
+        metafunc.parametrize("amx_case", [SAFE_AMX_ID], ids=[SAFE_AMX_ID])

@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from bmoe.adapters import crash_line
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.decide_probe import LlamaDecideProbe
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable, has_streamable_experts
@@ -136,6 +137,7 @@ class Session:
     def __init__(self, config: SessionConfig, on_load: OnLoad | None = None) -> None:
         """Prefer ``Session.open(config)``."""
         set_llama_verbose(config.verbose)
+        crash_line.arm(f"loading {config.model_path.name}")
         t0 = time.perf_counter()
         self.config = config
         self._flag = AbortFlag()
@@ -206,6 +208,7 @@ class Session:
             self.profile = self._open_profile(config.stream, self.streaming)
         self.load_s = time.perf_counter() - t0
         self._closed = False
+        crash_line.arm(f"running {config.model_path.name}", self.weight_buffer_types)
 
     def _open_context(self, config: SessionConfig) -> tuple[LlamaContext, StreamingControl | None]:
         if not config.stream.enabled:
@@ -364,6 +367,15 @@ class Session:
         buffers = tuple((name, n) for name, n in self.model.weight_buffers.items() if name in extra and n)
         repacked = sum(n for _, n in buffers) if buffers else self.model.repacked_bytes
         return WeightLayout(asked=True, available=True, by_llama=True, dense_bytes=repacked, buffers=buffers)
+
+    @property
+    def weight_buffer_types(self) -> tuple[str, ...]:
+        """The buffer types holding the weights (``CPU_Mapped``, ``CPU_REPACK``, ``AMX``...)."""
+        names = [name for name, n in self.model.weight_buffers.items() if n]
+        names += [name for name, n in self.weight_layout.buffers if n]
+        if self.weight_layout.expert_tensors:
+            names.append("CPU_REPACK")
+        return tuple(dict.fromkeys(names))
 
     @property
     def feeding(self) -> tuple[int, int]:
