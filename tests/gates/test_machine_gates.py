@@ -75,7 +75,9 @@ def test_the_probe_runs_the_tiles_in_a_child_whose_fault_the_caller_survives() -
     assert "CPUID lists no AMX" in verdict.why
 
 
-def test_the_verdict_is_cached_per_machine_and_llama_cpp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_verdict_is_cached_per_machine_and_llama_cpp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("BMOE_CACHE_DIR", str(tmp_path))
     first = cpu_features.probe_amx()
     assert (tmp_path / cpu_features.CACHE_FILE).is_file()
@@ -228,9 +230,11 @@ def test_the_session_client_raises_a_typed_error_with_the_line(
     q4_0: Path, crashing_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", crashing_env["PYTHONPATH"])
-    with SessionClient(["-m", str(q4_0)], timeout=120) as client:
-        with pytest.raises(SessionCrashedError) as caught:
-            client.generate("The quick brown fox", n_predict=4)
+    with (
+        SessionClient(["-m", str(q4_0)], timeout=120) as client,
+        pytest.raises(SessionCrashedError) as caught,
+    ):
+        client.generate("The quick brown fox", n_predict=4)
     message = str(caught.value)
     assert message.startswith(f"{CRASH_PREFIX}SIGSEGV while running {q4_0.name}"), message
     assert "exit status -11" in message
