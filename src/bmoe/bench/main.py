@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -339,7 +340,12 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 )
             progress.begin(f"round {round_no + 1}/{args.rounds}: {config.label}", fed)
             r = run_configuration(
-                spec, model=model, make_group=make_group, timeout_s=args.timeout, on_progress=progress.update
+                spec,
+                model=model,
+                make_group=make_group,
+                timeout_s=args.timeout,
+                on_progress=progress.update,
+                log_path=args.out / "logs" / f"{re.sub(r'[^\w.=-]', '_', config.key)}-round{round_no + 1}.log",
             )
             r["round"] = round_no
             if probe is not None:

@@ -5,6 +5,7 @@ run in a process of its own inside the same groups."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from typing import Any
 from bmoe.bench.child import PROGRESS_TAG, RESULT_TAG
 from bmoe.bench.disk import Bandwidth, drop_from_page_cache
 from bmoe.bench.io_group import Confinement
+from bmoe.domain.crash import crash_line_in
 
 
 def run_configuration(
@@ -26,10 +28,12 @@ def run_configuration(
     make_group: Callable[[], Confinement] | None,
     timeout_s: float,
     on_progress: Callable[[int], None],
+    log_path: Path | None = None,
 ) -> dict[str, Any]:
     """Run ``spec`` in ``python -m bmoe.bench --child``; its figures, with ``error`` set
-    when it failed (exit status, OOM kill in the group, timeout) and ``group`` (the memory
-    group's peak and OOM kills) when it ran in one."""
+    when it failed (exit status, a signal, OOM kill in the group, timeout) and ``group``
+    (the memory group's peak and OOM kills) when it ran in one. A failed child's whole
+    stderr goes to ``log_path`` (when given), which the error names."""
     drop_from_page_cache(model)
     group = make_group() if make_group is not None else None
     result: dict[str, Any] = {"key": spec["key"]}
@@ -75,16 +79,63 @@ def run_configuration(
                     result["group"] = {"peak_bytes": memory.peak_bytes(), "oom_kills": memory.oom_kills()}
                 group.close()
         if proc.returncode != 0 or "tok_s" not in result:
-            why = f"exit status {proc.returncode}"
-            if timed_out.is_set():
-                why = f"timed out after {timeout_s:g} s"
-            elif result.get("group", {}).get("oom_kills"):
-                why += " (OOM-killed in the memory group)"
             err.seek(0)
-            tail = err.read().strip().splitlines()[-3:]
-            result["error"] = why + (": " + " / ".join(tail) if tail else "")
+            text = err.read()
+            result["error"] = failure_text(
+                spec, proc.returncode, text, timed_out=timed_out.is_set(), timeout_s=timeout_s,
+                oom=bool(result.get("group", {}).get("oom_kills")), log_path=_saved(log_path, text),
+            )  # fmt: skip
+            if proc.returncode < 0 and not timed_out.is_set():
+                result["crashed"] = signal_name(-proc.returncode)
     result["process_s"] = time.perf_counter() - t0
     return result
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _saved(path: Path | None, text: str) -> Path | None:
+    """``text`` written to ``path`` (its folder made); None where it cannot be."""
+    if path is None:
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError:
+        return None
+    return path
+
+
+def failure_text(
+    spec: dict[str, Any],
+    returncode: int,
+    stderr: str,
+    *,
+    timed_out: bool = False,
+    timeout_s: float = 0.0,
+    oom: bool = False,
+    log_path: Path | None = None,
+) -> str:
+    """The row's words for a child that failed: ``crashed (SIGSEGV), see LOG`` for a signal
+    (with the crash line bmoe printed, or that stock llama.cpp itself crashed), else the
+    exit status and the last stderr lines."""
+    see = f", see {log_path}" if log_path is not None else ""
+    if timed_out:
+        return f"timed out after {timeout_s:g} s{see}"
+    lines = stderr.strip().splitlines()
+    if returncode < 0 and not oom:
+        why = f"crashed ({signal_name(-returncode)}){see}"
+        if str(spec.get("kind", "")).startswith("stock"):
+            return f"{why}: stock llama.cpp itself crashed on this machine"
+        line = crash_line_in(lines)
+        return f"{why}: {line}" if line else why
+    why = f"exit status {returncode}" + (" (OOM-killed in the memory group)" if oom else "")
+    tail = lines[-3:]
+    return why + see + (": " + " / ".join(tail) if tail else "")
 
 
 def probe_disk(
