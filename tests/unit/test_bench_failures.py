@@ -24,5 +24,7 @@ def test_a_bmoe_child_killed_by_a_signal_quotes_its_crash_line() -> None:
 
 def test_other_failures_keep_their_exit_status_and_last_lines() -> None:
     assert failure_text({"kind": "bmoe"}, 1, "a\nb\nc\nd\n") == "exit status 1: b / c / d"
-    assert failure_text({"kind": "bmoe"}, -9, "", oom=True) == "exit status -9 (OOM-killed in the memory group)"
-    assert failure_text({}, -9, "", timed_out=True, timeout_s=5, log_path=LOG) == f"timed out after 5 s, see {LOG}"
+    oom = failure_text({"kind": "bmoe"}, -9, "", oom=True)
+    assert oom == "exit status -9 (OOM-killed in the memory group)"
+    late = failure_text({}, -9, "", timed_out=True, timeout_s=5, log_path=LOG)
+    assert late == f"timed out after 5 s, see {LOG}"

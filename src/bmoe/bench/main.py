@@ -243,6 +243,11 @@ def trained_bench_model(seed: int) -> Path:
     return path
 
 
+def _file_name(key: str) -> str:
+    """A configuration's key as a file name (anything but letters, digits, ``.=-`` to ``_``)."""
+    return re.sub(r"[^\w.=-]", "_", key)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -345,7 +350,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 make_group=make_group,
                 timeout_s=args.timeout,
                 on_progress=progress.update,
-                log_path=args.out / "logs" / f"{re.sub(r'[^\w.=-]', '_', config.key)}-round{round_no + 1}.log",
+                log_path=args.out / "logs" / f"{_file_name(config.key)}-round{round_no + 1}.log",
             )
             r["round"] = round_no
             if probe is not None:
