@@ -8,6 +8,8 @@ not rebuild them.
 from __future__ import annotations
 
 import functools
+import os
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,3 +49,39 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
     if AMX_OFFERED and getattr(metafunc.module, "AMX_IN_ID", False) and "amx_case" in metafunc.fixturenames:
         metafunc.parametrize("amx_case", [SAFE_AMX_ID], ids=[SAFE_AMX_ID])
+
+
+# Loaded into the child by site: the first decode of more than one token dies of SIGSEGV
+# inside llama.cpp's compute (the abort callback it polls between graph nodes).
+_CRASH_SITE = textwrap.dedent(
+    """
+    import ctypes, os, signal
+    import llama_cpp
+    from bmoe.adapters.llama import context
+
+    _decode = context.LlamaContext.decode
+
+    def _die(_):
+        os.kill(os.getpid(), signal.SIGSEGV)
+        return False
+
+    _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p)(_die)
+
+    def decode(self, tokens, start_pos, **kw):
+        if len(tokens) > 1:
+            llama_cpp.llama_set_abort_callback(self.ptr, _CALLBACK, None)
+        return _decode(self, tokens, start_pos, **kw)
+
+    context.LlamaContext.decode = decode
+    """
+)
+
+
+@pytest.fixture()
+def crashing_env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "sitecustomize.py").write_text(_CRASH_SITE)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+

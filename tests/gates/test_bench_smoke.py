@@ -105,3 +105,27 @@ def test_stock_under_a_limit_smaller_than_the_model_is_said_up_front_and_skipped
     [summary] = result["summaries"]
     assert summary["skipped"] == reason and summary["tok_s"] is None
     assert f"| stock llama-cpp-python (mmap, its defaults: repacking on) | skipped: {reason} |" in proc.stdout
+
+
+def test_a_configuration_whose_child_dies_of_a_signal_is_a_row_and_the_others_run(
+    tiny_model_path: Callable[..., Path], tmp_path: Path, crashing_env: dict[str, str]
+) -> None:
+    """bmoe's children die of SIGSEGV at their prompt (``crashing_env``); stock's (llama-cpp-
+    python's own classes, untouched) runs: the bench ends, the stream row says "crashed
+    (SIGSEGV), see LOG" with the crash line, and the log holds the child's stderr."""
+    model = tiny_model_path("qwen3moe")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "bmoe.bench", "-m", str(model), "--configs", "stock-norepack,stream"]
+    cmd += ["--no-repack", "--budgets", "25%", "--warmup", "2", "--tokens", "6", "--rounds", "1"]
+    cmd += ["--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=crashing_env)
+    result = json.loads((out / "bench.json").read_text())
+    runs = result["runs"]
+    assert "tok_s" in runs["stock-norepack"][0], proc.stderr
+    crashed = runs["stream-1"][0]
+    assert crashed["crashed"] == "SIGSEGV", crashed
+    log = out / "logs" / "stream-1-round1.log"
+    expected = f"crashed (SIGSEGV), see {log}: bmoe: the process died of SIGSEGV while running"
+    assert crashed["error"].startswith(expected), crashed
+    assert "bmoe: the process died of SIGSEGV" in log.read_text()
+    assert "crashed (SIGSEGV)" in (out / "bench.md").read_text()

@@ -10,7 +10,6 @@ offers no AMX, it must be stock's placement exactly, bit for bit.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -148,40 +147,6 @@ def test_the_stock_oracle_in_a_child_gives_what_it_gives_in_process(
 
 
 # -- the crash line --------------------------------------------------------------------------------
-
-# Loaded into the child by site: the first decode of more than one token dies of SIGSEGV
-# inside llama.cpp's compute (the abort callback it polls between graph nodes).
-_CRASH_SITE = textwrap.dedent(
-    """
-    import ctypes, os, signal
-    import llama_cpp
-    from bmoe.adapters.llama import context
-
-    _decode = context.LlamaContext.decode
-
-    def _die(_):
-        os.kill(os.getpid(), signal.SIGSEGV)
-        return False
-
-    _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p)(_die)
-
-    def decode(self, tokens, start_pos, **kw):
-        if len(tokens) > 1:
-            llama_cpp.llama_set_abort_callback(self.ptr, _CALLBACK, None)
-        return _decode(self, tokens, start_pos, **kw)
-
-    context.LlamaContext.decode = decode
-    """
-)
-
-
-@pytest.fixture()
-def crashing_env(tmp_path: Path) -> dict[str, str]:
-    (tmp_path / "sitecustomize.py").write_text(_CRASH_SITE)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
 
 def _the_line(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.startswith(CRASH_PREFIX)]
