@@ -24,10 +24,11 @@ from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel, ModelPa
 from bmoe.adapters.llama.repack import buffer_type_name
 from bmoe.cext import cpu_probe, crash_signal, expert_stream
 from bmoe.client import SessionClient, SessionCrashedError
+from bmoe.domain.cpu_features import AmxVerdict
 from bmoe.domain.crash import CRASH_PREFIX
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.streaming import StreamConfig
-from bmoe.runtime import Session, SessionConfig
+from bmoe.runtime import Session, SessionConfig, cpu_choice
 from bmoe.testing.machine import AMX_OFFERED
 from bmoe.testing.oracle import stock_greedy
 from bmoe.tinymodel.synthetic import SyntheticShape, write_synthetic
@@ -125,6 +126,32 @@ def test_amx_off_puts_no_weight_in_amx_and_places_as_stock_llama_cpp(q4_0: Path)
         assert np.array_equal(s.last_logits(), logits)
 
 
+@pytest.mark.skipif(AMX_OFFERED, reason="llama.cpp offers AMX here: the real probe decides")
+def test_a_probe_that_says_the_tiles_fault_refuses_amx_with_one_line_and_places_as_stock(
+    q4_0: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--amx auto`` where llama.cpp offers AMX (said so here) and the probe answers that its
+    tiles fault: the weights are placed by bmoe, none in AMX, as stock's CPU_REPACK placement,
+    and the reason is on the ``mode:`` line's words (``BMOE_READY``'s ``weights`` too)."""
+    with session(q4_0, "auto") as s:
+        want = s.generate(REQUEST).tokens, s.last_logits()
+    faults = AmxVerdict(usable=False, why="the tile instructions fault on this CPU (SIGSEGV in the probe)")
+    monkeypatch.setattr(cpu_choice, "offered_buffer_types", lambda: ("AMX", "CPU_REPACK"))
+    monkeypatch.setattr(cpu_choice, "probe_amx", lambda: faults)
+    with session(q4_0, "auto") as s:
+        assert s.amx.refused == ("AMX",)
+        summary = s.weight_layout.summary()
+        assert summary.startswith("weights repacked by bmoe at load (")
+        assert summary.endswith(f"; AMX refused: {faults.why} (--amx on uses it anyway)")
+        assert "AMX" not in set(weight_buffers(s.model).values())
+        assert s.generate(REQUEST).tokens == want[0]
+        assert np.array_equal(s.last_logits(), want[1])
+    with session(q4_0, "auto", StreamConfig(enabled=True, cache_mb=1)) as s:
+        assert s.streaming is not None and s.weight_layout.summary().endswith("(--amx on uses it anyway)")
+        assert s.generate(REQUEST).tokens == want[0]
+        assert np.array_equal(s.last_logits(), want[1])
+
+
 @pytest.mark.parametrize("cache_mb", [0, 1024])
 def test_streamed_with_amx_off_equals_resident_with_amx_off(q4_0: Path, cache_mb: int) -> None:
     with session(q4_0, "off") as s:
@@ -164,7 +191,7 @@ def test_a_library_user_whose_compute_dies_of_sigsegv_gets_one_line_naming_it(
     script = textwrap.dedent(
         f"""
         from pathlib import Path
-        from bmoe.runtime import Session, SessionConfig
+        from bmoe.runtime import Session, SessionConfig, cpu_choice
         from bmoe.domain.generation import GenerateRequest
         with Session.open(SessionConfig(model_path=Path({str(q4_0)!r}))) as s:
             s.generate(GenerateRequest("The quick brown fox", n_predict=4))
