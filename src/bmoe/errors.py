@@ -13,7 +13,12 @@ class BmoeError(Exception):
 
 
 class ConfigError(BmoeError, ValueError):
-    """A setting or request that cannot be honoured (caught before any work is done)."""
+    """A setting or request that cannot be honoured (caught before any work is done).
+    ``where``: the request field at fault, when the error knows it (the server's ``param``)."""
+
+    def __init__(self, message: str = "", where: str | None = None) -> None:
+        super().__init__(message)
+        self.where = where
 
 
 class ContextOverflowError(ConfigError):
@@ -22,7 +27,9 @@ class ContextOverflowError(ConfigError):
 
 class GrammarError(ConfigError):
     """A reply's constraint that cannot become a grammar: a JSON schema construct the
-    converter cannot express, or GBNF that llama.cpp does not parse."""
+    engine cannot enforce, or GBNF that llama.cpp does not parse. ``where``: the request
+    field at fault and, for a schema keyword, its JSON pointer
+    (``response_format.json_schema.schema#/properties/tags/uniqueItems``), or ``None``."""
 
 
 class ToolFormatError(ConfigError):

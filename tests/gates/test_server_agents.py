@@ -182,28 +182,37 @@ def test_penalties_and_logit_bias_change_the_draw_through_llamacpps_samplers(ser
 
 
 @pytest.mark.parametrize(
-    ("body", "code"),
+    ("body", "code", "param"),
     [
         (
             {
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 1}},
+                    "json_schema": {
+                        "name": "n",
+                        "schema": {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+                    },
                 }
             },
             "invalid_grammar",
+            "response_format.json_schema.schema#/properties/tags/uniqueItems",
         ),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, None),
-        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, None),
-        ({"n": 2}, "unsupported_parameter"),
-        ({"top_logprobs": 30, "logprobs": True}, None),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}], "tool_choice": "required"},
+            "invalid_grammar",
+            "tools[0].function.parameters#/not",
+        ),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, None, "tool_choice"),
+        ({"n": 2}, "unsupported_parameter", "n"),
+        ({"top_logprobs": 30, "logprobs": True}, None, "top_logprobs"),
     ],
 )
 def test_refused_shapes_get_openai_shaped_errors(
-    server: Running, body: dict[str, Any], code: str | None
+    server: Running, body: dict[str, Any], code: str | None, param: str
 ) -> None:
     client = server.client()
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="m", messages=ASK, max_tokens=4, **body)
     assert info.value.status_code == 400
     assert info.value.body["code"] == code  # type: ignore[index]
+    assert info.value.body["param"] == param  # type: ignore[index]

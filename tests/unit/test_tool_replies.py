@@ -198,3 +198,54 @@ def test_tool_values_refuse_what_cannot_be() -> None:
     with pytest.raises(ConfigError, match="needs at least one tool"):
         ToolUse((), ToolChoice("required"))
     assert not ToolUse((WEATHER,), ToolChoice("none")).active
+
+
+CUT: list[tuple[ToolFormat, str, str, tuple[str, str] | None]] = [
+    (ToolFormat.HERMES, 'Hi <tool_call>\n{"name": "weather", "arguments": {"city": "Pa', "Hi ", ("weather", '{"city": "Pa')),
+    (ToolFormat.HERMES, 'Hi <tool_call>\n{"name": "weat', "Hi ", ("weat", "")),
+    (ToolFormat.HERMES, "Hi <tool_c", "Hi <tool_c", None),  # no marker yet: plain text
+    (ToolFormat.HERMES, "Hi <tool_call>\n{", "Hi ", None),  # cut before the name: dropped
+    (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "weather", "arguments": {"ci', "", ("weather", '{"ci')),
+    (ToolFormat.MISTRAL_ARGS, 'ok[TOOL_CALLS]weather[ARGS]{"city": ', "ok", ("weather", '{"city": ')),
+    (ToolFormat.LLAMA3, '{"name": "weather", "parameters": {"city"', "", ("weather", '{"city"')),
+    (
+        ToolFormat.HARMONY,
+        "<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{\"city",
+        "",
+        ("weather", '{"city'),
+    ),
+]
+
+
+@pytest.mark.parametrize(("fmt", "text", "content", "call"), CUT)
+def test_a_call_cut_short_is_a_partial_call_and_never_markup_in_the_content(
+    fmt: ToolFormat, text: str, content: str, call: tuple[str, str] | None
+) -> None:
+    reply = parse_reply(fmt, text, new_id=ids(), cut=True)  # type: ignore[arg-type]
+    assert reply.content == content
+    assert [(c.name, c.arguments) for c in reply.calls] == ([call] if call else [])
+    uncut = parse_reply(fmt, text, new_id=ids())  # type: ignore[arg-type]
+    assert not uncut.calls  # without the cut, it is text as before
+
+
+def test_whole_calls_before_a_cut_one_are_kept() -> None:
+    text = (
+        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "b", "arguments": {"x'
+    )
+    reply = parse_reply(ToolFormat.HERMES, text, new_id=ids(), cut=True)  # type: ignore[arg-type]
+    assert [(c.id, c.name, c.arguments) for c in reply.calls] == [("id0", "a", "{}"), ("id1", "b", '{"x')]
+    assert reply.content == ""
+
+
+def test_call_ids_are_openais_shape_and_templates_see_nine_letters_and_digits() -> None:
+    from bmoe.domain.tools.values import new_call_id, template_call_id
+
+    made = new_call_id()
+    assert made.startswith("call_") and len(made) == 29 and made[5:].isalnum()
+    shown = template_call_id(made)
+    assert len(shown) == 9 and shown.isalnum() and shown == template_call_id(made)
+    assert template_call_id("abcDEF123") == "abcDEF123"
+    message = ChatMessage("assistant", "", tool_calls=(ToolCall(made, "f", "{}"),))
+    answer = ChatMessage("tool", "ok", tool_call_id=made)
+    assert message.as_template_dict()["tool_calls"][0]["id"] == answer.as_template_dict()["tool_call_id"] == shown

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-from bmoe.domain.tools.values import ToolCall
+from bmoe.domain.tools.values import ToolCall, template_call_id
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -26,20 +26,21 @@ class ChatMessage:
     def as_template_dict(self) -> dict[str, Any]:
         """The dict a Jinja chat template iterates over (``role``, ``content``...). Calls
         carry their arguments as an object, the form every vendored template renders
-        (``tool_call.arguments | tojson``; Qwen's take a string as well)."""
+        (``tool_call.arguments | tojson``; Qwen's take a string as well). Call ids are
+        shown as ``template_call_id`` writes them (9 letters and digits, Mistral's rule)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.reasoning:
             out["reasoning_content"] = self.reasoning
         if self.tool_calls:
             out["tool_calls"] = [_template_call(c) for c in self.tool_calls]
         if self.tool_call_id:
-            out["tool_call_id"] = self.tool_call_id
+            out["tool_call_id"] = template_call_id(self.tool_call_id)
         return out
 
 
 def _template_call(call: ToolCall) -> dict[str, Any]:
     function = {"name": call.name, "arguments": call.arguments_object()}
-    return {"id": call.id, "type": "function", "function": function}
+    return {"id": template_call_id(call.id), "type": "function", "function": function}
 
 
 def with_one_bos(tokens: list[int], bos: int | None, add_bos: bool) -> list[int]:

@@ -81,11 +81,11 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ChoiceError):
         return ApiError(400, message, INVALID_REQUEST, "choices", "invalid_choices")
     if isinstance(exc, GrammarError):
-        return ApiError(400, message, INVALID_REQUEST, None, "invalid_grammar")
+        return ApiError(400, message, INVALID_REQUEST, exc.where, "invalid_grammar")
     if isinstance(exc, ToolFormatError):
         return ApiError(400, message, INVALID_REQUEST, "tools", "unsupported_tool_format")
     if isinstance(exc, ConfigError):
-        return ApiError(400, message, INVALID_REQUEST)
+        return ApiError(400, message, INVALID_REQUEST, exc.where, "invalid_value")
     if isinstance(exc, SessionFailedError | StreamingFaultError | ServerClosedError | RequestCancelledError):
         return ApiError(503, message, SERVER_ERROR, None, "session_unavailable")
     if isinstance(exc, BmoeError):

@@ -175,23 +175,34 @@ class SessionEngine:
         return [*past_tokens, *self.backend.tokenize(request.prompt)]
 
     def constraint(self, request: GenerateRequest) -> OutputConstraint | None:
-        """The grammar the reply follows: the request's, or a forced tool choice's calls."""
+        """The grammar the reply follows: the request's; a forced tool choice's calls (a
+        response format waits for the turn after the tools' results, as OpenAI does); with
+        tools in ``auto`` beside a JSON response format, either calls or that answer."""
         tools = ToolUse.shown(request.tools)
-        if tools is None or not tools.choice.forced:
+        if tools is None or (request.constraint is None and not tools.choice.forced):
             return request.constraint
-        if request.constraint is not None:
-            raise ConfigError("a forced tool choice and a response format cannot both constrain the reply")
         fmt = self.renderer.tool_format
         if fmt is None:
-            raise ToolFormatError("the chat template writes tool calls in a syntax bmoe does not read")
-        return OutputConstraint.tool_calls(fmt, tools)
+            raise ToolFormatError(
+                "the chat template writes tool calls in a syntax bmoe does not read", "tools"
+            )
+        if tools.choice.forced:
+            return OutputConstraint.tool_calls(fmt, tools)
+        if request.constraint is not None and request.constraint.kind == "gbnf":
+            raise ConfigError(
+                "a GBNF grammar cannot stand beside tools (give a JSON response format)", "grammar"
+            )
+        return OutputConstraint.tool_calls(fmt, tools, answer=request.constraint)
 
     def _think(self, request: GenerateRequest) -> bool:
         """A constrained reply starts with its first constrained token: it does not think."""
         if self.constraint(request) is None:
             return self.defaults.think if request.think is None else request.think
         if request.think:
-            raise ConfigError("a reply held to a grammar (response format, forced tool) cannot think first")
+            raise ConfigError(
+                "a reply held to a grammar (response format, forced tool) cannot think first",
+                "chat_template_kwargs.enable_thinking",
+            )
         return False
 
     # -- generate --------------------------------------------------------------------------
@@ -285,7 +296,10 @@ class SessionEngine:
         self.transcript = [*turn.prompt, *turn.tokens]
         tools = ToolUse.shown(request.tools) if chat else None
         if tools is not None and self.renderer.tool_format is not None:
-            reply = parse_reply(self.renderer.tool_format, "".join(turn.text), parallel=tools.parallel)
+            cut = not turn.stopped_at_eog and len(turn.tokens) >= turn.n_predict
+            reply = parse_reply(
+                self.renderer.tool_format, "".join(turn.text), parallel=tools.parallel, cut=cut
+            )
             turn.text, turn.tool_calls = [reply.content], reply.calls
             turn.reasoning.append(reply.reasoning)
         if chat:

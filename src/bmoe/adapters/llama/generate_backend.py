@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bmoe.adapters.llama import guidance
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.grammar import constraint_gbnf
 from bmoe.adapters.llama.model import LlamaModel
@@ -56,8 +57,12 @@ class LlamaGenerateBackend(IGenerateBackend):
 
     def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:
         self.close_sampler()
-        grammar = constraint_gbnf(constraint) if constraint is not None else None
-        self._sampler = Sampler(params, self.model, self.ctx.n_ctx, grammar)
+        grammar = mask = None
+        if constraint is not None and constraint.kind != "gbnf" and guidance.available():
+            mask = guidance.GuidanceMask(constraint, self.model)
+        elif constraint is not None:
+            grammar = constraint_gbnf(constraint)
+        self._sampler = Sampler(params, self.model, self.ctx.n_ctx, grammar, mask)
 
     def sample(self) -> int:
         if self._sampler is None:

@@ -1,12 +1,13 @@
-"""Constraints as GBNF, llama.cpp's grammar format.
+"""Constraints as GBNF, llama.cpp's grammar format: the engine where llguidance is absent.
 
 JSON schemas become grammars through llama-cpp-python's own converter
 (``llama_cpp.llama_grammar.SchemaConverter``, the port of llama.cpp's
 ``json-schema-to-grammar``), never a hand-written one. That converter ignores some schema
 keywords without a word (numeric bounds, ``not``, ``if``...): a grammar built without
 them would let through replies the schema forbids, so a schema that uses one is refused
-with a ``GrammarError`` naming the keyword and where it is. A forced tool call is each
-tool's parameters converted the same way, inside the family's call syntax.
+with a ``GrammarError`` naming the keyword and where it is. Formats are patterns first
+(``schema_rules``). A forced tool call is each tool's parameters converted the same way,
+inside the family's call syntax; tools beside a JSON answer are ``root ::= answer | calls``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from llama_cpp.llama_grammar import SchemaConverter
 
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.schema_rules import unenforced, with_format_patterns
 from bmoe.domain.tools import CallSyntax, Tool
 from bmoe.errors import GrammarError
 
@@ -49,30 +51,6 @@ IGNORED_KEYWORDS = frozenset(
 )
 """Keywords that restrict what is valid and that the converter does not read."""
 
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SUBSCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems", "items", "additionalProperties")  # a list or one
-
-
-def unexpressed(schema: object, where: str = "#") -> list[str]:
-    """Each place in ``schema`` that uses a keyword the converter would ignore, as
-    ``keyword at #/json/pointer``."""
-    if not isinstance(schema, Mapping):
-        return []
-    found = [f"'{key}' at {where}" for key in schema if key in IGNORED_KEYWORDS]
-    for key in _SUBSCHEMA_MAPS:
-        sub = schema.get(key)
-        if isinstance(sub, Mapping):
-            for name, value in sub.items():
-                found += unexpressed(value, f"{where}/{key}/{name}")
-    for key in _SUBSCHEMAS:
-        sub = schema.get(key)
-        if isinstance(sub, list):
-            for i, value in enumerate(sub):
-                found += unexpressed(value, f"{where}/{key}/{i}")
-        else:
-            found += unexpressed(sub, f"{where}/{key}")
-    return found
-
 
 # llama-cpp-python's converter carries no annotations: its calls are untyped here.
 def _converter() -> SchemaConverter:
@@ -86,17 +64,21 @@ def _format(converter: SchemaConverter) -> str:
 
 
 def _visit(converter: SchemaConverter, schema: Mapping[str, Any], name: str, what: str) -> str:
-    """Add ``schema``'s rules to ``converter`` under ``name``; the rule's name."""
+    """Add ``schema``'s rules to ``converter`` under ``name``; the rule's name. ``what``:
+    the request field it came from."""
     if not isinstance(schema, Mapping):
-        raise GrammarError(f"{what} must be a JSON object")
-    refused = unexpressed(schema)
+        raise GrammarError(f"{what} must be a JSON object", what)
+    refused = unenforced(schema, IGNORED_KEYWORDS)
     if refused:
-        raise GrammarError(f"{what} uses what bmoe's grammar cannot enforce: {', '.join(refused)}")
+        listed = ", ".join(str(r) for r in refused)
+        raise GrammarError(
+            f"{what} uses what bmoe's grammar cannot enforce: {listed}", f"{what}#{refused[0].pointer}"
+        )
     try:
-        resolved = converter.resolve_refs(dict(schema), what)
+        resolved = converter.resolve_refs(with_format_patterns(schema), what)
         return str(converter.visit(resolved, name))  # type: ignore[no-untyped-call]
     except (AssertionError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise GrammarError(f"{what} cannot be turned into a grammar: {exc}") from exc
+        raise GrammarError(f"{what} cannot be turned into a grammar: {exc}", what) from exc
 
 
 def literal(text: str) -> str:
@@ -111,24 +93,38 @@ def literal(text: str) -> str:
     return f'"{escaped}"'
 
 
-def json_schema_gbnf(schema: Mapping[str, Any], what: str = "the JSON schema") -> str:
+def json_schema_gbnf(schema: Mapping[str, Any], what: str = "response_format.json_schema.schema") -> str:
     """The grammar of JSON values valid against ``schema``."""
     converter = _converter()
     _visit(converter, schema, "", what)
     return _format(converter)
 
 
-def tool_calls_gbnf(syntax: CallSyntax, tools: Sequence[Tool], parallel: bool) -> str:
+def _answer_rule(converter: SchemaConverter, answer: OutputConstraint) -> str:
+    schema = answer.schema if answer.kind == "json_schema" else {"type": "object"}
+    return _visit(converter, schema, "answer", answer.field)
+
+
+def tool_calls_gbnf(
+    syntax: CallSyntax,
+    tools: Sequence[Tool],
+    parallel: bool,
+    answer: OutputConstraint | None = None,
+    fields: Sequence[str] = (),
+) -> str:
     """One call (or, with ``parallel``, one or more) of ``tools`` in ``syntax``, each one's
-    arguments valid against its parameters (any JSON object when it has none)."""
+    arguments valid against its parameters (any JSON object when it has none); with an
+    ``answer``, that JSON value instead of the calls is also accepted."""
     converter = _converter()
     alternatives = []
     for i, tool in enumerate(tools):
         schema = tool.parameters or {"type": "object"}
-        args = _visit(converter, schema, f"tool-{i}-arguments", f"the parameters of tool '{tool.name}'")
+        field = fields[i] if i < len(fields) else f"the parameters of tool '{tool.name}'"
+        args = _visit(converter, schema, f"tool-{i}-arguments", field)
         head = literal(f"{syntax.head}{tool.name}{syntax.middle}")
         tail = f" {literal(syntax.tail)}" if syntax.tail else ""
         alternatives.append(f"{head} {args}{tail}")
+    answer_rule = _answer_rule(converter, answer) if answer is not None else None
     calls = "call"
     if parallel:
         calls = f"call ({literal(syntax.separator)} call)*" if syntax.separator else "call+"
@@ -137,7 +133,8 @@ def tool_calls_gbnf(syntax: CallSyntax, tools: Sequence[Tool], parallel: bool) -
     rules = [
         _format(converter),
         f"call ::= {' | '.join(alternatives)}",
-        f"root ::= {opening}{calls}{closing}",
+        f"calls ::= {opening}{calls}{closing}",
+        f"root ::= {answer_rule} | calls" if answer_rule is not None else "root ::= calls",
     ]
     return "\n".join(rules)
 
@@ -147,9 +144,11 @@ def constraint_gbnf(constraint: OutputConstraint) -> str:
     if constraint.kind == "gbnf":
         return constraint.grammar
     if constraint.kind == "json_object":
-        return json_schema_gbnf({"type": "object"})
+        return json_schema_gbnf({"type": "object"}, constraint.field)
     if constraint.kind == "json_schema":
-        return json_schema_gbnf(constraint.schema)
+        return json_schema_gbnf(constraint.schema, constraint.field)
     if constraint.syntax is None or not constraint.tools:
-        raise GrammarError("a tool-call constraint needs a syntax and at least one tool")
-    return tool_calls_gbnf(constraint.syntax, constraint.tools, constraint.parallel)
+        raise GrammarError("a tool-call constraint needs a syntax and at least one tool", "tools")
+    return tool_calls_gbnf(
+        constraint.syntax, constraint.tools, constraint.parallel, constraint.answer, constraint.tool_fields
+    )

@@ -8,6 +8,7 @@ import llama_cpp
 
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.llama.token_mask import ITokenMask, MaskSampler
 from bmoe.domain.sampling import SamplingParams
 from bmoe.errors import ConfigError, GrammarError
 
@@ -17,15 +18,22 @@ class Sampler:
 
     In llama.cpp's order: logit biases, the frequency/presence penalties of the tokens this
     chain accepted (over the whole context, ``penalty_last_n`` = ``n_ctx``), the grammar
-    (GBNF, root rule ``root``), then ``temp <= 0`` greedy (argmax), or top-k, top-p,
+    (GBNF, root rule ``root``, through llama.cpp's grammar sampler; or a constraint engine's
+    token ``mask`` through ``MaskSampler``), then ``temp <= 0`` greedy (argmax), or top-k, top-p,
     temperature and a seeded draw. A setting at its neutral value adds no sampler, so a
     request without biases, penalties or grammar runs the plain chain it always ran.
     """
 
     def __init__(
-        self, params: SamplingParams, model: LlamaModel, n_ctx: int, grammar: str | None = None
+        self,
+        params: SamplingParams,
+        model: LlamaModel,
+        n_ctx: int,
+        grammar: str | None = None,
+        mask: ITokenMask | None = None,
     ) -> None:
         self.params = params
+        self._mask = MaskSampler(mask) if mask is not None else None
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._ptr: llama_cpp.llama_sampler_p | None = chain
         try:
@@ -60,6 +68,8 @@ class Sampler:
             if not sampler:
                 raise GrammarError("llama.cpp could not parse the grammar (its log says where)")
             self._add(sampler)
+        if self._mask is not None:
+            self._add(self._mask.pointer)
 
     def _add_draw(self, params: SamplingParams) -> None:
         if params.greedy:
@@ -76,7 +86,10 @@ class Sampler:
         """Draw the next token from the last logits of ``ctx`` and accept it."""
         if self._ptr is None:
             raise ValueError("the sampler is closed")
-        return int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, -1))
+        token = int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, -1))
+        if self._mask is not None:
+            self._mask.check()
+        return token
 
     def close(self) -> None:
         if self._ptr is not None:

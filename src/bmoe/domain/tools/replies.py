@@ -168,12 +168,69 @@ _PARSERS: dict[ToolFormat, Callable[[str, NewId], ToolReply]] = {
 }
 
 
+_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"?')
+_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+_HARMONY_CUT = re.compile(r"to=functions\.([\w.-]*)(?:[^<]*(?:<\|constrain\|>\w*)?<\|message\|>)?")
+
+
+def _unquoted(name: str) -> str:
+    try:
+        return str(json.loads(f'"{name}"'))
+    except ValueError:
+        return name
+
+
+def _cut_call(fmt: ToolFormat, text: str) -> tuple[int, str, str] | None:
+    """Where in ``text`` a call the token limit cut short begins, its name and its arguments
+    as far as they went (``None``: no call began)."""
+    marker = MARKER[fmt]
+    if fmt is ToolFormat.LLAMA3:
+        at = len(text) - len(text.lstrip())
+        if not text[at:].startswith(("{", "<|python_tag|>")):
+            return None
+    else:
+        at = text.find(marker)
+        if at < 0:
+            return None
+    body = text[at:]
+    if fmt is ToolFormat.MISTRAL_ARGS:
+        called, _, so_far = body[len(marker) :].partition("[ARGS]")
+        return at, called.strip(), so_far
+    if fmt is ToolFormat.HARMONY:
+        match = _HARMONY_CUT.search(body)
+        if match is None:
+            return at, "", ""
+        return at, match.group(1), body[match.end() :] if match.group(0).endswith("<|message|>") else ""
+    named = _NAME.search(body)
+    opened = _ARGS.search(body)
+    name = _unquoted(named.group(1)) if named is not None else ""
+    return at, name, body[opened.end() :] if opened is not None else ""
+
+
 def parse_reply(
-    fmt: ToolFormat, text: str, *, parallel: bool = True, new_id: NewId = new_call_id
+    fmt: ToolFormat, text: str, *, parallel: bool = True, new_id: NewId = new_call_id, cut: bool = False
 ) -> ToolReply:
     """``text`` (rendered with special tokens) read for calls in ``fmt``'s syntax. With
-    ``parallel`` false only the first call is kept."""
+    ``parallel`` false only the first call is kept.
+
+    ``cut``: the token limit ended the reply. A call it cut short is not left in the content
+    as markup: it is returned as a call with its arguments as far as they went (OpenAI's
+    answer to ``finish_reason: "length"``), and the content keeps only the text before it;
+    a call cut before its name ends is dropped from the content with no call."""
+    if cut and fmt is ToolFormat.HARMONY:  # its parser reads a cut message as content: cut first
+        last = text.rfind("<|channel|>")
+        if last >= 0 and "to=functions." in text[last:]:
+            _, name, args = _cut_call(fmt, text[last:]) or (0, "", "")
+            head = parse_reply(fmt, text[:last], parallel=parallel, new_id=new_id)
+            calls = head.calls + ((ToolCall(new_id(), name, args),) if name else ())
+            return attrs.evolve(head, calls=calls if parallel else calls[:1])
     reply = _PARSERS[fmt](text, new_id)
+    if cut and fmt is not ToolFormat.HARMONY:
+        found = _cut_call(fmt, reply.content)
+        if found is not None:
+            at, name, args = found
+            calls = reply.calls + ((ToolCall(new_id(), name, args),) if name else ())
+            reply = attrs.evolve(reply, content=reply.content[:at], calls=calls)
     if not parallel and len(reply.calls) > 1:
         reply = attrs.evolve(reply, calls=reply.calls[:1])
     return reply

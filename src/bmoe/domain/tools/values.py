@@ -8,6 +8,7 @@ reply asked for, its ``arguments`` a JSON text (as OpenAI sends them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import string
@@ -23,12 +24,25 @@ JsonObject = Mapping[str, Any]
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 CALL_ID_LENGTH = 9
-"""Mistral's templates refuse any other length; OpenAI's clients accept any string."""
+"""The length of the ids a chat template sees: Mistral's templates refuse any other."""
 
 
 def new_call_id() -> str:
-    """A fresh call id: 9 letters and digits (the one length every vendored template takes)."""
-    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(CALL_ID_LENGTH))
+    """A fresh call id, in OpenAI's shape: ``call_`` and 24 letters and digits."""
+    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+def template_call_id(call_id: str) -> str:
+    """The id a chat template is shown for ``call_id``: itself when it is already 9 letters
+    and digits, else 9 drawn from its hash (the same for the call and its result)."""
+    if len(call_id) == CALL_ID_LENGTH and call_id.isascii() and call_id.isalnum():
+        return call_id
+    number = int.from_bytes(hashlib.sha256(call_id.encode("utf-8")).digest()[:8], "big")
+    digits = []
+    for _ in range(CALL_ID_LENGTH):
+        number, digit = divmod(number, len(_ID_ALPHABET))
+        digits.append(_ID_ALPHABET[digit])
+    return "".join(digits)
 
 
 @attrs.frozen

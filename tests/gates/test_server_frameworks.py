@@ -1,0 +1,158 @@
+"""The agent frameworks themselves, unchanged, against ``python -m bmoe.serve`` on the tiny
+fixture: instructor (``JSON_SCHEMA`` and ``TOOLS``), langchain-openai
+(``with_structured_output`` by JSON schema and by function calling, a tool loop) and the
+OpenAI Agents SDK (``output_type``, function tools, a required tool choice beside it).
+
+Their pydantic models use what pydantic writes for real code: ``Field(ge=..., le=...)``,
+``PositiveInt``, ``date``, ``Literal``, ``Enum``, nested lists of objects. The fixture's
+weights are random, so what it writes is whatever the grammar lets through: each path must
+come back parsed and valid. Strings and lists are bounded so that a reply fits in
+``max_tokens`` on a vocabulary of one token per character.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import enum
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Literal
+
+import pytest
+from pydantic import BaseModel, Field, PositiveInt
+from test_server import Running, serving
+
+instructor = pytest.importorskip("instructor")
+agents = pytest.importorskip("agents")
+langchain_openai = pytest.importorskip("langchain_openai")
+openai = pytest.importorskip("openai")
+
+TinyModelPath = Callable[..., Path]
+QWEN3 = Path(__file__).parents[1] / "data" / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"
+Short = Annotated[str, Field(max_length=6)]
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Item(BaseModel):
+    name: Short
+    count: int = Field(ge=1, le=9)
+
+
+class Order(BaseModel):
+    """What the tests ask for: bounds, a positive int, a date, a Literal, an Enum, a list."""
+
+    quantity: PositiveInt = Field(le=99)
+    score: float = Field(ge=0.0, lt=1.0)
+    day: datetime.date
+    kind: Literal["a", "b"]
+    colour: Colour
+    items: list[Item] = Field(max_length=2)
+
+
+def _check(order: Order) -> None:
+    assert 1 <= order.quantity <= 99 and 0.0 <= order.score < 1.0
+    assert all(1 <= item.count <= 9 for item in order.items)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path: TinyModelPath) -> Iterator[Running]:
+    with serving(tiny_model_path("qwen3moe"), "-c", "2048", "--chat-template-file", str(QWEN3)) as running:
+        yield running
+
+
+ASK = [{"role": "user", "content": "Make an order."}]
+
+
+@pytest.mark.parametrize("mode", ["JSON_SCHEMA", "TOOLS"])
+def test_instructor_returns_a_valid_bounded_model(server: Running, mode: str) -> None:
+    client = instructor.from_openai(server.client(), mode=getattr(instructor.Mode, mode))
+    order = client.chat.completions.create(
+        model="m", messages=ASK, response_model=Order, max_tokens=400, max_retries=0
+    )
+    _check(order)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_structured_output_is_a_valid_model(server: Running, method: str) -> None:
+    llm = langchain_openai.ChatOpenAI(
+        base_url=server.url, api_key="none", model="m", max_tokens=400, max_retries=0
+    )
+    order = llm.with_structured_output(Order, method=method).invoke("Make an order.")
+    _check(order)
+
+
+def test_langchain_streams_structured_output(server: Running) -> None:
+    llm = langchain_openai.ChatOpenAI(
+        base_url=server.url, api_key="none", model="m", max_tokens=400, max_retries=0, streaming=True
+    )
+    chunks = list(llm.with_structured_output(Order, method="json_schema").stream("Make an order."))
+    _check(Order.model_validate(chunks[-1]) if isinstance(chunks[-1], dict) else chunks[-1])
+
+
+def test_langchain_tool_loop_runs_the_tool_and_answers(server: Running) -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def lookup(code: Annotated[str, Field(max_length=4)], n: Annotated[int, Field(ge=1, le=5)]) -> str:
+        """Look a code up."""
+        return f"{code}:{n}"
+
+    llm = langchain_openai.ChatOpenAI(
+        base_url=server.url, api_key="none", model="m", max_tokens=200, max_retries=0
+    )
+    asking = llm.bind_tools([lookup], tool_choice="required")
+    messages: list[object] = [HumanMessage("Look up a code.")]
+    called = asking.invoke(messages)
+    assert called.tool_calls and called.tool_calls[0]["name"] == "lookup"
+    args = called.tool_calls[0]["args"]
+    assert len(args["code"]) <= 4 and 1 <= args["n"] <= 5
+    messages += [called, ToolMessage(lookup.invoke(args), tool_call_id=called.tool_calls[0]["id"])]
+    answer = llm.bind_tools([lookup]).invoke(messages)
+    assert isinstance(answer.content, str)
+
+
+def _agent_model(server: Running) -> object:
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="none")
+    return agents.OpenAIChatCompletionsModel(model="m", openai_client=client)
+
+
+def test_agents_sdk_output_type_is_a_valid_model(server: Running) -> None:
+    agent = agents.Agent(
+        name="orders",
+        instructions="Make an order.",
+        model=_agent_model(server),
+        output_type=Order,
+        model_settings=agents.ModelSettings(max_tokens=400),
+    )
+    result = asyncio.run(agents.Runner.run(agent, "Make an order."))
+    _check(result.final_output)
+
+
+def test_agents_sdk_required_tool_then_output_type(server: Running) -> None:
+    """Tools, ``output_type`` and a required tool choice: the first turn must call (the
+    response format waits), the SDK then resets the choice and the run ends in an Order."""
+    ran: list[int] = []
+
+    @agents.function_tool
+    def stock(n: Annotated[int, Field(ge=1, le=5)]) -> str:
+        """How many are in stock."""
+        ran.append(n)
+        return str(n * 2)
+
+    agent = agents.Agent(
+        name="orders",
+        instructions="Check the stock, then make an order.",
+        model=_agent_model(server),
+        tools=[stock],
+        output_type=Order,
+        model_settings=agents.ModelSettings(max_tokens=400, tool_choice="required"),
+    )
+    result = asyncio.run(agents.Runner.run(agent, "Make an order.", max_turns=6))
+    assert ran and all(1 <= n <= 5 for n in ran)
+    _check(result.final_output)
