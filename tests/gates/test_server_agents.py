@@ -190,7 +190,10 @@ def test_penalties_and_logit_bias_change_the_draw_through_llamacpps_samplers(ser
                     "type": "json_schema",
                     "json_schema": {
                         "name": "n",
-                        "schema": {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+                        "schema": {
+                            "type": "object",
+                            "properties": {"tags": {"type": "array", "uniqueItems": True}},
+                        },
                     },
                 }
             },
@@ -198,11 +201,18 @@ def test_penalties_and_logit_bias_change_the_draw_through_llamacpps_samplers(ser
             "response_format.json_schema.schema#/properties/tags/uniqueItems",
         ),
         (
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}], "tool_choice": "required"},
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}],
+                "tool_choice": "required",
+            },
             "invalid_grammar",
             "tools[0].function.parameters#/not",
         ),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, None, "tool_choice"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            None,
+            "tool_choice",
+        ),
         ({"n": 2}, "unsupported_parameter", "n"),
         ({"top_logprobs": 30, "logprobs": True}, None, "top_logprobs"),
     ],

@@ -117,7 +117,12 @@ def test_auto_tools_beside_a_response_format_give_a_call_or_the_answer(server: R
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_a_forced_call_beside_a_response_format_is_the_call(server: Running, choice: Any) -> None:
     answer = _reply(
-        server, 0, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False, response_format=_json_format(ANSWER)
+        server,
+        0,
+        tools=TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        response_format=_json_format(ANSWER),
     )
     (call,) = answer.choices[0].message.tool_calls
     assert answer.choices[0].finish_reason == "tool_calls"
@@ -143,7 +148,11 @@ def test_a_call_cut_by_max_tokens_comes_as_a_partial_call_not_markup(server: Run
         finish = chunks[-1].finish_reason
     else:
         choice = client.chat.completions.create(**kw).choices[0]
-        content, calls, finish = choice.message.content or "", choice.message.tool_calls or [], choice.finish_reason
+        content, calls, finish = (
+            choice.message.content or "",
+            choice.message.tool_calls or [],
+            choice.finish_reason,
+        )
     assert finish == "length"
     assert "<tool_call>" not in content and '"name"' not in content
     (call,) = calls

@@ -201,7 +201,12 @@ def test_tool_values_refuse_what_cannot_be() -> None:
 
 
 CUT: list[tuple[ToolFormat, str, str, tuple[str, str] | None]] = [
-    (ToolFormat.HERMES, 'Hi <tool_call>\n{"name": "weather", "arguments": {"city": "Pa', "Hi ", ("weather", '{"city": "Pa')),
+    (
+        ToolFormat.HERMES,
+        'Hi <tool_call>\n{"name": "weather", "arguments": {"city": "Pa',
+        "Hi ",
+        ("weather", '{"city": "Pa'),
+    ),
     (ToolFormat.HERMES, 'Hi <tool_call>\n{"name": "weat', "Hi ", ("weat", "")),
     (ToolFormat.HERMES, "Hi <tool_c", "Hi <tool_c", None),  # no marker yet: plain text
     (ToolFormat.HERMES, "Hi <tool_call>\n{", "Hi ", None),  # cut before the name: dropped
@@ -210,7 +215,7 @@ CUT: list[tuple[ToolFormat, str, str, tuple[str, str] | None]] = [
     (ToolFormat.LLAMA3, '{"name": "weather", "parameters": {"city"', "", ("weather", '{"city"')),
     (
         ToolFormat.HARMONY,
-        "<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{\"city",
+        '<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{"city',
         "",
         ("weather", '{"city'),
     ),
@@ -248,4 +253,8 @@ def test_call_ids_are_openais_shape_and_templates_see_nine_letters_and_digits() 
     assert template_call_id("abcDEF123") == "abcDEF123"
     message = ChatMessage("assistant", "", tool_calls=(ToolCall(made, "f", "{}"),))
     answer = ChatMessage("tool", "ok", tool_call_id=made)
-    assert message.as_template_dict()["tool_calls"][0]["id"] == answer.as_template_dict()["tool_call_id"] == shown
+    assert (
+        message.as_template_dict()["tool_calls"][0]["id"]
+        == answer.as_template_dict()["tool_call_id"]
+        == shown
+    )

@@ -1,0 +1,129 @@
+"""What llguidance's token mask costs per generated token (pytest-benchmark; the normal test
+run only checks it runs): a JSON-schema reply fed token by token, each step computing the
+mask and applying it to a vocabulary's logits as ``MaskSampler`` does.
+
+Two vocabularies: the tiny fixture's own (through llama.cpp, ``GuidanceMask``), and a
+synthetic 262,144-token byte-level one (Gemma's size; words, sub-words, digits and JSON
+punctuation, each with and without a leading blank) built here, since no real Gemma
+vocabulary can be fetched on the machines that run this. Figures: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+llguidance = pytest.importorskip("llguidance")
+
+N_VOCAB = 262_144
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "quantity": {"type": "integer", "minimum": 1, "maximum": 99},
+        "day": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+        "kind": {"enum": ["alpha", "beta"]},
+        "items": {
+            "type": "array",
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 24}, "count": {"type": "integer"}},
+                "required": ["name", "count"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["quantity", "day", "kind", "items"],
+    "additionalProperties": False,
+}
+REPLY = {
+    "quantity": 12,
+    "day": "2026-12-03",
+    "kind": "beta",
+    "items": [{"name": "the blue pencils", "count": 3}, {"name": "an eraser", "count": 1}],
+}
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class _SyntheticTokenizer:
+    eos_token_id = N_VOCAB - 1
+    bos_token_id = None
+
+    def __init__(self) -> None:
+        rng = random.Random(0)
+        letters = "etaoinshrdlcumwfgypbvkjxqz"
+        seen = {bytes([b]) for b in range(256)}
+        tokens = [bytes([b]) for b in range(256)]
+        pieces = ['", "', '": ', '{"', '"}', "[{", "}]", "},", ", ", '":', '"', "-", ":"]
+        for piece in pieces + [str(n) for n in range(1000)]:
+            if piece.encode() not in seen:
+                seen.add(piece.encode())
+                tokens.append(piece.encode())
+        while len(tokens) < N_VOCAB - 1:
+            word = "".join(rng.choice(letters) for _ in range(rng.randint(2, 9)))
+            for text in (word, " " + word, word.capitalize(), " " + word.capitalize()):
+                if text.encode() not in seen and len(tokens) < N_VOCAB - 1:
+                    seen.add(text.encode())
+                    tokens.append(text.encode())
+        self.tokens = [*tokens, b"<eos>"]
+        self.special_token_ids = [N_VOCAB - 1]
+        self._ids = {t: i for i, t in enumerate(tokens)}
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        """Longest match first (the reply's tokens; BPE's exact split does not matter here)."""
+        data = text.encode() if isinstance(text, str) else text
+        out, at = [], 0
+        while at < len(data):
+            n = next(n for n in range(min(11, len(data) - at), 0, -1) if data[at : at + n] in self._ids)
+            out.append(self._ids[data[at : at + n]])
+            at += n
+        return out
+
+
+def _apply(words: np.ndarray, view: np.ndarray) -> None:
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: view.size].astype(bool)
+    view["logit"][~bits[view["id"]]] = -np.inf
+
+
+def _step_through(tokenizer: Any, n_vocab: int) -> Callable[[], int]:
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        SCHEMA, defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    )
+    tokens = tokenizer.tokenize_str(json.dumps(REPLY))
+    words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+    view = np.zeros(n_vocab, dtype=TOKEN_DATA)
+    view["id"] = np.arange(n_vocab)
+
+    def run() -> int:
+        matcher = llguidance.LLMatcher(tokenizer, grammar)
+        for token in tokens:
+            matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            _apply(words, view)
+            assert matcher.consume_token(token), matcher.get_error()
+        return len(tokens)
+
+    return run
+
+
+def test_mask_per_token_on_a_262k_vocabulary(benchmark: Any) -> None:
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_SyntheticTokenizer()))
+    run = _step_through(tokenizer, N_VOCAB)
+    n = benchmark(run)
+    benchmark.extra_info["tokens"] = n
+
+
+def test_mask_per_token_on_the_tiny_fixture(benchmark: Any) -> None:
+    from bmoe.adapters.llama import guidance
+    from bmoe.adapters.llama.model import LlamaModel, ModelParams
+    from bmoe.testing.fixtures import fixture_path
+
+    with LlamaModel(fixture_path("qwen3moe"), ModelParams(vocab_only=True)) as model:
+        vocab = guidance._vocabulary(model)
+        run = _step_through(vocab.tokenizer, vocab.n_vocab)
+        n = benchmark(run)
+    benchmark.extra_info["tokens"] = n
