@@ -33,6 +33,7 @@ TinyModelPath = Callable[..., Path]
 TEMPLATES = Path(__file__).parents[1] / "data" / "chat_templates"
 PROMPT = "The quick brown fox"
 N = 24
+LESS_THAN = 27  # "<" in the tiny models' byte-level vocabulary (bmoe.tinymodel.tokenizer)
 WEATHER = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
@@ -179,12 +180,64 @@ def test_a_forced_tool_choice_returns_calls_whose_arguments_validate(
     assert result.text == ""  # nothing but the call
 
 
-def test_a_schema_the_grammar_cannot_enforce_is_refused_before_any_compute(qwen_session: Session) -> None:
+@pytest.mark.parametrize("engine", ["llguidance", "converter"])
+@pytest.mark.parametrize("branch", ["answer", "call"])
+@pytest.mark.parametrize("seed", range(3))
+def test_auto_tools_beside_a_json_answer_give_a_valid_call_or_a_valid_answer(
+    qwen_session: Session, engine: str, branch: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One grammar, two branches, in either engine: a call whose arguments validate or an
+    answer valid against the format. The random weights always open with ``{`` (the
+    answer); a bias on ``<`` (the tiny vocabulary spells ``<tool_call>`` from bytes) takes
+    the other branch, which the grammar must still hold to a whole, valid call."""
+    from bmoe.adapters.llama import guidance
+
+    if engine == "converter":
+        monkeypatch.setattr(guidance, "available", lambda: False)
+    elif not guidance.available():
+        pytest.skip("llguidance is not installed (bmoe[grammar])")
+    answer = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    use = ToolUse((Tool("get_weather", "", WEATHER),), parallel=False)
     request = GenerateRequest(
-        "n?", constraint=OutputConstraint.json_schema({"type": "integer", "minimum": 3})
+        "Weather?",
+        n_predict=200,
+        tools=use,
+        constraint=OutputConstraint.json_schema(answer),
+        sampling=SamplingParams(temp=1.0, seed=seed, logit_bias=((LESS_THAN, 30.0),) if branch == "call" else ()),
     )
-    with pytest.raises(GrammarError, match="'minimum' at #"):
-        qwen_session.generate(request)
+    result = qwen_session.generate(request)
+    assert result.stopped_at_eog
+    assert bool(result.tool_calls) == (branch == "call")
+    if result.tool_calls:
+        jsonschema.validate(json.loads(result.tool_calls[0].arguments), WEATHER)
+        assert result.text == ""
+    else:
+        jsonschema.validate(json.loads(result.text), answer)
+
+
+@pytest.mark.parametrize("engine", ["llguidance", "converter"])
+def test_a_schema_the_grammar_cannot_enforce_is_refused_before_any_compute(
+    qwen_session: Session, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llguidance refuses ``uniqueItems``; the converter (llguidance absent) refuses the
+    numeric bounds too. Both name the keyword's pointer and leave the session as it was."""
+    from bmoe.adapters.llama import guidance
+
+    if engine == "converter":
+        monkeypatch.setattr(guidance, "available", lambda: False)
+    elif not guidance.available():
+        pytest.skip("llguidance is not installed (bmoe[grammar])")
+    bounded = OutputConstraint.json_schema({"type": "integer", "minimum": 3})
+    unique = OutputConstraint.json_schema({"type": "array", "uniqueItems": True})
+    with pytest.raises(GrammarError, match="'uniqueItems' at #/uniqueItems") as info:
+        qwen_session.generate(GenerateRequest("n?", constraint=unique))
+    assert info.value.where == "response_format.json_schema.schema#/uniqueItems"
+    if engine == "converter":
+        with pytest.raises(GrammarError, match="'minimum' at #/minimum"):
+            qwen_session.generate(GenerateRequest("n?", constraint=bounded))
+    else:
+        text = qwen_session.generate(GenerateRequest("n?", constraint=bounded, n_predict=12)).text
+        assert int(text) >= 3
     with pytest.raises(GrammarError, match="could not parse"):
         qwen_session.generate(GenerateRequest("n?", constraint=OutputConstraint.gbnf("root ::= (")))
     assert qwen_session.generate(GenerateRequest("still fine?", n_predict=4)).tokens  # the session goes on

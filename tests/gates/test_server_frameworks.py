@@ -156,3 +156,14 @@ def test_agents_sdk_required_tool_then_output_type(server: Running) -> None:
     result = asyncio.run(agents.Runner.run(agent, "Make an order.", max_turns=6))
     assert ran and all(1 <= n <= 5 for n in ran)
     _check(result.final_output)
+
+
+def test_a_set_field_is_refused_naming_its_pointer_and_the_framework_raises_it(server: Running) -> None:
+    class Tags(BaseModel):
+        tags: set[Short]
+
+    client = instructor.from_openai(server.client(), mode=instructor.Mode.JSON_SCHEMA)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=ASK, response_model=Tags, max_tokens=50, max_retries=0)
+    assert info.value.body["code"] == "invalid_grammar"  # type: ignore[index]
+    assert info.value.body["param"].endswith("#/properties/tags/uniqueItems")  # type: ignore[index]
