@@ -203,7 +203,9 @@ def test_auto_tools_beside_a_json_answer_give_a_valid_call_or_a_valid_answer(
         n_predict=200,
         tools=use,
         constraint=OutputConstraint.json_schema(answer),
-        sampling=SamplingParams(temp=1.0, seed=seed, logit_bias=((LESS_THAN, 30.0),) if branch == "call" else ()),
+        sampling=SamplingParams(
+            temp=1.0, seed=seed, logit_bias=((LESS_THAN, 30.0),) if branch == "call" else ()
+        ),
     )
     result = qwen_session.generate(request)
     assert result.stopped_at_eog

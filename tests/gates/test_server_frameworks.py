@@ -164,6 +164,8 @@ def test_a_set_field_is_refused_naming_its_pointer_and_the_framework_raises_it(s
 
     client = instructor.from_openai(server.client(), mode=instructor.Mode.JSON_SCHEMA)
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="m", messages=ASK, response_model=Tags, max_tokens=50, max_retries=0)
+        client.chat.completions.create(
+            model="m", messages=ASK, response_model=Tags, max_tokens=50, max_retries=0
+        )
     assert info.value.body["code"] == "invalid_grammar"  # type: ignore[index]
     assert info.value.body["param"].endswith("#/properties/tags/uniqueItems")  # type: ignore[index]
