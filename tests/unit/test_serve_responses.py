@@ -16,6 +16,7 @@ from bmoe.errors import (
     DecideDisabledError,
     DecodeError,
     ExpertReadError,
+    GrammarError,
     SessionFailedError,
 )
 from bmoe.serve import api_responses as api
@@ -146,7 +147,15 @@ def test_the_model_list() -> None:
         ),
         (DecideDisabledError("off"), 400, "invalid_request_error", None, "decide_disabled"),
         (ChoiceCollisionError("same", 0, 1, 5), 400, "invalid_request_error", "choices", "invalid_choices"),
-        (ConfigError("template"), 400, "invalid_request_error", None, None),
+        (ConfigError("template"), 400, "invalid_request_error", None, "invalid_value"),
+        (ConfigError("no", "grammar"), 400, "invalid_request_error", "grammar", "invalid_value"),
+        (
+            GrammarError("x", "tools[0].function.parameters#/not"),
+            400,
+            "invalid_request_error",
+            "tools[0].function.parameters#/not",
+            "invalid_grammar",
+        ),
         (SessionFailedError("gone"), 503, "server_error", None, "session_unavailable"),
         (ExpertReadError("read"), 503, "server_error", None, "session_unavailable"),
         (ServerClosedError("closing"), 503, "server_error", None, "session_unavailable"),
