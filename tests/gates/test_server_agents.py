@@ -83,20 +83,35 @@ def test_a_forced_tool_call_arrives_as_tool_calls_whose_arguments_validate(
     _arguments_validate(call)
 
 
-def test_a_streamed_tool_call_comes_as_tool_calls_deltas(server: Running) -> None:
+def test_a_streamed_tool_call_comes_as_argument_deltas_while_it_is_written(server: Running) -> None:
+    """OpenAI's shape: a first delta with the id, the type and the name, then pieces of the
+    arguments as they are generated; joined, they are the whole reply's call."""
     client = server.client()
-    stream = one_forced_call(client, stream=True)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    stream = client.chat.completions.create(
+        model="m",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=named,
+        parallel_tool_calls=False,
+        max_tokens=200,
+        stream=True,
+    )
     deltas = [chunk.choices[0] for chunk in stream if chunk.choices]
-    calls = [c for d in deltas for c in (d.delta.tool_calls or [])]
-    assert [c.index for c in calls] == [0]
+    pieces = [c for d in deltas for c in (d.delta.tool_calls or [])]
+    assert {c.index for c in pieces} == {0}
+    assert pieces[0].id.startswith("call_") and pieces[0].type == "function" and pieces[0].function.name
+    assert all(c.id is None and c.function.name is None for c in pieces[1:])
+    assert len(pieces) > 3  # streamed while written, not whole at the end
     assert not "".join(d.delta.content or "" for d in deltas)  # no call syntax leaks as text
     assert deltas[-1].finish_reason == "tool_calls"
-    _arguments_validate(calls[0])
-    whole = one_forced_call(client)
-    assert (calls[0].function.name, calls[0].function.arguments) == (
-        whole.choices[0].message.tool_calls[0].function.name,
-        whole.choices[0].message.tool_calls[0].function.arguments,
+    arguments = "".join(c.function.arguments or "" for c in pieces)
+    whole = client.chat.completions.create(
+        model="m", messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=200
     )
+    call = whole.choices[0].message.tool_calls[0]
+    assert (pieces[0].function.name, arguments) == (call.function.name, call.function.arguments)
+    jsonschema.validate(json.loads(arguments), WEATHER)
 
 
 def test_a_tool_result_continues_the_conversation(server: Running) -> None:

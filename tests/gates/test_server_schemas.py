@@ -144,8 +144,10 @@ def test_a_call_cut_by_max_tokens_comes_as_a_partial_call_not_markup(server: Run
     if stream:
         chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
         content = "".join(c.delta.content or "" for c in chunks)
-        calls = [call for c in chunks for call in (c.delta.tool_calls or [])]
-        finish = chunks[-1].finish_reason
+        pieces = [call for c in chunks for call in (c.delta.tool_calls or [])]
+        assert {p.index for p in pieces} == {0}
+        pieces[0].function.arguments = "".join(p.function.arguments or "" for p in pieces)  # joined
+        calls, finish = pieces[:1], chunks[-1].finish_reason
     else:
         choice = client.chat.completions.create(**kw).choices[0]
         content, calls, finish = (
@@ -172,3 +174,19 @@ def test_thinking_with_a_grammar_names_the_field(server: Running) -> None:
             extra_body={"chat_template_kwargs": {"enable_thinking": True}},
         )
     assert info.value.body["param"] == "chat_template_kwargs.enable_thinking"  # type: ignore[index]
+
+
+def test_parallel_calls_stream_each_under_its_index_joined_as_the_whole_reply(server: Running) -> None:
+    client = server.client()
+    kw: dict[str, Any] = dict(model="m", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=200)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    joined: dict[int, list[str]] = {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if piece.id:
+                assert piece.index == len(joined) and piece.id.startswith("call_")
+                joined[piece.index] = [piece.function.name, piece.function.arguments or ""]
+            else:
+                joined[piece.index][1] += piece.function.arguments or ""
+    assert len(whole) > 1  # the random weights write several calls under "required"
+    assert [joined[i] for i in sorted(joined)] == [[c.function.name, c.function.arguments] for c in whole]

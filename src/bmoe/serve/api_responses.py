@@ -17,6 +17,7 @@ import attrs
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import RunResult, TokenChoice, TokenLogprob
 from bmoe.domain.tools import ToolCall
+from bmoe.domain.tools.call_stream import CallDelta
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 Json = dict[str, Any]
@@ -63,16 +64,18 @@ def outcome(result: RunResult, text: str, *, stopped: bool, logprobs: bool = Fal
 class Delta:
     """A streamed piece: answer ``text`` and ``reasoning`` it adds (either may be empty),
     the ``logprobs`` of the tokens generated since the previous piece (when asked for) and,
-    at the end of a reply, its ``tool_calls``."""
+    at the end of a reply, its ``tool_calls``; or ``call_deltas``, pieces of calls streamed
+    as they are written (``CallStreamer``)."""
 
     text: str = ""
     reasoning: str = ""
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    call_deltas: tuple[CallDelta, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.text or self.reasoning or self.logprobs or self.tool_calls)
+        return not (self.text or self.reasoning or self.logprobs or self.tool_calls or self.call_deltas)
 
 
 @attrs.frozen
@@ -172,6 +175,8 @@ def chat_delta(d: Delta, first_call: int = 0) -> Json:
         delta["content"] = d.text
     if d.tool_calls:
         delta["tool_calls"] = [{"index": first_call + i, **c.as_openai()} for i, c in enumerate(d.tool_calls)]
+    if d.call_deltas:
+        delta["tool_calls"] = [c.as_openai() for c in d.call_deltas]
     return delta
 
 

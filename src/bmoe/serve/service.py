@@ -15,11 +15,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import attrs
+
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, Progress, TokenLogprob
 from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.tools import ReplyGate, ToolUse
+from bmoe.domain.tools.call_stream import CallStreamer
 from bmoe.runtime import Session
 from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
 from bmoe.serve.api_responses import Delta, ModelCard, Outcome, outcome
@@ -128,6 +131,11 @@ class ServedSession:
         tools = ToolUse.shown(request.tools) if chat else None
         fmt = self.session.engine.renderer.tool_format if tools is not None else None  # probed once, on need
         gate = ReplyGate(fmt, tools.parallel) if tools is not None and fmt is not None else None
+        # calls a grammar holds parse by construction: their arguments stream as written
+        held = self.session.engine.constraint(request) if gate is not None else None
+        streamer = (
+            CallStreamer(fmt) if fmt is not None and held is not None and held.kind == "tool_calls" else None
+        )
         seen_reasoning: list[str] = []
         gated: list[str] = []  # the answer text let through the gate (all of it, without tools)
         kept: list[str] = []
@@ -152,6 +160,10 @@ class ServedSession:
                 self.session.stop()
             if text or p.delta_reasoning:
                 send(text, p.delta_reasoning)
+            if streamer is not None and gate is not None:
+                calls = streamer.feed(gate.held)
+                if calls:
+                    emit(Delta(call_deltas=tuple(calls)))
 
         result = self.session.generate(request, on_progress, job.began, history=history, chat=chat)
         if result.cancelled:
@@ -160,7 +172,12 @@ class ServedSession:
         # or UTF-8 tail) or, with tools, the content the gate held that is not a call
         rest = scanner.feed(result.text[len("".join(gated)) :])
         send(rest + scanner.finish(), result.reasoning[len("".join(seen_reasoning)) :])
-        if result.tool_calls:
+        if streamer is not None:
+            last, final = streamer.finish(result.tool_calls)
+            result = attrs.evolve(result, tool_calls=final)
+            if last:
+                emit(Delta(call_deltas=tuple(last)))
+        elif result.tool_calls:
             emit(Delta(tool_calls=result.tool_calls))
         return outcome(result, "".join(kept), stopped=scanner.stopped, logprobs=request.logprobs is not None)
 

@@ -45,10 +45,11 @@ def _json_at(text: str, at: int) -> tuple[Any, int] | None:
         return None
 
 
-def _arguments(value: Any) -> str | None:
-    """OpenAI's arguments text: an object as compact JSON; a string that is JSON, as is."""
+def _arguments(value: Any, raw: str | None = None) -> str | None:
+    """OpenAI's arguments text: an object as the model wrote it (``raw``, its JSON text) or,
+    without it, as compact JSON; a string that is JSON, as is."""
     if isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False)
+        return raw if raw is not None else json.dumps(value, ensure_ascii=False)
     if isinstance(value, str):
         try:
             parsed = json.loads(value)
@@ -58,10 +59,31 @@ def _arguments(value: Any) -> str | None:
     return None
 
 
-def _call(obj: Any, new_id: NewId, args_key: str = "arguments") -> ToolCall | None:
+_ARGS_KEY = {key: re.compile(rf'"{key}"\s*:\s*') for key in ("arguments", "parameters")}
+
+
+def _raw_value(source: str, key: str, value: Any) -> str | None:
+    """The text ``source`` (a call object's JSON) gives for its ``key``, when it is ``value``:
+    the first ``"key":`` in the text is the call's own (its name holds no such text)."""
+    found = _ARGS_KEY[key].search(source)
+    if found is None:
+        return None
+    try:
+        parsed, end = _DECODER.raw_decode(source, found.end())
+    except ValueError:
+        return None
+    return source[found.end() : end] if parsed == value else None
+
+
+def _call(obj: Any, new_id: NewId, args_key: str = "arguments", source: str | None = None) -> ToolCall | None:
+    """A call from its parsed object; ``source``: the object's text, whose arguments are
+    kept as written (so that arguments streamed as written end as the reply's)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    args = _arguments(obj.get(args_key, obj.get("arguments", {})))
+    key = args_key if args_key in obj else "arguments"
+    value = obj.get(key, {})
+    raw = _raw_value(source, key, value) if source is not None and key in obj else None
+    args = _arguments(value, raw)
     return None if args is None else ToolCall(new_id(), obj["name"], args)
 
 
@@ -70,9 +92,12 @@ def _hermes(text: str, new_id: NewId) -> ToolReply:
     kept: list[str] = []
     at = 0
     for match in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, re.DOTALL):
-        found = _json_at(match.group(1), 0)
+        body = match.group(1)
+        found = _json_at(body, 0)
         call = (
-            _call(found[0], new_id) if found is not None and not match.group(1)[found[1] :].strip() else None
+            _call(found[0], new_id, source=body)
+            if found is not None and not body[found[1] :].strip()
+            else None
         )
         if call is None:
             continue
@@ -83,18 +108,38 @@ def _hermes(text: str, new_id: NewId) -> ToolReply:
     return ToolReply(_joined(kept), tuple(calls))
 
 
+def _json_items(text: str, at: int) -> tuple[list[tuple[Any, str]], int] | None:
+    """The JSON array (or single object) at ``text[at:]``, item by item with each item's
+    text, and where it ends."""
+    found = _json_at(text, at)
+    if found is None:
+        return None
+    value, end = found
+    if not isinstance(value, list):
+        return [(value, text[at:end])], end
+    items = []
+    pos = text.index("[", at) + 1
+    for item in value:
+        while text[pos] in " \t\r\n,":
+            pos += 1
+        _, item_end = _DECODER.raw_decode(text, pos)
+        items.append((item, text[pos:item_end]))
+        pos = item_end
+    return items, end
+
+
 def _mistral(text: str, new_id: NewId) -> ToolReply:
     start = text.find("[TOOL_CALLS]")
     if start < 0:
         return ToolReply(text)
-    found = _json_at(text, start + len("[TOOL_CALLS]"))
+    found = _json_items(text, start + len("[TOOL_CALLS]"))
     if found is None:
         return ToolReply(text)
-    items = found[0] if isinstance(found[0], list) else [found[0]]
-    calls = [_call(item, new_id) for item in items]
+    items, end = found
+    calls = [_call(item, new_id, source=source) for item, source in items]
     if not calls or any(c is None for c in calls):
         return ToolReply(text)
-    return ToolReply(_joined([text[:start], text[found[1] :]]), tuple(c for c in calls if c is not None))
+    return ToolReply(_joined([text[:start], text[end:]]), tuple(c for c in calls if c is not None))
 
 
 def _mistral_args(text: str, new_id: NewId) -> ToolReply:
@@ -104,7 +149,8 @@ def _mistral_args(text: str, new_id: NewId) -> ToolReply:
     for part in parts:
         name, sep, body = part.partition("[ARGS]")
         found = _json_at(body, 0) if sep else None
-        args = _arguments(found[0]) if found is not None else None
+        raw = body[len(body) - len(body.lstrip()) : found[1]] if found is not None else None
+        args = _arguments(found[0], raw) if found is not None else None
         if not name.strip() or args is None:
             rest.append("[TOOL_CALLS]" + part)
             continue
@@ -118,7 +164,7 @@ def _llama3(text: str, new_id: NewId) -> ToolReply:
     if body.startswith("<|python_tag|>"):
         body = body[len("<|python_tag|>") :]
     found = _json_at(body, 0)
-    call = _call(found[0], new_id, "parameters") if found is not None else None
+    call = _call(found[0], new_id, "parameters", source=body[: found[1]]) if found is not None else None
     if call is None or body[found[1] :].strip():  # type: ignore[index]
         return ToolReply(text)
     return ToolReply("", (call,))
