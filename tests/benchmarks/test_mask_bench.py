@@ -86,8 +86,9 @@ class _SyntheticTokenizer:
 
 
 def _apply(words: np.ndarray, view: np.ndarray) -> None:
+    """What ``GuidanceMask.allowed`` and ``MaskSampler`` do to a step's candidates."""
     bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: view.size].astype(bool)
-    view["logit"][~bits[view["id"]]] = -np.inf
+    np.copyto(view["logit"], -np.inf, where=~bits)
 
 
 def _step_through(tokenizer: Any, n_vocab: int) -> Callable[[], int]:

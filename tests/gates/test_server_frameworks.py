@@ -27,6 +27,7 @@ instructor = pytest.importorskip("instructor")
 agents = pytest.importorskip("agents")
 langchain_openai = pytest.importorskip("langchain_openai")
 openai = pytest.importorskip("openai")
+agents.set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
 
 TinyModelPath = Callable[..., Path]
 QWEN3 = Path(__file__).parents[1] / "data" / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"

@@ -63,10 +63,15 @@ class MaskSampler:
             ).view(_TOKEN_DATA)
             allowed = self.mask.allowed()
             ids = view["id"]
-            inside = ids < allowed.size
-            keep = np.zeros(ids.size, dtype=bool)
-            keep[inside] = allowed[ids[inside]]
-            view["logit"][~keep] = -np.inf
+            if ids.size == allowed.size and ids[0] == 0 and ids[-1] == ids.size - 1:
+                # llama.cpp lays the candidates out in id order, and the samplers before this
+                # one in bmoe's chain (logit biases, penalties) change logits, not the order
+                keep = allowed
+            else:
+                inside = ids < allowed.size
+                keep = np.zeros(ids.size, dtype=bool)
+                keep[inside] = allowed[ids[inside]]
+            np.copyto(view["logit"], -np.inf, where=~keep)
             if not keep.any():
                 raise GrammarError("the constraint allows no token of this vocabulary here")
         except BaseException as exc:
