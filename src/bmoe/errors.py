@@ -36,6 +36,11 @@ class ToolFormatError(ConfigError):
     """Tools asked of a model whose chat template writes calls in a syntax bmoe does not read."""
 
 
+class ModelFetchError(BmoeError, OSError):
+    """A ``-hf`` model could not be had: no such repository, not cached while offline, a
+    download that failed."""
+
+
 class ModelLoadError(BmoeError, OSError):
     """llama.cpp could not load the model file (missing, unreadable, unsupported)."""
 

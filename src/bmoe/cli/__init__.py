@@ -28,8 +28,10 @@ from bmoe.runtime import Session, SessionConfig
 from bmoe.runtime.options import (
     add_context_options,
     add_decide_options,
+    add_model_options,
     add_stream_options,
     chat_template_text,
+    chosen_model,
     context_params,
     decide_config,
     list_devices,
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="With no -m, a tiny random-weight model (qwen3moe) is generated and used: "
         "its output is gibberish, but every part of the engine runs.",
     )
-    p.add_argument("-m", "--model", type=Path, help="GGUF file (for a split model: the first shard)")
+    add_model_options(p)
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help="prompt text (default: %(default)r)")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default: 32)")
     add_context_options(p)
@@ -107,7 +109,7 @@ def _default_model() -> Path:
 
 def _config(args: argparse.Namespace) -> SessionConfig:
     return SessionConfig(
-        model_path=args.model if args.model is not None else _default_model(),
+        model_path=chosen_model(args) or _default_model(),
         context=context_params(args),
         chat=args.chatml,
         think=not args.no_think,

@@ -115,6 +115,36 @@ def chat_template_text(args: argparse.Namespace) -> str | None:
         raise ConfigError(f"--chat-template-file {path}: {exc}") from exc
 
 
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """``-m`` and llama.cpp's ``-hf``/``-hff``: where the model comes from."""
+    p.add_argument("-m", "--model", type=Path, help="GGUF file (for a split model: the first shard)")
+    p.add_argument(
+        "-hf",
+        "-hfr",
+        "--hf-repo",
+        metavar="USER/REPO[:QUANT]",
+        default=None,
+        help="a GGUF model from the Hugging Face Hub, kept in its cache (quant default Q4_K_M; "
+        "needs bmoe[hf]; offline with HF_HUB_OFFLINE=1)",
+    )
+    p.add_argument(
+        "-hff", "--hf-file", metavar="FILE", default=None, help="with -hf: this file of the repository"
+    )
+
+
+def chosen_model(args: argparse.Namespace) -> Path | None:
+    """The model ``-m`` or ``-hf`` names (``-hf`` fetched when missing); ``None``: neither."""
+    if args.hf_repo is not None and args.model is not None:
+        raise ConfigError("give -m or -hf, not both")
+    if args.hf_file is not None and args.hf_repo is None:
+        raise ConfigError("--hf-file needs -hf USER/REPO")
+    if args.hf_repo is not None:
+        from bmoe.adapters.hf_hub import fetch_model
+
+        return fetch_model(args.hf_repo, args.hf_file)
+    return Path(args.model) if args.model is not None else None
+
+
 def add_placement_options(p: argparse.ArgumentParser) -> None:
     """Where the weights go, as llama.cpp's flags (docs/devices.md)."""
     g = p.add_argument_group("devices: GPUs and llama.cpp RPC servers (docs/devices.md)")

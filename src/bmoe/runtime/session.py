@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import attrs
 import numpy as np
@@ -119,6 +120,15 @@ class SessionConfig:
     placement: Placement = attrs.field(factory=Placement)
     chat_template: str | None = None
     amx: AmxMode = "auto"
+
+    @classmethod
+    def from_hf(cls, spec: str, hf_file: str | None = None, **fields: Any) -> SessionConfig:
+        """A config for the Hub model ``spec`` names (``USER/REPO[:QUANT]``, llama.cpp's
+        ``-hf``; ``hf_file`` names the file outright), fetched into the Hugging Face cache
+        when it is not there yet (needs ``bmoe[hf]``; ``ModelFetchError`` when it cannot)."""
+        from bmoe.adapters.hf_hub import fetch_model
+
+        return cls(model_path=fetch_model(spec, hf_file), **fields)
 
     def __attrs_post_init__(self) -> None:
         check_amx_mode(self.amx)

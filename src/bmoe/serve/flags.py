@@ -16,6 +16,7 @@ from bmoe.runtime import SessionConfig
 from bmoe.runtime.options import (
     add_context_options,
     add_decide_options,
+    add_model_options,
     add_stream_options,
     chat_template_text,
     context_params,
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="With no -m, the built-in tiny random-weight model (qwen3moe) is served: its text is "
         "gibberish, but every endpoint works.",
     )
-    p.add_argument("-m", "--model", type=Path, help="GGUF file (for a split model: the first shard)")
+    add_model_options(p)
     p.add_argument("--alias", help="the model id the API reports (default: the file name without .gguf)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument(

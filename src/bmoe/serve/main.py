@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bmoe.errors import BmoeError
 from bmoe.runtime import Session
-from bmoe.runtime.options import list_devices
+from bmoe.runtime.options import chosen_model, list_devices
 from bmoe.serve.api_responses import ModelCard
 from bmoe.serve.flags import build_parser, model_id, serve_defaults, session_config
 from bmoe.serve.service import ServedSession
@@ -58,7 +58,7 @@ def _default_model() -> Path:
 def open_served(args: argparse.Namespace) -> ServedSession:
     """Open the session the parsed flags describe (raises ``BmoeError``)."""
     defaults = serve_defaults(args)
-    model_path = args.model if args.model is not None else _default_model()
+    model_path = chosen_model(args) or _default_model()
     session = Session.open(session_config(args, model_path))
     return ServedSession(session, model_card(session, model_id(args, model_path)), defaults)
 
