@@ -51,7 +51,7 @@ def test_a_spec_that_is_not_user_repo_is_refused(spec: str) -> None:
 
 
 def test_an_absent_quant_names_what_the_repository_has() -> None:
-    with pytest.raises(ConfigError, match="no GGUF file for 'Q2_K'.*Q8_0"):
+    with pytest.raises(ConfigError, match=r"no GGUF file for 'Q2_K'.*Q8_0"):
         pick_files(HfSpec("a/b", "Q2_K"), FILES)
 
 
