@@ -83,7 +83,7 @@ def test_without_matplotlib_the_report_says_how_to_get_it(
     assert main([str(csv)]) == 1
     out = capsys.readouterr()
     assert "tokens: 5" in out.out
-    assert "matplotlib is missing (pip install 'bmoe[bench]')" in out.err
+    assert "matplotlib is missing (.venv/bin/pip install -e '.[bench]' (from a checkout of bmoe))" in out.err
     assert not (tmp_path / "run.png").exists()
 
 

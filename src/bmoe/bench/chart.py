@@ -1,6 +1,7 @@
 """The PNG chart: streamed tok/s against the cache budget, stock and the disk ceiling as lines.
 
-Needs matplotlib (``pip install 'bmoe[bench]'``); ``draw`` raises ``ChartUnavailable`` without it.
+Needs matplotlib (``.venv/bin/pip install -e '.[bench]'`` from a checkout); ``draw`` raises
+``ChartUnavailable`` without it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def draw(summaries: Sequence[Summary], out: Path, *, title: str, bandwidth_mib_s
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ChartUnavailable("no chart: matplotlib is missing (pip install 'bmoe[bench]')") from None
+        raise ChartUnavailable(
+            "no chart: matplotlib is missing (.venv/bin/pip install -e '.[bench]' (from a checkout of bmoe))"
+        ) from None
 
     streamed = sorted((s for s in summaries if s.kind == "stream" and s.ok), key=lambda s: s.cache_mib or 0)
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)

@@ -93,9 +93,7 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]], skipped: str 
     stall: list[float] = []
     probes: list[float] = []
     of_probe: list[float] = []
-    sums = dict.fromkeys(
-        ("prefetch_issued", "prefetch_hits", "slots", "agree", "decode_slots", "changed"), 0
-    )
+    sums = dict.fromkeys(("prefetch_issued", "prefetch_hits", "slots", "agree", "decode_slots", "changed"), 0)
     for r in ok:
         n = max(1, int(r["measured_tokens"]))
         c = r.get("counters")

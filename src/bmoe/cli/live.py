@@ -1,8 +1,8 @@
 """``--progress`` in one-shot mode: tokens, tok/s, hit rate and MiB read, live on stderr.
 
-With ``rich`` (``pip install 'bmoe[bench]'``) and a terminal on stderr, a live bar that
-is cleared at the end; otherwise a plain ``progress:`` line about once a second and a last
-one at the end. When stdout is a terminal too, the answer goes through rich's console
+With ``rich`` (``.venv/bin/pip install -e '.[bench]'`` from a checkout) and a terminal on
+stderr, a live bar that is cleared at the end; otherwise a plain ``progress:`` line about
+once a second and a last one at the end. When stdout is a terminal too, the answer goes through rich's console
 (above the bar) a whole line at a time.
 """
 

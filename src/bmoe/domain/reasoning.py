@@ -53,7 +53,7 @@ class ReasoningSplitter:
                 if not stripped:
                     return Delta("".join(text), "".join(reasoning))  # hold leading whitespace
                 if stripped.startswith(OPEN):
-                    self.state, self._buffer = "reasoning", stripped[len(OPEN):]
+                    self.state, self._buffer = "reasoning", stripped[len(OPEN) :]
                 elif OPEN.startswith(stripped):
                     break  # could still become <think>
                 else:
@@ -62,11 +62,11 @@ class ReasoningSplitter:
                 at = buf.find(CLOSE)
                 if at >= 0:
                     reasoning.append(buf[:at])
-                    self.state, self._buffer = "after", buf[at + len(CLOSE):]
+                    self.state, self._buffer = "after", buf[at + len(CLOSE) :]
                 else:
                     keep = _held_tail(buf, CLOSE)
                     reasoning.append(buf[: len(buf) - keep])
-                    self._buffer = buf[len(buf) - keep:]
+                    self._buffer = buf[len(buf) - keep :]
                     break
             elif self.state == "after":
                 stripped = buf.lstrip()

@@ -64,9 +64,7 @@ def stream_lines(result: RunResult) -> list[str]:
             f" + {1000 * report.per_token(d.release_lanes_s):.2f} on the lanes"
         )
     if d.reads_orphaned:
-        tail += (
-            f"; {d.reads_orphaned} evicted while being read ({d.orphans_cut} of those reads cut short)"
-        )
+        tail += f"; {d.reads_orphaned} evicted while being read ({d.orphans_cut} of those reads cut short)"
     if d.evict_waits:
         tail += (
             f"; {d.evict_waits} evictions waited for their read to end "

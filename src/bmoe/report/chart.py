@@ -1,8 +1,8 @@
 """The PNG of a ``bmoe_metrics v2`` run: per decode token, tok/s, MiB read and hit rate, and
 the time split (compute, cache management, waiting for reads) stacked.
 
-Needs matplotlib (``pip install 'bmoe[bench]'``); ``draw`` raises ``ChartUnavailable``
-without it.
+Needs matplotlib (``.venv/bin/pip install -e '.[bench]'`` from a checkout); ``draw`` raises
+``ChartUnavailable`` without it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ChartUnavailable("no chart: matplotlib is missing (pip install 'bmoe[bench]')") from None
+        raise ChartUnavailable(
+            "no chart: matplotlib is missing (.venv/bin/pip install -e '.[bench]' (from a checkout of bmoe))"
+        ) from None
     return plt
 
 

@@ -14,5 +14,6 @@ Pure parts (no HTTP, no model), unit-tested on their own:
 Around them: ``worker`` (one thread running requests one at a time, each cancellable),
 ``service`` (a session's turns on that worker), ``app`` (the Starlette routes, server-sent
 events, cancel on disconnect), ``flags`` and ``main`` (the command line). The HTTP stack
-(Starlette, uvicorn, sse-starlette) is the ``server`` extra: ``pip install 'bmoe[server]'``.
+(Starlette, uvicorn, sse-starlette) is the ``server`` extra:
+``.venv/bin/pip install -e '.[server]'`` from a checkout.
 """

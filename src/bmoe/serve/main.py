@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bmoe.serve.app import build_app
     except ImportError as exc:
         print(
-            f"bmoe.serve: error: {exc}: install the server's extra, pip install 'bmoe[server]'",
+            f"bmoe.serve: error: {exc}: install the server's extra, "
+            ".venv/bin/pip install -e '.[server]' (from a checkout of bmoe)",
             file=sys.stderr,
         )
         return 1

@@ -53,7 +53,7 @@ class ContextParams:
     prefix may then have lost cells, see ``LlamaGenerateBackend.keep_prefix``).
     """
 
-    n_ctx: int = 256
+    n_ctx: int = 512  # the CLI's -c default: a short chat of a few turns fits
     n_batch: int = 64
     n_ubatch: int = 64
     n_threads: int = attrs.field(factory=physical_cores)  # one per physical core (-t)

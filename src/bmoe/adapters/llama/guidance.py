@@ -1,10 +1,11 @@
 """Constraints enforced by llguidance, the engine llama.cpp itself links (``-DLLAMA_LLGUIDANCE``).
 
-llguidance (``pip install 'bmoe[grammar]'``) reads JSON Schema as agent frameworks write
-it: numeric bounds (``minimum``, ``exclusiveMaximum``, ``multipleOf``...), ``minProperties``,
-``patternProperties``, ``pattern``. It computes each step's token mask from the model's own
-vocabulary (read once per model through llama.cpp's API, ``llguidance.llamacpp``), and
-``MaskSampler`` applies it inside llama.cpp's sampler chain.
+llguidance (``.venv/bin/pip install -e '.[grammar]'`` from a checkout) reads JSON Schema
+as agent frameworks write it: numeric bounds (``minimum``, ``exclusiveMaximum``,
+``multipleOf``...), ``minProperties``, ``patternProperties``, ``pattern``. It computes each
+step's token mask from the model's own vocabulary (read once per model through llama.cpp's
+API, ``llguidance.llamacpp``), and ``MaskSampler`` applies it inside llama.cpp's sampler
+chain.
 
 A constraint becomes one Lark grammar (llguidance's format): a JSON answer is
 ``%json {schema}``; a call is the family's syntax around the tool's ``%json`` arguments,

@@ -1,4 +1,4 @@
-"""torch, imported on demand: it is an optional extra (``pip install 'bmoe[train]'``).
+"""torch, imported on demand: an optional extra (``.venv/bin/pip install -e '.[train]'``).
 
 The numpy parts of this package never import it. Where it is used it comes through
 :func:`load_torch` as a plain module object, so mypy neither needs torch installed (CI has
@@ -18,8 +18,8 @@ Tensor = Any
 """A ``torch.Tensor`` (untyped here: see the module docstring)."""
 
 INSTALL_HINT = (
-    "python -m bmoe.bench.trained needs torch: pip install 'bmoe[train]', or for the smaller "
-    "CPU-only build: pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    "python -m bmoe.bench.trained needs torch: .venv/bin/pip install -e '.[train]' "
+    "(from a checkout of bmoe), or for the smaller CPU-only build: pip install torch --index-url https://download.pytorch.org/whl/cpu"
 )
 
 
