@@ -39,3 +39,16 @@ def physical_cores(root: Path = _SYSFS) -> int:
             text = ""
         siblings.append(_cpu_list(text) & frozenset(allowed) if text else frozenset())
     return physical_core_count(siblings, len(allowed))
+
+
+def machine_load() -> tuple[int, float]:
+    """The CPUs this process may run on and the 1-minute load average (0 where unknown)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return cpus, load

@@ -8,6 +8,7 @@ around it, so both paths are the same machinery.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy.typing as npt
 
 from bmoe.adapters import crash_line
 from bmoe.adapters.chat_template import JinjaChatTemplate
+from bmoe.adapters.cpu_topology import machine_load
 from bmoe.adapters.decide_probe import LlamaDecideProbe
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable, has_streamable_experts
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
@@ -44,6 +46,7 @@ from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import GovernorConfig
+from bmoe.domain.threads import busy_machine_note
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
     ConfigError,
@@ -152,6 +155,9 @@ class Session:
         self.config = config
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
+        busy = busy_machine_note(config.context.n_threads, *machine_load())
+        if busy is not None and os.environ.get("BMOE_BUSY_WARNING", "1") != "0":
+            self.notes.append(busy)
         self.streaming: StreamingControl | None = None
         self._on_load = on_load
         # a model without routed experts in the registry runs resident even if asked to
