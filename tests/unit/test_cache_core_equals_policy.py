@@ -78,15 +78,16 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         layer=st.integers(0, N_LAYER - 1),
         ids=st.lists(st.integers(0, N_EXPERT - 1), min_size=1, max_size=10),
         hot=st.booleans(),
+        warm=st.booleans(),
     )
-    def prefetch(self, layer: int, ids: list[int], hot: bool) -> None:
+    def prefetch(self, layer: int, ids: list[int], hot: bool, warm: bool) -> None:
         try:
-            plan = self.policy.prefetch(layer, ids, hot=hot)
+            plan = self.policy.prefetch(layer, ids, hot=hot, warm=warm)
         except ValueError:
             with pytest.raises(ValueError):
-                self.core.prefetch(layer, ids, hot=hot)
+                self.core.prefetch(layer, ids, hot=hot, warm=warm)
             return
-        assert self.core.prefetch(layer, ids, hot=hot) == (plan.evictions, plan.issued)
+        assert self.core.prefetch(layer, ids, hot=hot, warm=warm) == (plan.evictions, plan.issued)
 
     @rule(layer=st.integers(0, N_LAYER - 1), bad=st.sampled_from([-1, N_EXPERT, 10**6]))
     def request_out_of_range(self, layer: int, bad: int) -> None:
@@ -119,6 +120,7 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,
+            "warm_issued": c.warm_issued,
         }
         assert self.core.resident() == self.policy.resident()
         assert self.core.kept() == self.policy.kept()

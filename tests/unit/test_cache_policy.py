@@ -317,3 +317,20 @@ def test_a_prefill_loads_into_probation_keeping_its_share_hot_and_promotes_nothi
     assert slru.resident() == [(1, 2), (1, 1), (1, 6), (1, 4), (1, 5), (0, 7)]
     assert slru.request(0, [2, 3]).evictions == ((1, 2), (1, 1))  # the prompt's cold ones first
     slru.check_valid()
+
+
+def test_a_profiles_warm_up_is_not_a_prefetch_and_its_later_hits_are_plain_hits() -> None:
+    """The ``moe-prefetch: 2 read ahead, 32 used (1600.0%)`` line: a warm-up's reads were
+    counted as prefetches issued before the measured window and adopted in it. Warm reads
+    are ``warm_issued``; a request that routes to one is a hit, not a prefetch's use."""
+    policy = ExpertCachePolicy(budget_bytes=10 * 8, entry_bytes=[10, 10], n_expert=8)
+    warm = policy.prefetch(0, [1, 2, 3], hot=True, warm=True)
+    assert warm.issued == ((0, 1), (0, 2), (0, 3))
+    early = policy.prefetch(1, [4], hot=False)
+    plan = policy.request(0, [1, 2], n_tokens=1)
+    assert plan.hits == ((0, 1), (0, 2)) and plan.adopted == ()
+    policy.request(1, [4], n_tokens=1)
+    c = policy.counters
+    assert (c.warm_issued, c.prefetch_issued, c.prefetch_hits, c.hits) == (3, 1, 1, 3)
+    assert early.issued == ((1, 4),)
+    policy.check_valid()

@@ -55,8 +55,9 @@ def test_the_cache_line_says_where_evicted_pages_went_back() -> None:
     report = StreamReport(prefill=StreamCounters(), decode=decode, decode_steps=2, decode_wall_s=0.2)
     result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
     lines = stream_lines(result)
-    assert "evicted pages moved or given back in 2.00 ms/token on the eval thread + 1.00 on the lanes" in (
-        lines[1]
+    assert (
+        "evicted pages moved or given back in 2.00 ms/token on the eval thread + 1.00 on the lanes"
+        in (lines[1])
     )
 
 
@@ -69,3 +70,26 @@ def test_the_cache_line_counts_evictions_under_a_running_read() -> None:
     line = stream_lines(result)[1]
     assert "3 evicted while being read (2 of those reads cut short)" in line
     assert "1 evictions waited for their read to end (5.00 ms/token)" in line
+
+
+def _prefetch_line(prefill: StreamCounters, decode: StreamCounters) -> list[str]:
+    report = StreamReport(prefill=prefill, decode=decode, decode_steps=2, decode_wall_s=0.2)
+    result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
+    return [line for line in stream_lines(result) if line.startswith("moe-prefetch:")]
+
+
+def test_the_prefetch_line_says_whose_reads_ahead_and_nothing_without_any() -> None:
+    assert _prefetch_line(StreamCounters(warm_issued=32), StreamCounters(hits=32)) == []  # a warm-up only
+    (line,) = _prefetch_line(
+        StreamCounters(prefetch_issued=17, prefetch_hits=7, prefetch_wasted=10), StreamCounters()
+    )
+    assert line == (
+        "moe-prefetch: 17 experts read ahead (by the prefill: a batch routing half a layer's experts "
+        "reads the next layer whole), 7 used (41.2%), 10 evicted unused"
+    )
+    (line,) = _prefetch_line(
+        StreamCounters(prefetch_issued=4), StreamCounters(prefetch_issued=6, prefetch_hits=5)
+    )
+    assert line.startswith(
+        "moe-prefetch: 10 experts read ahead (4 by the prefill, 6 in decode), 5 used (50.0%)"
+    )

@@ -483,6 +483,7 @@ class ExpertStreaming:
             prefetch_issued=s["prefetch_issued"],
             prefetch_hits=s["prefetch_hits"],
             prefetch_wasted=s["prefetch_wasted"],
+            warm_issued=s["warm_issued"],
             release_s=s["release_s"],
             release_lanes_s=s["release_lanes_s"],
             releases_deferred=s["releases_deferred"],

@@ -83,6 +83,7 @@ cdef struct core_t:
     int64_t prefetch_issued
     int64_t prefetch_hits
     int64_t prefetch_wasted
+    int64_t warm_issued            # read ahead by a usage profile's warm-up: not a prefetch
 
 
 cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
@@ -412,10 +413,11 @@ cdef inline void core_evict_all(core_t * c) noexcept nogil:
         core_evict(c, c.head)
 
 
-cdef inline int core_prefetch(core_t * c, int layer, bint hot) noexcept nogil:
+cdef inline int core_prefetch(core_t * c, int layer, bint hot, bint warm=False) noexcept nogil:
     """Plan reads ahead for ``layer`` (the ids given with ``core_want``); ``hot`` for a
-    committed routing. Returns the number issued (left in ``plan_loads``), or -1 when the
-    layer has no routed experts."""
+    committed routing; ``warm`` for a usage profile's warm-up (counted in ``warm_issued``,
+    not as a prefetch: a later hit on it is a plain hit). Returns the number issued (left in
+    ``plan_loads``), or -1 when the layer has no routed experts."""
     cdef int w
     cdef int32_t idx, i, nxt
     cdef int64_t size
@@ -445,10 +447,13 @@ cdef inline int core_prefetch(core_t * c, int layer, bint hot) noexcept nogil:
         else:
             lru_prepend(c, idx)
         c.resident_bytes += size
-        c.prefetched[idx] = 1
+        c.prefetched[idx] = not warm
         c.plan_loads[c.n_loads] = idx
         c.n_loads += 1
-    c.prefetch_issued += c.n_loads
+    if warm:
+        c.warm_issued += c.n_loads
+    else:
+        c.prefetch_issued += c.n_loads
     c.bytes_read += c.n_loads * size
     return c.n_loads
 

@@ -70,16 +70,16 @@ cdef class ExpertCacheCore:
             raise ValueError(f"layer {layer} has no routed experts")
         return self._plan()
 
-    def prefetch(self, int layer, ids, *, bint hot=False):
-        """Plan reads ahead (``hot``: a committed routing): ``(evictions, issued)``. Raises
-        ``ValueError`` like ``request``."""
+    def prefetch(self, int layer, ids, *, bint hot=False, bint warm=False):
+        """Plan reads ahead (``hot``: a committed routing; ``warm``: a profile's warm-up):
+        ``(evictions, issued)``. Raises ``ValueError`` like ``request``."""
         cdef int32_t e
         core_begin(self.c)
         for e in ids:
             if core_want(self.c, e) < 0:
                 core_begin(self.c)
                 raise ValueError(f"expert id {e} out of range [0, {self.c.n_expert}) at layer {layer}")
-        if core_prefetch(self.c, layer, hot) < 0:
+        if core_prefetch(self.c, layer, hot, warm) < 0:
             raise ValueError(f"layer {layer} has no routed experts")
         return (
             self._entries(self.c.plan_evictions, self.c.n_evictions),
@@ -180,4 +180,5 @@ cdef class ExpertCacheCore:
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,
+            "warm_issued": c.warm_issued,
         }

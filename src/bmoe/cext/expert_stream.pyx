@@ -503,11 +503,12 @@ cdef class ExpertStreamer:
         drop_planned_evictions(self.s, False)
         release_all(self.s)
 
-    def read_ahead(self, int layer, experts, bint hot=True):
+    def read_ahead(self, int layer, experts, bint hot=True, bint warm=False):
         """Read ``experts`` of ``layer`` ahead of need, as ``ExpertCachePolicy.prefetch``
         plans it (``hot``: a committed set, its residents touched and its reads entering
         probation's most recent end; else the cold end): queued on the lanes, returns at
-        once with the number issued. A request that routes to one adopts its read. Between
+        once with the number issued. A request that routes to one adopts its read. ``warm``:
+        a usage profile's warm-up, counted apart from prefetches (``warm_issued``). Between
         decodes (the session's decode lock held), in ``MODE_STREAM``."""
         cdef int issued
         if self.s.fds == NULL or self.s.mode != C_MODE_STREAM:
@@ -522,7 +523,7 @@ cdef class ExpertStreamer:
         for e in ids:
             core_want(self.s.core, e)
         with nogil:
-            issued = prefetch_wanted(self.s, layer, hot)
+            issued = prefetch_wanted(self.s, layer, hot, warm)
         return issued
 
     def evict_all(self):
@@ -585,6 +586,7 @@ cdef class ExpertStreamer:
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,
+            "warm_issued": c.warm_issued,
             "resident_bytes": c.resident_bytes,
             "budget_bytes": c.budget_bytes,
             "odirect": s.odirect != 0,

@@ -84,11 +84,23 @@ def stream_lines(result: RunResult) -> list[str]:
         wasted = report.prefill.prefetch_wasted + d.prefetch_wasted
         tag = " [route-ahead]" if d.route_ahead_committed + d.route_ahead_passed else ""
         lines.append(
-            f"moe-prefetch:{tag} {issued} experts read ahead, {used} used ({100.0 * used / issued:.1f}%), "
-            f"{wasted} evicted unused"
+            f"moe-prefetch:{tag} {issued} experts read ahead{_ahead_source(report)}, {used} used "
+            f"({_pct(used, issued)}), {wasted} evicted unused"
         )
     lines.extend(routing_lines(report))
     return lines
+
+
+def _ahead_source(report: StreamReport) -> str:
+    """Which reads ahead the ``moe-prefetch:`` line counts: the prefill's rule is on by
+    default (a batch routing half a layer's experts reads the whole next layer); decode's
+    come from ``--prefetch``, ``--predict-prefetch`` or ``--route-ahead``."""
+    prefill, decode = report.prefill.prefetch_issued, report.decode.prefetch_issued
+    if not decode:
+        return " (by the prefill: a batch routing half a layer's experts reads the next layer whole)"
+    if not prefill:
+        return " (in decode)"
+    return f" ({prefill} by the prefill, {decode} in decode)"
 
 
 def _pct(part: int, whole: int) -> str:

@@ -246,7 +246,7 @@ class StreamingControl:
                 if self._reference is not None:
                     issued += self._reference.read_ahead(layer, experts)
                 else:
-                    issued += self.streaming.streamer.read_ahead(layer, experts, True)
+                    issued += self.streaming.streamer.read_ahead(layer, experts, True, True)
         return issued
 
     def evict_all(self) -> None:

@@ -162,9 +162,9 @@ class PolicyStreaming:
 
     def read_ahead(self, layer: int, experts: Iterable[int]) -> int:
         """Read ``experts`` of ``layer`` ahead of need as a committed set (``prefetch`` with
-        ``hot``; the warm-up of a usage profile): issued on the source, returns the number
-        issued. Between decodes."""
-        plan = self.policy.prefetch(layer, experts, hot=True)
+        ``hot``), as the warm-up of a usage profile (``warm``: not counted as a prefetch):
+        issued on the source, returns the number issued. Between decodes."""
+        plan = self.policy.prefetch(layer, experts, hot=True, warm=True)
         self._issue([plan])
         return len(plan.issued)
 
@@ -199,6 +199,7 @@ class PolicyStreaming:
             prefetch_issued=c.prefetch_issued,
             prefetch_hits=c.prefetch_hits,
             prefetch_wasted=c.prefetch_wasted,
+            warm_issued=c.warm_issued,
             rank_s=self.rank_s,
             issue_s=self.issue_s,
             **self._routing_counters(),

@@ -227,11 +227,12 @@ cdef void issue_reads(stream_t * s) noexcept nogil:
     pthread_mutex_unlock(&s.lanes.mu)
 
 
-cdef int prefetch_wanted(stream_t * s, int layer, bint hot) noexcept nogil:
+cdef int prefetch_wanted(stream_t * s, int layer, bint hot, bint warm=False) noexcept nogil:
     """Read ahead the ids given with ``core_want`` for ``layer``: the core plans it
-    (``core_prefetch``), the plan's evictions go to the release ring and its reads are queued
-    at the back. Returns the number issued (-1: the layer has no routed experts)."""
-    cdef int issued = core_prefetch(s.core, layer, hot)
+    (``core_prefetch``; ``warm``: a profile's warm-up), the plan's evictions go to the
+    release ring and its reads are queued at the back. Returns the number issued (-1: the
+    layer has no routed experts)."""
+    cdef int issued = core_prefetch(s.core, layer, hot, warm)
     defer_planned_evictions(s)
     issue_reads(s)
     return issued

@@ -95,6 +95,7 @@ class CacheCounters:
     bytes_read: int = 0
     prefetch_issued: int = 0
     prefetch_hits: int = 0  # prefetched entries a request then routed to (useful)
+    warm_issued: int = 0  # entries a usage profile's warm-up read ahead (not prefetches)
     prefetch_wasted: int = 0  # prefetched entries evicted before any request used them
 
 
@@ -216,9 +217,13 @@ class ExpertCachePolicy:
             adopted=adopted,
         )
 
-    def prefetch(self, layer: int, experts: Iterable[int], *, hot: bool = False) -> PrefetchPlan:
+    def prefetch(
+        self, layer: int, experts: Iterable[int], *, hot: bool = False, warm: bool = False
+    ) -> PrefetchPlan:
         """Plan reads ahead of need for ``layer`` (see the module docstring); ``hot`` for a
-        committed routing. Raises ``ValueError`` like ``request`` (the state is then unchanged)."""
+        committed routing; ``warm`` for a usage profile's warm-up, counted in
+        ``warm_issued`` and not as a prefetch (a request that routes to one is a plain hit).
+        Raises ``ValueError`` like ``request`` (the state is then unchanged)."""
         ids = self._checked_ids(layer, experts)
         size = self.entry_bytes[layer]
         evictions: list[Entry] = []
@@ -243,9 +248,13 @@ class ExpertCachePolicy:
             if not hot:
                 self._probation.move_to_end(entry, last=False)  # the cold end
             self.resident_bytes += size
-            self._prefetched.add(entry)
+            if not warm:
+                self._prefetched.add(entry)
             issued.append(entry)
-        self.counters.prefetch_issued += len(issued)
+        if warm:
+            self.counters.warm_issued += len(issued)
+        else:
+            self.counters.prefetch_issued += len(issued)
         self.counters.bytes_read += len(issued) * size
         return PrefetchPlan(layer=layer, evictions=tuple(evictions), issued=tuple(issued))
 
@@ -319,10 +328,10 @@ class ExpertCachePolicy:
         assert self.kept_bytes == sum(self.entry_bytes[layer] for layer, _ in self._kept)
         assert self.kept_bytes <= self.kept_cap()
         assert not self._prefetched & self._kept.keys()
-        assert c.misses + c.prefetch_issued - c.evictions == len(resident)
+        assert c.misses + c.prefetch_issued + c.warm_issued - c.evictions == len(resident)
         assert self._prefetched <= set(resident)
         assert c.prefetch_hits + c.prefetch_wasted + len(self._prefetched) == c.prefetch_issued
-        assert c.rereads <= c.misses + c.prefetch_issued
+        assert c.rereads <= c.misses + c.prefetch_issued + c.warm_issued
         assert c.bytes_read >= self.resident_bytes
         assert all(self.entry_bytes[layer] > 0 and 0 <= e < self.n_expert for layer, e in resident)
         assert self.resident_bytes <= max(self.budget_bytes, self._last_request_bytes)
