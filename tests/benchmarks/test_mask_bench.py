@@ -2,17 +2,23 @@
 run only checks it runs): a JSON-schema reply fed token by token, each step computing the
 mask and applying it to a vocabulary's logits as ``MaskSampler`` does.
 
-Two vocabularies: the tiny fixture's own (through llama.cpp, ``GuidanceMask``), and a
-synthetic 262,144-token byte-level one (Gemma's size; words, sub-words, digits and JSON
-punctuation, each with and without a leading blank) built here, since no real Gemma
-vocabulary can be fetched on the machines that run this. Figures: docs/benchmarks.md.
+Vocabularies: the tiny fixture's own and, where ``BMOE_VOCAB_DIR`` holds them, llama.cpp's
+own real vocabulary files (``models/ggml-vocab-gemma-4.gguf``: 262,144 tokens, Gemma's;
+``ggml-vocab-qwen2.gguf``: 151,936, Qwen2's and Qwen3's), all read through llama.cpp as
+``GuidanceMask`` reads them; and a synthetic 262,144-token byte-level one (words, sub-words,
+digits and JSON punctuation, each with and without a leading blank) built here. The real
+files ship in llama-cpp-python's source archive (docs/benchmarks.md says how to get them).
+Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -118,13 +124,33 @@ def test_mask_per_token_on_a_262k_vocabulary(benchmark: Any) -> None:
     benchmark.extra_info["tokens"] = n
 
 
-def test_mask_per_token_on_the_tiny_fixture(benchmark: Any) -> None:
+def _vocab_files() -> list[str]:
+    folder = os.environ.get("BMOE_VOCAB_DIR")
+    names = ["ggml-vocab-gemma-4.gguf", "ggml-vocab-qwen2.gguf"]
+    return [str(Path(folder) / n) for n in names if folder and (Path(folder) / n).exists()] or ["(none)"]
+
+
+def _through_llama_cpp(benchmark: Any, path: Path) -> None:
     from bmoe.adapters.llama import guidance
     from bmoe.adapters.llama.model import LlamaModel, ModelParams
+
+    with LlamaModel(path, ModelParams(vocab_only=True)) as model:
+        t0 = time.perf_counter()
+        vocab = guidance._vocabulary(model)
+        benchmark.extra_info["vocabulary_build_s"] = time.perf_counter() - t0
+        run = _step_through(vocab.tokenizer, vocab.n_vocab)
+        benchmark.extra_info["tokens"] = benchmark(run)
+        benchmark.extra_info["n_vocab"] = vocab.n_vocab
+
+
+def test_mask_per_token_on_the_tiny_fixture(benchmark: Any) -> None:
     from bmoe.testing.fixtures import fixture_path
 
-    with LlamaModel(fixture_path("qwen3moe"), ModelParams(vocab_only=True)) as model:
-        vocab = guidance._vocabulary(model)
-        run = _step_through(vocab.tokenizer, vocab.n_vocab)
-        n = benchmark(run)
-    benchmark.extra_info["tokens"] = n
+    _through_llama_cpp(benchmark, fixture_path("qwen3moe"))
+
+
+@pytest.mark.parametrize("path", _vocab_files(), ids=lambda p: Path(p).name)
+def test_mask_per_token_on_llama_cpps_real_vocabularies(benchmark: Any, path: str) -> None:
+    if path == "(none)":
+        pytest.skip("BMOE_VOCAB_DIR does not hold llama.cpp's ggml-vocab-*.gguf files")
+    _through_llama_cpp(benchmark, Path(path))
