@@ -174,3 +174,44 @@ def test_a_set_field_is_refused_naming_its_pointer_and_the_framework_raises_it(s
     assert isinstance(error, openai.BadRequestError), info.value
     assert error.body["code"] == "invalid_grammar"  # type: ignore[index]
     assert error.body["param"].endswith("#/properties/tags/uniqueItems")  # type: ignore[index]
+
+
+def test_instructor_streams_partial_models_ending_valid(server: Running) -> None:
+    client = instructor.from_openai(server.client(), mode=instructor.Mode.JSON_SCHEMA)
+    partials = list(
+        client.chat.completions.create_partial(
+            model="m", messages=ASK, response_model=Order, max_tokens=400, max_retries=0, strict=False
+        )
+    )
+    assert len(partials) > 1  # it streamed
+    _check(Order.model_validate(partials[-1].model_dump()))
+
+
+def test_agents_sdk_streamed_run_with_a_required_tool_ends_in_a_valid_model(server: Running) -> None:
+    ran: list[int] = []
+
+    @agents.function_tool
+    def stock(n: Annotated[int, Field(ge=1, le=5)]) -> str:
+        """How many are in stock."""
+        ran.append(n)
+        return str(n * 2)
+
+    agent = agents.Agent(
+        name="orders",
+        instructions="Check the stock, then make an order.",
+        model=_agent_model(server),
+        tools=[stock],
+        output_type=Order,
+        model_settings=agents.ModelSettings(max_tokens=400, tool_choice="required"),
+    )
+
+    async def run() -> object:
+        result = agents.Runner.run_streamed(agent, "Make an order.", max_turns=6)
+        events = [event async for event in result.stream_events()]
+        assert events
+        return result.final_output
+
+    final = asyncio.run(run())
+    assert ran and all(1 <= n <= 5 for n in ran)
+    assert isinstance(final, Order)
+    _check(final)
