@@ -31,19 +31,20 @@ def physical_core_count(siblings: Iterable[frozenset[int]], allowed: int) -> int
     return max(1, len(groups) + unknown)
 
 
-def busy_machine_note(threads: int, cores: int, load: float) -> str | None:
-    """A warning when the machine's 1-minute load average leaves fewer cores free than
+def busy_machine_note(threads: int, cores: int, busy: float, what: str = "other work keeps") -> str | None:
+    """A warning when other work keeps so many of the ``cores`` busy that fewer are free than
     ``threads`` asks for (``None``: enough are free). llama.cpp's threads spin while they
     wait for one another, so one that shares its core with another job holds all of them
     back: on a 2-core VM with a job beside it, 2 threads decoded the built-in model at 1.06 s
-    a token and ``-t 1`` at 97.7 tok/s (stock llama.cpp does the same). The load is read
-    before the session computes anything, so it is other work's."""
-    free = max(0, round(cores - load))
+    a token and ``-t 1`` at 97.7 tok/s (stock llama.cpp does the same). ``busy``: CPUs busy
+    with other work (a short sample while this process sleeps; the load average alone
+    lingers a minute after a run of one's own, and would warn of it)."""
+    free = max(0, round(cores - busy))
     if threads <= free:
         return None
     suggest = max(1, free)
     return (
-        f"threads: warning: the machine is busy (load average {load:.2f} on {cores} cores, "
-        f"{free} free) and -t {threads} asks for more; llama.cpp's threads wait for the slowest, "
-        f"so decoding may run many times slower: try -t {suggest}"
+        f"threads: warning: the machine is busy ({what} {busy:.1f} of {cores} cores busy, {free} free) "
+        f"and -t {threads} asks for more; llama.cpp's threads wait for the slowest, so decoding "
+        f"may run many times slower: try -t {suggest}"
     )

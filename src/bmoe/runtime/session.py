@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from bmoe.adapters import crash_line
 from bmoe.adapters.chat_template import JinjaChatTemplate
-from bmoe.adapters.cpu_topology import machine_load
+from bmoe.adapters.cpu_topology import machine_load, other_cpu_busy
 from bmoe.adapters.decide_probe import LlamaDecideProbe
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable, has_streamable_experts
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
@@ -155,9 +155,10 @@ class Session:
         self.config = config
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
-        busy = busy_machine_note(config.context.n_threads, *machine_load())
-        if busy is not None and os.environ.get("BMOE_BUSY_WARNING", "1") != "0":
-            self.notes.append(busy)
+        if os.environ.get("BMOE_BUSY_WARNING", "1") != "0":
+            busy = self._busy_note(config.context.n_threads)
+            if busy is not None:
+                self.notes.append(busy)
         self.streaming: StreamingControl | None = None
         self._on_load = on_load
         # a model without routed experts in the registry runs resident even if asked to
@@ -316,6 +317,16 @@ class Session:
         """The profile's lines, moved to the session's ``notes``."""
         self.notes.extend(keeper.notes)
         keeper.notes.clear()
+
+    @staticmethod
+    def _busy_note(threads: int) -> str | None:
+        """The busy-machine warning: only where the load average says the machine may be
+        busy is the CPU sampled (0.2 s), and that sample decides."""
+        cpus, load = machine_load()
+        if busy_machine_note(threads, cpus, load) is None:
+            return None
+        busy = other_cpu_busy()
+        return busy_machine_note(threads, cpus, busy) if busy is not None else None
 
     def _layout_note(self, config: SessionConfig) -> str:
         """What a resident fallback of a streamed load computes with: a model loaded for
