@@ -52,14 +52,23 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
     def request(self, layer: int, ids: list[int], n_tokens: int) -> None:
         self._same_plan(layer, ids, n_tokens)
 
-    def _same_plan(self, layer: int, ids: list[int], n_tokens: int) -> None:
+    @rule(
+        layer=st.integers(0, N_LAYER - 1),
+        ids=st.lists(st.integers(0, N_EXPERT - 1), min_size=2, max_size=12),
+        n_seq=st.sampled_from([2, 4]),
+    )
+    def batched_decode(self, layer: int, ids: list[int], n_seq: int) -> None:
+        """A decode step of several sequences: the union of their experts, as decode."""
+        self._same_plan(layer, ids, n_seq, decode=True)
+
+    def _same_plan(self, layer: int, ids: list[int], n_tokens: int, decode: bool | None = None) -> None:
         try:
-            plan = self.policy.request(layer, ids, n_tokens)
+            plan = self.policy.request(layer, ids, n_tokens, decode=decode)
         except ValueError:
             with pytest.raises(ValueError):
-                self.core.request(layer, ids, n_tokens)
+                self.core.request(layer, ids, n_tokens, decode=decode)
             return
-        assert self.core.request(layer, ids, n_tokens) == (
+        assert self.core.request(layer, ids, n_tokens, decode=decode) == (
             plan.hits,
             plan.evictions,
             plan.loads,

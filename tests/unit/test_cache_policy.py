@@ -334,3 +334,18 @@ def test_a_profiles_warm_up_is_not_a_prefetch_and_its_later_hits_are_plain_hits(
     assert (c.warm_issued, c.prefetch_issued, c.prefetch_hits, c.hits) == (3, 1, 1, 3)
     assert early.issued == ((1, 4),)
     policy.check_valid()
+
+
+def test_a_decode_step_of_several_sequences_counts_as_decode_not_as_a_scan() -> None:
+    """Two sequences' tokens in one call: their experts' hits promote (as one token's do),
+    where the same call read as a prefill of two tokens leaves them in probation."""
+
+    def after_second_use(decode: bool | None) -> list[tuple[int, int]]:
+        policy = ExpertCachePolicy(budget_bytes=10 * 40, entry_bytes=[10], n_expert=16, n_expert_used=2)
+        policy.request(0, [1, 2, 3, 4], n_tokens=2, decode=decode)
+        policy.request(0, [1, 2, 3, 4], n_tokens=2, decode=decode)
+        policy.check_valid()
+        return sorted(policy.kept())
+
+    assert after_second_use(True) == [(0, 1), (0, 2), (0, 3), (0, 4)]
+    assert after_second_use(None) == []

@@ -338,24 +338,26 @@ cdef inline void core_mark_hot(core_t * c, int layer, int n_tokens) noexcept nog
         c.hot[c.order[best]] = 1
 
 
-cdef inline int core_plan(core_t * c, int layer, int n_tokens) noexcept nogil:
+cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1) noexcept nogil:
     """Decide the request of ``n_tokens`` tokens for ``layer``; returns the number of loads,
-    or -1 when the layer has no routed experts (nothing changed)."""
+    or -1 when the layer has no routed experts (nothing changed). ``as_decode``: 1 for a
+    decode step of several sequences (one token each: it counts as decode, every expert
+    hot), 0 for a prefill, -1: decode exactly when it is one token."""
     cdef int w
     cdef int32_t idx
     cdef int64_t size, cap = 0
-    cdef bint decode = n_tokens <= 1
+    cdef bint decode = n_tokens <= 1 if as_decode < 0 else as_decode != 0
     cdef bint adopted
     if layer < 0 or layer >= c.n_layer or c.entry_bytes[layer] == 0:
         return -1
     size = c.entry_bytes[layer]
     c.requests += 1
-    core_mark_hot(c, layer, n_tokens)
+    core_mark_hot(c, layer, 1 if decode else n_tokens)
     for w in range(c.n_expert):  # the request's entries are in use until the next request
         c.protected[w] = c.wanted[w]
     c.protect_layer = layer
     if decode:
-        if c.n_wanted > c.k_seen:
+        if n_tokens <= 1 and c.n_wanted > c.k_seen:  # one token's top-k, not a step's union
             c.k_seen = c.n_wanted
         cap = core_kept_cap(c)
         core_fit_kept(c, cap)

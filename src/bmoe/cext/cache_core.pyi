@@ -10,7 +10,7 @@ Entry = tuple[int, int]
 class ExpertCacheCore:
     def __init__(self, budget_bytes: int, entry_bytes: Sequence[int], n_expert: int) -> None: ...
     def request(
-        self, layer: int, ids: Iterable[int], n_tokens: int = 1
+        self, layer: int, ids: Iterable[int], n_tokens: int = 1, decode: bool | None = None
     ) -> tuple[tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...]]: ...
     def prefetch(
         self, layer: int, ids: Iterable[int], *, hot: bool = False, warm: bool = False

@@ -56,17 +56,19 @@ cdef class ExpertCacheCore:
             self._entries(self.c.plan_adopted, self.c.n_adopted),
         )
 
-    def request(self, int layer, ids, int n_tokens=1):
+    def request(self, int layer, ids, int n_tokens=1, decode=None):
         """Plan one MoE layer call of ``n_tokens`` tokens (``ids``: every token's, repeats
-        included): ``(hits, evictions, loads, adopted)`` as ``(layer, expert)`` tuples. Raises
-        ``ValueError`` (state unchanged) like the domain policy does."""
+        included; ``decode``: as the domain policy's): ``(hits, evictions, loads, adopted)``
+        as ``(layer, expert)`` tuples. Raises ``ValueError`` (state unchanged) like the
+        domain policy does."""
+        cdef int as_decode = -1 if decode is None else (1 if decode else 0)
         cdef int32_t e
         core_begin(self.c)
         for e in ids:
             if core_want(self.c, e) < 0:
                 core_begin(self.c)
                 raise ValueError(f"expert id {e} out of range [0, {self.c.n_expert}) at layer {layer}")
-        if core_plan(self.c, layer, n_tokens) < 0:
+        if core_plan(self.c, layer, n_tokens, as_decode) < 0:
             raise ValueError(f"layer {layer} has no routed experts")
         return self._plan()
 

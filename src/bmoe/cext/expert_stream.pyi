@@ -40,6 +40,7 @@ class ExpertStreamer:
     mode: int
     prefetch_k: int
     prefill_ahead: bool
+    decode_rows: int
     def set_router(self, n_embd: int, k: int, gating: int) -> None: ...
     def set_gate(self, layer: int, weights: int, bias: int = 0, selection_bias: int = 0) -> None: ...
     def configure_routing(

@@ -234,6 +234,17 @@ cdef class ExpertStreamer:
         whole next layer ahead. Between decodes only."""
         self.s.prefill_ahead = 1 if on else 0
 
+    @property
+    def decode_rows(self) -> int:
+        return self.s.decode_rows
+
+    @decode_rows.setter
+    def decode_rows(self, int n):
+        """A graph call of at most ``n`` tokens is a decode step of ``n`` sequences (one
+        token each): it counts as decode, not as a prefill's scan, and reads no layer ahead.
+        1 (one sequence) by default. Between decodes only."""
+        self.s.decode_rows = n if n > 1 else 1
+
     # -- decode routing (prediction, route-ahead, dropping, substitution) -------------------
 
     def set_router(self, int n_embd, int k, int gating):

@@ -66,6 +66,9 @@ class PolicyStreaming:
         self.policy = ExpertCachePolicy(budget_bytes, sizes, source.n_expert)
         self.prefetcher = PreviousTokenPrefetch(prefetch_depth, sizes)
         self.prefill_ahead = prefill_ahead
+        # a call of at most this many tokens is a decode step of that many sequences (one
+        # token each): it counts as decode and reads no layer ahead (set between decodes)
+        self.decode_rows = 1
         self.routing: DecodeRouting | None = None
         if routing is not None and routing.active:
             if routers is None:
@@ -106,8 +109,9 @@ class PolicyStreaming:
             if any(decided.dropped):
                 router.drop(decided.dropped)
             ids = decided.served
+        batched = 1 < n_tokens <= self.decode_rows
         try:
-            plan = self.policy.request(layer, ids, n_tokens)
+            plan = self.policy.request(layer, ids, n_tokens, decode=True if batched else None)
         except ValueError as exc:
             self._graph_fault = GraphFault(layer, str(exc))
             raise self._graph_fault.error() from exc
@@ -120,7 +124,7 @@ class PolicyStreaming:
             wait = self.source.load([*plan.adopted, *plan.loads])
             targets = self.prefetcher.after_request(layer, ids, n_tokens)
             n_routed = len(set(ids))
-            if self.prefill_ahead and prefill_reads_ahead(n_tokens, n_routed, self.policy.n_expert):
+            if not batched and self.prefill_ahead and prefill_reads_ahead(n_tokens, n_routed, self.policy.n_expert):
                 ahead = next_moe_layer(layer, self.policy.entry_bytes)
                 if ahead is not None:
                     targets = [(ahead, list(range(self.policy.n_expert)))]

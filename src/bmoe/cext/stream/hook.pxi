@@ -204,11 +204,13 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     cdef const uint8_t * skip = NULL
     cdef bint routed = t.ne[1] == 1 and t.type == GGML_TYPE_I32 and routing_on(s) and t != &s.dev_node
     cdef bint asked = False
+    cdef bint batched
     if routed and route_decode(s, t, layer) > 0:
         skip = s.r.dropped
     if gather_ids(s, t, layer, skip) < 0:
         return
-    n_loads = core_plan(s.core, layer, <int> t.ne[1])
+    batched = 1 < t.ne[1] <= s.decode_rows
+    n_loads = core_plan(s.core, layer, <int> t.ne[1], 1 if batched else -1)
     if n_loads < 0:
         graph_fault(s, layer, GRAPH_NO_EXPERTS)
         return
@@ -232,7 +234,7 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
                 prefetch_after(s, layer)
             if routed:
                 rank_ahead(s, layer, asked)
-        elif s.prefill_ahead and 2 * s.core.n_wanted >= s.core.n_expert:
+        elif not batched and s.prefill_ahead and 2 * s.core.n_wanted >= s.core.n_expert:
             read_layer_ahead(s, layer)
     if asked and s.fault:
         await_rankings(s)  # its input lives until this callback returns

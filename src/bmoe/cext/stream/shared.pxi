@@ -315,6 +315,8 @@ cdef struct stream_t:
     # reads ahead (--prefetch K): the previous decode token's routing of each layer
     int prefetch_k
     int prefill_ahead              # read the whole next layer ahead in a prefill batch
+    int decode_rows                # a graph call of at most this many tokens is a decode step
+                                   # of that many sequences (one token each): decode, not a scan
     int32_t * last_route           # [n_layer * n_expert]
     int * last_route_n             # [n_layer]
     worker_arg_t * worker_args     # [n_lanes]

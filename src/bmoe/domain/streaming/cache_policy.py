@@ -163,15 +163,20 @@ class ExpertCachePolicy:
         n_moe = sum(1 for size in self.entry_bytes if size > 0)
         return max(1, self.budget_bytes // self.entry_bytes[layer] // max(1, n_moe))
 
-    def request(self, layer: int, experts: Iterable[int], n_tokens: int = 1) -> LayerPlan:
+    def request(
+        self, layer: int, experts: Iterable[int], n_tokens: int = 1, decode: bool | None = None
+    ) -> LayerPlan:
         """Plan one MoE layer call of ``n_tokens`` tokens (``experts``: every token's routed
-        ids, repeats included). Raises ``ValueError`` for a layer without experts or an
-        expert id out of range (the state is then unchanged)."""
+        ids, repeats included). ``decode``: True for a decode step of several sequences (one
+        token each): it counts as decode (hits promote, every expert stays hot), not as a
+        prefill's scan; ``None``: decode exactly when it is one token. Raises ``ValueError``
+        for a layer without experts or an expert id out of range (the state is then
+        unchanged)."""
         routed = [int(e) for e in experts]
         ids = self._checked_ids(layer, routed)
         size = self.entry_bytes[layer]
         wanted = [(layer, e) for e in ids]
-        decode = n_tokens <= 1
+        decode = n_tokens <= 1 if decode is None else decode
         hot = set(wanted)
         if not decode and len(ids) > self.share(layer):
             counts = Counter(routed)
@@ -184,7 +189,8 @@ class ExpertCachePolicy:
         self._protected = frozenset(wanted)
         cap = 0
         if decode:
-            self._k_seen = max(self._k_seen, len(ids))
+            if n_tokens <= 1:  # one token's top-k, not a step's union
+                self._k_seen = max(self._k_seen, len(ids))
             cap = self.kept_cap()
             self._fit_kept(cap)
         for entry in hits:
