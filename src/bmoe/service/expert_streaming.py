@@ -124,7 +124,8 @@ class PolicyStreaming:
             wait = self.source.load([*plan.adopted, *plan.loads])
             targets = self.prefetcher.after_request(layer, ids, n_tokens)
             n_routed = len(set(ids))
-            if not batched and self.prefill_ahead and prefill_reads_ahead(n_tokens, n_routed, self.policy.n_expert):
+            whole_layer = prefill_reads_ahead(n_tokens, n_routed, self.policy.n_expert)
+            if not batched and self.prefill_ahead and whole_layer:
                 ahead = next_moe_layer(layer, self.policy.entry_bytes)
                 if ahead is not None:
                     targets = [(ahead, list(range(self.policy.n_expert)))]
