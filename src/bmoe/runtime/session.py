@@ -25,6 +25,7 @@ from bmoe.adapters.cpu_topology import machine_load, other_cpu_busy
 from bmoe.adapters.decide_probe import LlamaDecideProbe
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable, has_streamable_experts
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
+from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
 from bmoe.adapters.llama.context import CCallback
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
@@ -47,6 +48,7 @@ from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import GovernorConfig
 from bmoe.domain.threads import busy_machine_note
+from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
     ConfigError,
@@ -60,6 +62,7 @@ from bmoe.runtime.cpu_choice import amx_choice
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
+from bmoe.service.batch_generation import BatchJob, BatchOutput, run_batch
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
@@ -473,6 +476,82 @@ class Session:
         )
         self._learn()
         return attrs.evolve(result, stream=report)
+
+    def generate_batch(
+        self, requests: Sequence[GenerateRequest], *, chat: bool | None = None
+    ) -> list[RunResult]:
+        """Answer ``requests`` as parallel sequences of one context (``ContextParams
+        .n_seq_max``, llama.cpp's ``-np``): up to that many at a time, one ``llama_decode``
+        per step holding a token of each (continuous batching: a finished one's slot takes
+        the next). Each request stands alone (no conversation history; the session's is
+        forgotten, as a decision forgets it). With experts streamed, a step reads each
+        expert once for all its sequences. The results in the requests' order."""
+        self._refuse_if_faulted()
+        if self.streaming is not None and self.config.stream.routing_policies:
+            raise ConfigError("parallel sequences do not combine with decode routing policies yet")
+        if self._prefix_cache is not None:
+            self._prefix_cache.clear()
+        chat = self.config.chat if chat is None else chat
+        jobs = [self._batch_job(r, chat) for r in requests]
+        streaming = self.streaming
+        backend = LlamaBatchBackend(
+            self.model, self.ctx, streaming.set_decode_rows if streaming is not None else lambda n: None
+        )
+
+        def work() -> list[RunResult]:
+            outputs = run_batch(backend, jobs)
+            return [
+                self._batch_result(r, job, out, chat)
+                for r, job, out in zip(requests, jobs, outputs, strict=True)
+            ]
+
+        try:
+            results = self.engine.run_exclusive(work)
+        finally:
+            if streaming is not None:
+                streaming.set_decode_rows(1)
+                streaming.end_turn()
+            self.ctx.clear()
+        if streaming is not None:
+            self._learn()
+        return results
+
+    def _batch_job(self, request: GenerateRequest, chat: bool) -> BatchJob:
+        alone = attrs.evolve(request, clear_kv=True)
+        prompt = self.engine.render_prompt(alone, history=[] if chat else None, chat=chat)
+        n_predict = self.config.n_predict if request.n_predict is None else request.n_predict
+        return BatchJob(
+            prompt=tuple(prompt),
+            n_predict=n_predict,
+            sampling=request.sampling,
+            constraint=self.engine.constraint(request),
+            logprobs=request.logprobs,
+            specials=ToolUse.shown(request.tools) is not None,
+        )
+
+    def _batch_result(
+        self, request: GenerateRequest, job: BatchJob, out: BatchOutput, chat: bool
+    ) -> RunResult:
+        text, reasoning = out.text, out.reasoning
+        calls: tuple[ToolCall, ...] = ()
+        tools = ToolUse.shown(request.tools) if chat else None
+        fmt = self.engine.renderer.tool_format
+        if tools is not None and fmt is not None:
+            cut = not out.stopped_at_eog and len(out.tokens) >= job.n_predict
+            reply = parse_reply(fmt, out.text, parallel=tools.parallel, cut=cut)
+            text, calls, reasoning = reply.content, reply.calls, reasoning + reply.reasoning
+        return RunResult(
+            text=text,
+            reasoning=reasoning,
+            tokens=out.tokens,
+            n_prompt=len(job.prompt),
+            n_past=len(job.prompt) + len(out.tokens),
+            prefill_s=out.prefill_s,
+            decode_s=out.decode_s,
+            stopped_at_eog=out.stopped_at_eog,
+            tool_calls=calls,
+            logprobs=out.logprobs,
+        )
 
     def decide(self, request: DecideRequest, on_begin: OnBegin | None = None) -> DecideResult:
         """Score ``request.choices`` from one prefill (spec/decide.md). Refusals raise

@@ -249,6 +249,13 @@ class StreamingControl:
                     issued += self.streaming.streamer.read_ahead(layer, experts, True, True)
         return issued
 
+    def set_decode_rows(self, n: int) -> None:
+        """The next graph calls of at most ``n`` tokens are decode steps of ``n`` sequences
+        (1: one sequence). Between decodes (the caller holds the session's turn)."""
+        if self._reference is not None:
+            self._reference.decode_rows = max(1, n)
+        self.streaming.streamer.decode_rows = n
+
     def evict_all(self) -> None:
         with self.lock:
             if self._reference is not None:

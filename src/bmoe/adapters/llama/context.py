@@ -22,6 +22,7 @@ from bmoe.errors import ConfigError, ContextInitError, ContextOverflowError, Dec
 
 FlashAttn = Literal["auto", "on", "off"]
 MAX_THREADS = 512  # GGML_MAX_N_THREADS (ggml.h): more crashes llama.cpp's thread pool
+MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ (llama-cparams.h): llama.cpp refuses more
 _FLASH_ATTN = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -69,10 +70,17 @@ class ContextParams:
     # changes the output as it does in llama.cpp; a quantized V needs flash attention
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    # sequences one context holds (llama.cpp's -np): above 1, one KV cache of n_ctx cells
+    # shared by all of them (llama.cpp's --kv-unified)
+    n_seq_max: int = 1
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx < 8:
             raise ConfigError(f"n_ctx must be at least 8, not {self.n_ctx}")
+        if not 1 <= self.n_seq_max <= MAX_SEQUENCES:
+            raise ConfigError(
+                f"parallel sequences must be between 1 and {MAX_SEQUENCES}, not {self.n_seq_max}"
+            )
         if not 1 <= self.n_ubatch <= self.n_batch:
             raise ConfigError(f"need 1 <= n_ubatch <= n_batch, got {self.n_ubatch} and {self.n_batch}")
         if not 1 <= self.n_threads <= MAX_THREADS:
@@ -121,7 +129,8 @@ class LlamaContext:
         cparams.n_ctx = params.n_ctx
         cparams.n_batch = params.n_batch
         cparams.n_ubatch = params.n_ubatch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = params.n_seq_max
+        cparams.kv_unified = params.n_seq_max > 1
         cparams.n_rs_seq = 0
         cparams.n_threads = params.n_threads
         cparams.n_threads_batch = params.n_threads
@@ -200,9 +209,9 @@ class LlamaContext:
         """Drop every cell of the KV / recurrent memory."""
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ptr), True)
 
-    def remove_from(self, pos: int) -> bool:
-        """Remove positions ``pos..end`` of the sequence; False when the memory refuses."""
-        return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.ptr), 0, pos, -1))
+    def remove_from(self, pos: int, seq: int = 0) -> bool:
+        """Remove positions ``pos..end`` of sequence ``seq``; False when the memory refuses."""
+        return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.ptr), seq, pos, -1))
 
     def pos_min(self) -> int:
         """Smallest position the memory still holds for the sequence (-1 when empty)."""
@@ -211,9 +220,10 @@ class LlamaContext:
     # -- compute ---------------------------------------------------------------------------
 
     def decode(
-        self, tokens: Sequence[int], start_pos: int, *, logits: Literal["last", "all"] = "last"
+        self, tokens: Sequence[int], start_pos: int, *, logits: Literal["last", "all"] = "last", seq: int = 0
     ) -> None:
-        """Feed ``tokens`` at positions ``start_pos...``, in chunks of ``n_batch``.
+        """Feed ``tokens`` at positions ``start_pos...`` of sequence ``seq``, in chunks of
+        ``n_batch``.
 
         Logits are computed for the last token only (``"last"``) or for every token (``"all"``).
         Raises ``ContextOverflowError`` before decoding anything if the tokens do not fit.
@@ -234,11 +244,28 @@ class LlamaContext:
                 batch.token[i] = token
                 batch.pos[i] = start_pos + begin + i
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
+                batch.seq_id[i][0] = seq
                 batch.logits[i] = logits == "all" or (last_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
             self._decode_batch()
         self.feeding = (len(tokens), len(tokens))
+
+    def decode_step(self, entries: Sequence[tuple[int, int, int]]) -> None:
+        """One ``llama_decode`` of one token per sequence: ``(token, position, sequence)``
+        each, logits for every one (output row ``i`` is entry ``i``'s). At most ``n_batch``."""
+        if not 1 <= len(entries) <= self.params.n_batch:
+            raise ConfigError(f"a step holds 1 to {self.params.n_batch} tokens, not {len(entries)}")
+        batch = self._batch
+        for i, (token, pos, seq) in enumerate(entries):
+            if pos >= self.n_ctx:
+                raise ContextOverflowError(f"position {pos} is past the context of {self.n_ctx}")
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = True
+        batch.n_tokens = len(entries)
+        self._decode_batch()
 
     def _decode_batch(self) -> None:
         """``llama_decode`` the prepared batch, at a decode boundary the session controls;

@@ -20,6 +20,21 @@ from bmoe.domain.sampling import SamplingParams
 from bmoe.ports.generate_backend import IGenerateBackend
 
 
+def token_logprob(model: LlamaModel, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability under ``logits`` (their log-softmax over the vocabulary)
+    and the ``top`` most likely tokens, most likely first."""
+    logp = log_softmax(logits)
+
+    def choice(t: int) -> TokenChoice:
+        return TokenChoice(t, model.token_bytes(t), float(logp[t]))
+
+    best: list[int] = []
+    if top > 0:
+        part = np.argpartition(-logp, min(top, logp.size - 1))[:top]
+        best = [int(t) for t in part[np.argsort(-logp[part], kind="stable")]]
+    return TokenLogprob(choice(token), tuple(choice(t) for t in best))
+
+
 class LlamaGenerateBackend(IGenerateBackend):
     """Borrows a model and a context created with ``abort=flag`` (the same ``AbortFlag``);
     owns the sampler of the current generation. A streaming fault surfaces from ``feed``
@@ -70,16 +85,7 @@ class LlamaGenerateBackend(IGenerateBackend):
         return self._sampler.sample(self.ctx)
 
     def token_logprob(self, token: int, top: int) -> TokenLogprob:
-        logp = log_softmax(self.ctx.logits(-1))
-
-        def choice(t: int) -> TokenChoice:
-            return TokenChoice(t, self.model.token_bytes(t), float(logp[t]))
-
-        best: list[int] = []
-        if top > 0:
-            part = np.argpartition(-logp, min(top, logp.size - 1))[:top]
-            best = [int(t) for t in part[np.argsort(-logp[part], kind="stable")]]
-        return TokenLogprob(choice(token), tuple(choice(t) for t in best))
+        return token_logprob(self.model, self.ctx.logits(-1), token, top)
 
     def abort(self) -> None:
         self.flag.set()

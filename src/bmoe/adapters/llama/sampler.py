@@ -82,11 +82,12 @@ class Sampler:
         self._add(llama_cpp.llama_sampler_init_temp(params.temp))
         self._add(llama_cpp.llama_sampler_init_dist(params.seed))
 
-    def sample(self, ctx: LlamaContext) -> int:
-        """Draw the next token from the last logits of ``ctx`` and accept it."""
+    def sample(self, ctx: LlamaContext, row: int = -1) -> int:
+        """Draw the next token from output row ``row`` of ``ctx``'s logits (``-1``: the last
+        one computed) and accept it."""
         if self._ptr is None:
             raise ValueError("the sampler is closed")
-        token = int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, -1))
+        token = int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, row))
         if self._mask is not None:
             self._mask.check()
         return token

@@ -1,0 +1,79 @@
+"""``LlamaBatchBackend``: ``IBatchBackend`` over a llama.cpp context of several sequences."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from bmoe.adapters.llama import guidance
+from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.generate_backend import token_logprob
+from bmoe.adapters.llama.grammar import constraint_gbnf
+from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.llama.sampler import Sampler
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.generation import TokenLogprob
+from bmoe.domain.sampling import SamplingParams
+from bmoe.errors import ConfigError
+
+
+class LlamaBatchBackend:
+    """Borrows the session's model and context (created with ``n_seq_max`` sequences);
+    owns one sampler per sequence. ``on_step(n)`` runs before each decode: ``n`` tokens of
+    ``n`` sequences (1 for a prefill), so that a streamed session counts the step as decode."""
+
+    def __init__(self, model: LlamaModel, ctx: LlamaContext, on_step: Callable[[int], None]) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.on_step = on_step
+        self._samplers: dict[int, Sampler] = {}
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    @property
+    def n_seq(self) -> int:
+        return self.ctx.params.n_seq_max
+
+    def clear(self) -> None:
+        self.ctx.clear()
+
+    def drop(self, seq: int) -> None:
+        if not self.ctx.remove_from(0, seq):
+            raise ConfigError("this model's memory cannot drop one sequence (recurrent state)")
+
+    def prefill(self, seq: int, tokens: Sequence[int]) -> None:
+        self.on_step(1)
+        self.ctx.decode(tokens, 0, seq=seq)
+
+    def step(self, entries: Sequence[tuple[int, int, int]]) -> None:
+        self.on_step(len(entries))
+        self.ctx.decode_step(entries)
+
+    def start_sampling(self, seq: int, params: SamplingParams, constraint: OutputConstraint | None) -> None:
+        old = self._samplers.pop(seq, None)
+        if old is not None:
+            old.close()
+        grammar = mask = None
+        if constraint is not None and constraint.kind != "gbnf" and guidance.available():
+            mask = guidance.GuidanceMask(constraint, self.model)
+        elif constraint is not None:
+            grammar = constraint_gbnf(constraint)
+        self._samplers[seq] = Sampler(params, self.model, self.ctx.n_ctx, grammar, mask)
+
+    def sample(self, seq: int, row: int) -> int:
+        return self._samplers[seq].sample(self.ctx, row)
+
+    def token_logprob(self, row: int, token: int, top: int) -> TokenLogprob:
+        return token_logprob(self.model, self.ctx.logits(row), token, top)
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return self.model.token_bytes(token, special=special)
+
+    def is_eog(self, token: int) -> bool:
+        return self.model.is_eog(token)
+
+    def close_samplers(self) -> None:
+        for sampler in self._samplers.values():
+            sampler.close()
+        self._samplers.clear()

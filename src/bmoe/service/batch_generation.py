@@ -1,0 +1,177 @@
+"""Several requests at once: continuous batching over the sequences of one context.
+
+Each request takes a free sequence (a slot), has its prompt prefilled in a decode of its
+own, and from then on contributes one token to every step: one ``llama_decode`` holding
+the next token of each running sequence (llama.cpp's server does the same). A sequence that
+ends (an end-of-generation token, its ``n_predict``) frees its slot at once and the next
+waiting request takes it. With experts streamed, a step is one request per MoE layer for
+the union of its sequences' experts: each expert is read once per step for all of them.
+
+The KV cache is one for all sequences (``n_ctx`` cells): a request is let in only while
+the prompts and ``n_predict`` of the running ones and its own fit in it, so no step can run
+out of cells. Sampling is per sequence (its own sampler chain, seed and grammar).
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.generation import TokenLogprob
+from bmoe.domain.reasoning import ReasoningSplitter
+from bmoe.domain.sampling import SamplingParams
+from bmoe.errors import ContextOverflowError
+from bmoe.ports.batch_backend import IBatchBackend
+
+
+@attrs.frozen
+class BatchJob:
+    """One request, rendered: its prompt's tokens and how to sample its reply."""
+
+    prompt: tuple[int, ...]
+    n_predict: int
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    constraint: OutputConstraint | None = None
+    logprobs: int | None = None
+    specials: bool = False  # render control tokens as text (tool-call syntaxes use them)
+
+
+@attrs.frozen
+class BatchOutput:
+    """What one job produced (its ``text`` split from its ``reasoning``)."""
+
+    text: str
+    reasoning: str
+    tokens: tuple[int, ...]
+    stopped_at_eog: bool
+    logprobs: tuple[TokenLogprob, ...]
+    prefill_s: float
+    decode_s: float
+    steps: int  # decode steps this job took part in
+
+
+@attrs.define
+class _Slot:
+    job: int
+    seq: int
+    spec: BatchJob
+    tokens: list[int] = attrs.field(factory=list)
+    logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    text: list[str] = attrs.field(factory=list)
+    reasoning: list[str] = attrs.field(factory=list)
+    utf8: codecs.IncrementalDecoder = attrs.field(
+        factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
+    splitter: ReasoningSplitter = attrs.field(factory=ReasoningSplitter)
+    eog: bool = False
+    prefill_s: float = 0.0
+    started: float = 0.0
+    steps: int = 0
+
+    @property
+    def cells(self) -> int:
+        return len(self.spec.prompt) + self.spec.n_predict
+
+    @property
+    def done(self) -> bool:
+        return self.eog or len(self.tokens) >= self.spec.n_predict
+
+
+OnToken = Callable[[int, int], None]  # (job index, token)
+
+
+def run_batch(
+    backend: IBatchBackend, jobs: Sequence[BatchJob], on_token: OnToken | None = None
+) -> list[BatchOutput]:
+    """Answer every job, up to ``backend.n_seq`` at a time; the outputs in the jobs' order.
+    Raises ``ContextOverflowError`` (nothing computed) when a job alone does not fit."""
+    for i, job in enumerate(jobs):
+        if not job.prompt:
+            raise ContextOverflowError(f"request {i}: the prompt tokenizes to nothing")
+        if len(job.prompt) + job.n_predict > backend.n_ctx:
+            raise ContextOverflowError(
+                f"request {i}: prompt ({len(job.prompt)} tokens) + n_predict ({job.n_predict}) "
+                f"exceeds the context of {backend.n_ctx} tokens"
+            )
+    waiting = deque(enumerate(jobs))
+    free = list(range(backend.n_seq))
+    running: list[_Slot] = []
+    outputs: dict[int, BatchOutput] = {}
+    backend.clear()
+    try:
+        while waiting or running:
+            while waiting and free and sum(s.cells for s in running) + _cells(waiting[0][1]) <= backend.n_ctx:
+                index, job = waiting.popleft()
+                slot = _Slot(index, free.pop(0), job)
+                _begin(backend, slot, on_token)
+                if slot.done:
+                    outputs[index] = _finish(backend, slot, free)
+                else:
+                    running.append(slot)
+            if not running:
+                continue
+            backend.step([(s.tokens[-1], len(s.spec.prompt) + len(s.tokens) - 1, s.seq) for s in running])
+            for row, slot in enumerate(running):
+                slot.steps += 1
+                _take(backend, slot, row, on_token)
+            for slot in [s for s in running if s.done]:
+                running.remove(slot)
+                outputs[slot.job] = _finish(backend, slot, free)
+    finally:
+        backend.close_samplers()
+    return [outputs[i] for i in range(len(jobs))]
+
+
+def _cells(job: BatchJob) -> int:
+    return len(job.prompt) + job.n_predict
+
+
+def _begin(backend: IBatchBackend, slot: _Slot, on_token: OnToken | None) -> None:
+    backend.start_sampling(slot.seq, slot.spec.sampling, slot.spec.constraint)
+    t0 = time.perf_counter()
+    backend.prefill(slot.seq, slot.spec.prompt)
+    slot.prefill_s = time.perf_counter() - t0
+    slot.started = time.perf_counter()
+    if slot.spec.n_predict > 0:
+        _take(backend, slot, -1, on_token)
+
+
+def _take(backend: IBatchBackend, slot: _Slot, row: int, on_token: OnToken | None) -> None:
+    """Draw the slot's next token from output ``row`` and record it (an end-of-generation
+    token ends the slot and is not kept, as a single generation does)."""
+    token = backend.sample(slot.seq, row)
+    if backend.is_eog(token):
+        slot.eog = True
+        return
+    slot.tokens.append(token)
+    if slot.spec.logprobs is not None:
+        slot.logprobs.append(backend.token_logprob(row, token, slot.spec.logprobs))
+    delta = slot.splitter.feed(slot.utf8.decode(backend.token_bytes(token, special=slot.spec.specials)))
+    slot.text.append(delta.text)
+    slot.reasoning.append(delta.reasoning)
+    if on_token is not None:
+        on_token(slot.job, token)
+
+
+def _finish(backend: IBatchBackend, slot: _Slot, free: list[int]) -> BatchOutput:
+    for delta in (slot.splitter.feed(slot.utf8.decode(b"", final=True)), slot.splitter.finish()):
+        slot.text.append(delta.text)
+        slot.reasoning.append(delta.reasoning)
+    backend.drop(slot.seq)
+    free.append(slot.seq)
+    free.sort()
+    return BatchOutput(
+        text="".join(slot.text),
+        reasoning="".join(slot.reasoning),
+        tokens=tuple(slot.tokens),
+        stopped_at_eog=slot.eog,
+        logprobs=tuple(slot.logprobs),
+        prefill_s=slot.prefill_s,
+        decode_s=time.perf_counter() - slot.started,
+        steps=slot.steps,
+    )
