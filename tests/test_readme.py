@@ -2,7 +2,8 @@
 ``jsonl`` block after one is its stdin), each ``python`` block, on the built-in model, in
 this environment (the Quick start made it; its ``pip`` and ``venv`` steps and the test
 command itself are not re-run). A server command is started, asked for ``/v1/models`` and
-stopped. A block the README marks ``<!-- readme-test: skip (why) -->`` is skipped, saying why.
+stopped; a command sent to the background (``... &``, the RPC server) is started, waited for
+on its port while the block's other commands run, then stopped. A block the README marks ``<!-- readme-test: skip (why) -->`` is skipped, saying why.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -50,19 +52,26 @@ def blocks() -> list[Block]:
 
 
 def commands() -> list[tuple[str, str, str]]:
-    """``(id, command, stdin)`` for every ``.venv/bin/python`` command in ``sh`` blocks."""
+    """``(id, command, stdin)`` for every ``.venv/bin/python`` command in ``sh`` blocks; a
+    block with a command sent to the background (``... &``) is one entry, its lines joined."""
     out = []
     found = blocks()
     for n, block in enumerate(found):
         if block.lang != "sh":
             continue
         stdin = found[n + 1].text + "\n" if n + 1 < len(found) and found[n + 1].lang == "jsonl" else ""
-        for part in (p.strip() for line in block.text.splitlines() for p in line.split("&&")):
-            if part.startswith(".venv/bin/python") and " -m pytest" not in part:
-                out.append(
-                    (f"README.md:{block.line}", part, stdin if not block.skip else f"SKIP:{block.skip}")
-                )
+        stdin = stdin if not block.skip else f"SKIP:{block.skip}"
+        parts = [p.strip() for line in block.text.splitlines() for p in line.split("&&")]
+        parts = [p for p in parts if p.startswith(".venv/bin/python") and " -m pytest" not in p]
+        if any(_background(p) for p in parts):
+            out.append((f"README.md:{block.line}", "\n".join(parts), stdin))
+            continue
+        out += [(f"README.md:{block.line}", part, stdin) for part in parts]
     return out
+
+
+def _background(command: str) -> bool:
+    return command.split("  #")[0].rstrip().endswith("&")
 
 
 def _argv(command: str) -> list[str]:
@@ -74,6 +83,9 @@ def _argv(command: str) -> list[str]:
 def test_each_readme_command_runs_as_written(where: str, command: str, stdin: str, tmp_path: Path) -> None:
     if stdin.startswith("SKIP:"):
         pytest.skip(f"{where}: {stdin[5:]}")
+    if "\n" in command:
+        _with_background(command.splitlines(), tmp_path)
+        return
     argv = _argv(command)
     if "bmoe.serve" in command:
         _serve(argv, tmp_path)
@@ -85,6 +97,44 @@ def test_each_readme_command_runs_as_written(where: str, command: str, stdin: st
         assert "BMOE_ERROR" not in kinds, proc.stdout
         answered = [k for k in kinds if k in ("BMOE_DONE", "BMOE_DECIDE")]
         assert len(answered) == len(stdin.strip().splitlines()), proc.stdout
+
+
+def _with_background(lines: list[str], cwd: Path) -> None:
+    """Start the block's ``&`` commands, wait for the port each names, run the rest, stop them."""
+    if any("bmoe.rpc_server" in line for line in lines):
+        from bmoe.adapters.llama.devices import rpc_available
+
+        if not rpc_available():
+            pytest.skip('llama-cpp-python was built without its RPC backend (CMAKE_ARGS="-DGGML_RPC=ON")')
+    started = []
+    try:
+        for line in lines:
+            argv = _argv(line)
+            if not _background(line):
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=cwd)
+                assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
+                continue
+            started.append(
+                subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+            )
+            if "--port" in argv:
+                _wait_for_port(int(argv[argv.index("--port") + 1]), started[-1])
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait(timeout=60)
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            assert proc.poll() is None, "the background command ended"
+            time.sleep(0.1)
+    raise AssertionError(f"nothing listens on port {port}")
 
 
 def _serve(argv: list[str], cwd: Path) -> None:
