@@ -3,7 +3,8 @@
 this environment (the Quick start made it; its ``pip`` and ``venv`` steps and the test
 command itself are not re-run). A server command is started, asked for ``/v1/models`` and
 stopped; a command sent to the background (``... &``, the RPC server) is started, waited for
-on its port while the block's other commands run, then stopped. A block the README marks ``<!-- readme-test: skip (why) -->`` is skipped, saying why.
+on its port while the block's other commands run, then stopped. A block the README marks
+``<!-- readme-test: skip (why) -->`` is skipped, saying why.
 """
 
 from __future__ import annotations
