@@ -33,11 +33,11 @@ class Sampler:
         mask: ITokenMask | None = None,
     ) -> None:
         self.params = params
-        self._mask = MaskSampler(mask) if mask is not None else None
+        self._mask: MaskSampler | None = None
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._ptr: llama_cpp.llama_sampler_p | None = chain
         try:
-            self._add_filters(params, model, n_ctx, grammar)
+            self._add_filters(params, model, n_ctx, grammar, mask)
         except BaseException:
             self.close()
             raise
@@ -47,7 +47,12 @@ class Sampler:
         llama_cpp.llama_sampler_chain_add(self._ptr, sampler)
 
     def _add_filters(
-        self, params: SamplingParams, model: LlamaModel, n_ctx: int, grammar: str | None
+        self,
+        params: SamplingParams,
+        model: LlamaModel,
+        n_ctx: int,
+        grammar: str | None,
+        mask: ITokenMask | None,
     ) -> None:
         if params.logit_bias:
             biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
@@ -68,7 +73,8 @@ class Sampler:
             if not sampler:
                 raise GrammarError("llama.cpp could not parse the grammar (its log says where)")
             self._add(sampler)
-        if self._mask is not None:
+        if mask is not None:  # made here, added at once: the chain owns (and frees) it from now on
+            self._mask = MaskSampler(mask)
             self._add(self._mask.pointer)
 
     def _add_draw(self, params: SamplingParams) -> None:
