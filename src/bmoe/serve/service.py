@@ -15,22 +15,19 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-import attrs
-
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult
-from bmoe.domain.generation import GenerateRequest, Progress, TokenLogprob
+from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.live import ExpertSnapshot
-from bmoe.domain.tools import ReplyGate, ToolUse
-from bmoe.domain.tools.call_stream import CallStreamer
+from bmoe.domain.tools import ToolUse
 from bmoe.runtime import Session
 from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
-from bmoe.serve.api_responses import Delta, ModelCard, Outcome, outcome
+from bmoe.serve.api_responses import Delta, ModelCard, Outcome
 from bmoe.serve.errors import RequestCancelledError
 from bmoe.serve.live import Kind
 from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request, fill_context
 from bmoe.serve.monitor import EngineMonitor
-from bmoe.serve.stop import StopScanner
+from bmoe.serve.reply import ReplyStream
 from bmoe.serve.worker import Job, SessionWorker
 
 T = TypeVar("T")
@@ -127,59 +124,20 @@ class ServedSession:
         if request.n_predict is None:
             prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
             request = fill_context(request, len(prompt), self.session.n_ctx)
-        scanner = StopScanner(tuple(stops))
         tools = ToolUse.shown(request.tools) if chat else None
         fmt = self.session.engine.renderer.tool_format if tools is not None else None  # probed once, on need
-        gate = ReplyGate(fmt, tools.parallel) if tools is not None and fmt is not None else None
-        # calls a grammar holds parse by construction: their arguments stream as written
-        held = self.session.engine.constraint(request) if gate is not None else None
-        streamer = (
-            CallStreamer(fmt) if fmt is not None and held is not None and held.kind == "tool_calls" else None
-        )
-        seen_reasoning: list[str] = []
-        gated: list[str] = []  # the answer text let through the gate (all of it, without tools)
-        kept: list[str] = []
-        pending: list[TokenLogprob] = []
-
-        def send(text: str, reasoning: str) -> None:
-            kept.append(text)
-            delta = Delta(text, reasoning, tuple(pending))
-            pending.clear()
-            if not delta.empty:
-                emit(delta)
+        constraint = self.session.engine.constraint(request) if tools is not None else None
+        wants_logprobs = request.logprobs is not None
+        reply = ReplyStream(stops, emit, self.session.stop, tools, fmt, constraint, wants_logprobs)
 
         def on_progress(p: Progress) -> None:
             self.monitor.token(p)
-            seen_reasoning.append(p.delta_reasoning)
-            if p.logprob is not None:
-                pending.append(p.logprob)
-            piece = gate.feed(p.delta_text) if gate is not None else p.delta_text
-            gated.append(piece)
-            text = scanner.feed(piece)
-            if scanner.stopped:
-                self.session.stop()
-            if text or p.delta_reasoning:
-                send(text, p.delta_reasoning)
-            if streamer is not None and gate is not None:
-                calls = streamer.feed(gate.held)
-                if calls:
-                    emit(Delta(call_deltas=tuple(calls)))
+            reply.progress(p)
 
         result = self.session.generate(request, on_progress, job.began, history=history, chat=chat)
         if result.cancelled:
             raise RequestCancelledError("the request was cancelled")
-        # the answer's rest: what the session flushed after the last token (a held-back tag
-        # or UTF-8 tail) or, with tools, the content the gate held that is not a call
-        rest = scanner.feed(result.text[len("".join(gated)) :])
-        send(rest + scanner.finish(), result.reasoning[len("".join(seen_reasoning)) :])
-        if streamer is not None:
-            last, final = streamer.finish(result.tool_calls)
-            result = attrs.evolve(result, tool_calls=final)
-            if last:
-                emit(Delta(call_deltas=tuple(last)))
-        elif result.tool_calls:
-            emit(Delta(tool_calls=result.tool_calls))
-        return outcome(result, "".join(kept), stopped=scanner.stopped, logprobs=request.logprobs is not None)
+        return reply.finish(result)
 
 
 def new_id(prefix: str) -> str:
