@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -42,7 +42,7 @@ from bmoe.domain.cpu_features import AmxMode, check_amx_mode
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.decide.piece_policy import PieceMeter
-from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
@@ -62,7 +62,7 @@ from bmoe.runtime.cpu_choice import amx_choice
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
-from bmoe.service.batch_generation import BatchJob, BatchOutput, run_batch
+from bmoe.service.batch_generation import BatchJob, BatchOutput, BatchRun, run_batch
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
@@ -83,6 +83,47 @@ class Perplexity:
 
 
 OnWindow = Callable[[PplWindow, PplAccumulator], None]
+
+
+class ParallelSink(Protocol):
+    """Who follows one request of ``Session.run_parallel`` (the server's reply)."""
+
+    def progress(self, p: Progress) -> None: ...
+
+    def wants_stop(self) -> bool: ...
+
+    def done(self, result: RunResult) -> None: ...
+
+    def failed(self, error: BaseException) -> None: ...
+
+
+@attrs.frozen
+class ParallelEntry:
+    """A request for ``run_parallel``: ``history`` the conversation before it (chat)."""
+
+    request: GenerateRequest
+    sink: ParallelSink
+    chat: bool = True
+    history: Sequence[ChatMessage] | None = None
+
+
+@attrs.define
+class _Following:
+    """A batch slot's tokens as a ``ParallelSink`` hears them (``Progress``)."""
+
+    sink: ParallelSink
+    steps: int
+    _step: int = 0
+    _last: float = attrs.field(factory=time.perf_counter)
+
+    def token(self, token: int, text: str, reasoning: str, logprob: TokenLogprob | None) -> None:
+        now = time.perf_counter()
+        self._step += 1
+        wall_ms, self._last = (now - self._last) * 1000.0, now
+        self.sink.progress(Progress(self._step, self.steps, wall_ms, text, reasoning, logprob=logprob))
+
+    def wants_stop(self) -> bool:
+        return self.sink.wants_stop()
 
 
 @attrs.frozen
@@ -158,6 +199,7 @@ class Session:
         self.config = config
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
+        self.parallel_peak = 0  # the most sequences one decode step of run_parallel held
         if os.environ.get("BMOE_BUSY_WARNING", "1") != "0":
             busy = self._busy_note(config.context.n_threads)
             if busy is not None:
@@ -516,9 +558,66 @@ class Session:
             self._learn()
         return results
 
-    def _batch_job(self, request: GenerateRequest, chat: bool) -> BatchJob:
+    def run_parallel(self, take: Callable[[bool], Sequence[ParallelEntry]]) -> None:
+        """Serve requests as they come, as parallel sequences (``generate_batch``'s way):
+        ``take(idle)`` is asked before each step for new entries (``idle``: nothing runs or
+        waits; an empty answer then ends the run). Each entry's ``sink`` hears its tokens
+        (``progress``), is asked after each whether to end it (``wants_stop``), and gets its
+        ``RunResult`` (``done``) or the error that refused or ended it (``failed``)."""
+        self._refuse_if_faulted()
+        if self.streaming is not None and self.config.stream.routing_policies:
+            raise ConfigError("parallel sequences do not combine with decode routing policies yet")
+        if self._prefix_cache is not None:
+            self._prefix_cache.clear()
+        streaming = self.streaming
+
+        def on_step(n: int) -> None:
+            self.parallel_peak = max(self.parallel_peak, n)
+            if streaming is not None:
+                streaming.set_decode_rows(n)
+
+        backend = LlamaBatchBackend(self.model, self.ctx, on_step)
+
+        def work() -> None:
+            run = BatchRun(backend)
+            live: dict[int, tuple[ParallelEntry, BatchJob]] = {}
+            try:
+                while True:
+                    for entry in take(run.idle):
+                        try:
+                            job = self._batch_job(entry.request, entry.chat, entry.history)
+                            ticket = run.add(job, _Following(entry.sink, job.n_predict))
+                        except ConfigError as exc:
+                            entry.sink.failed(exc)
+                            continue
+                        live[ticket] = (entry, job)
+                    if run.idle:
+                        return
+                    for ticket, out in run.step():
+                        entry, job = live.pop(ticket)
+                        entry.sink.done(self._batch_result(entry.request, job, out, entry.chat))
+            except BaseException as exc:
+                for entry, _ in live.values():
+                    entry.sink.failed(exc)
+                raise
+            finally:
+                run.close()
+
+        try:
+            self.engine.run_exclusive(work)
+        finally:
+            if streaming is not None:
+                streaming.set_decode_rows(1)
+                streaming.end_turn()
+            self.ctx.clear()
+        if streaming is not None:
+            self._learn()
+
+    def _batch_job(
+        self, request: GenerateRequest, chat: bool, history: Sequence[ChatMessage] | None = None
+    ) -> BatchJob:
         alone = attrs.evolve(request, clear_kv=True)
-        prompt = self.engine.render_prompt(alone, history=[] if chat else None, chat=chat)
+        prompt = self.engine.render_prompt(alone, history=(history or []) if chat else None, chat=chat)
         n_predict = self.config.n_predict if request.n_predict is None else request.n_predict
         return BatchJob(
             prompt=tuple(prompt),

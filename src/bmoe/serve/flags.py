@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import attrs
+
 from bmoe.domain.sampling import SamplingParams
 from bmoe.runtime import SessionConfig
 from bmoe.runtime.options import (
@@ -50,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="max_tokens of a request that sets none (default: until the context is full)",
     )
     add_context_options(p)
+    p.add_argument(
+        "-np",
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve N requests at once as parallel sequences of one context, continuously batched "
+        "(llama.cpp's -np; each request's default max_tokens fills n_ctx / N; default: 1)",
+    )
     p.add_argument("--no-think", action="store_true", help="render chat turns with thinking off by default")
     p.add_argument("--seed", type=int, default=0, help="default sampling seed (default: 0)")
     p.add_argument("--temp", type=float, default=0.0, help="default temperature; 0 = greedy (default: 0)")
@@ -74,7 +85,7 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
     """The session the server opens (chat mode; decisions when ``--decide``)."""
     return SessionConfig(
         model_path=model_path,
-        context=context_params(args),
+        context=attrs.evolve(context_params(args), n_seq_max=args.parallel),
         chat=True,
         think=not args.no_think,
         verbose=args.verbose,

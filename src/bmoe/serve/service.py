@@ -11,19 +11,22 @@ metrics feed's source).
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult
-from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.tools import ToolUse
+from bmoe.errors import BmoeError
 from bmoe.runtime import Session
+from bmoe.runtime.session import ParallelEntry
 from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
 from bmoe.serve.api_responses import Delta, ModelCard, Outcome
-from bmoe.serve.errors import RequestCancelledError
+from bmoe.serve.errors import RequestCancelledError, ServerClosedError
 from bmoe.serve.live import Kind
 from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request, fill_context
 from bmoe.serve.monitor import EngineMonitor
@@ -49,6 +52,12 @@ class ServedSession:
         self.defaults = defaults or ServeDefaults()
         self.worker = SessionWorker(self._cancel)
         self.monitor = EngineMonitor(lambda: session.feeding)
+        # parallel sequences (-np N > 1): generations go to a batch run on the worker
+        self.parallel = session.ctx.params.n_seq_max
+        self._inbox: list[ParallelEntry] = []
+        self._inbox_lock = threading.Lock()
+        self._run_queued = False
+        self._closing = False
 
     def _cancel(self) -> None:
         self.session.cancel()  # looked up at each call, so a test may wrap it
@@ -73,6 +82,8 @@ class ServedSession:
         turn = chat_turn(asked, self.defaults)
         stops = asked.generation.stop
         history = turn.history
+        if self.parallel > 1:
+            return self._parallel(turn.request, stops, emit, history, True)
         return self.worker.submit(
             self._watched("chat", lambda job: self._generate(job, turn.request, stops, emit, history, True))
         )
@@ -81,9 +92,58 @@ class ServedSession:
         """Queue a text completion."""
         request = completion_request(asked, self.defaults)
         stops = asked.generation.stop
+        if self.parallel > 1:
+            return self._parallel(request, stops, emit, None, False)
         return self.worker.submit(
             self._watched("completion", lambda job: self._generate(job, request, stops, emit, None, False))
         )
+
+    def _parallel(
+        self,
+        request: GenerateRequest,
+        stops: Sequence[str],
+        emit: Emit,
+        history: Sequence[ChatMessage] | None,
+        chat: bool,
+    ) -> Job[Outcome]:
+        """A generation as one sequence of the batch run: it joins the run at its next step
+        (or starts one on the worker). Its default ``max_tokens`` is what its slot's share of
+        the context (``n_ctx / N``, as llama.cpp's server gives each slot) leaves."""
+        job: Job[Outcome] = Job(_never_run, lambda: None)  # settled by the run
+        try:
+            if request.n_predict is None:
+                prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
+                request = fill_context(request, len(prompt), self.session.n_ctx // self.parallel)
+            tools = ToolUse.shown(request.tools) if chat else None
+            fmt = self.session.engine.renderer.tool_format if tools is not None else None
+            constraint = self.session.engine.constraint(request) if tools is not None else None
+        except BmoeError as exc:
+            job.settle(error=exc)
+            return job
+        reply = ReplyStream(stops, emit, lambda: None, tools, fmt, constraint, request.logprobs is not None)
+        sink = _Sequence(job, reply, self.monitor, lambda: self._closing)
+        with self._inbox_lock:
+            if self._closing:
+                job.settle(error=ServerClosedError("the server is shutting down"))
+                return job
+            self._inbox.append(ParallelEntry(request, sink, chat, history))
+            start = not self._run_queued
+            self._run_queued = True
+        if start:
+            self.worker.submit(self._watched("chat" if chat else "completion", self._run_batch))
+        return job
+
+    def _run_batch(self, _job: Job[None]) -> None:
+        self.session.run_parallel(self._take)
+
+    def _take(self, idle: bool) -> list[ParallelEntry]:
+        """The requests that came since the last step; an idle run with none ends (and the
+        next request starts another)."""
+        with self._inbox_lock:
+            entries, self._inbox = self._inbox, []
+            if not entries and idle:
+                self._run_queued = False
+            return entries
 
     def decide(self, request: DecideRequest) -> Job[DecideResult]:
         """Queue a decision."""
@@ -98,6 +158,11 @@ class ServedSession:
 
     def close(self, timeout: float | None = None) -> None:
         """Cancel what runs and what waits, take no more requests, close the session."""
+        with self._inbox_lock:
+            self._closing = True  # parallel sequences end at their next token
+            waiting, self._inbox = self._inbox, []
+        for entry in waiting:
+            entry.sink.failed(ServerClosedError("the server is shutting down"))
         self.worker.close(timeout)
         self.session.close()
 
@@ -138,6 +203,39 @@ class ServedSession:
         if result.cancelled:
             raise RequestCancelledError("the request was cancelled")
         return reply.finish(result)
+
+
+def _never_run(_job: Job[Outcome]) -> Outcome:
+    raise AssertionError("a parallel request's job is settled by the batch run, never run")
+
+
+class _Sequence:
+    """One parallel request's ``ParallelSink``: its tokens go to its reply (and the live
+    monitor); a cancel, a stop string or the server closing ends it; its job is settled."""
+
+    def __init__(
+        self, job: Job[Outcome], reply: ReplyStream, monitor: EngineMonitor, closing: Callable[[], bool]
+    ) -> None:
+        self.job, self.reply, self.monitor, self.closing = job, reply, monitor, closing
+
+    def progress(self, p: Progress) -> None:
+        self.monitor.token(p)
+        self.reply.progress(p)
+
+    def wants_stop(self) -> bool:
+        return self.job.cancel_asked or self.reply.stopped or self.closing()
+
+    def done(self, result: RunResult) -> None:
+        if self.job.cancel_asked or self.closing():
+            self.job.settle(error=RequestCancelledError("the request was cancelled"))
+            return
+        try:
+            self.job.settle(self.reply.finish(result))
+        except BaseException as exc:
+            self.job.settle(error=exc)
+
+    def failed(self, error: BaseException) -> None:
+        self.job.settle(error=error)
 
 
 def new_id(prefix: str) -> str:

@@ -78,6 +78,20 @@ class Job(Generic[T]):
             self._finish()
             self.future.set_result(result)
 
+    def settle(self, result: T | None = None, error: BaseException | None = None) -> None:
+        """End a job that no worker runs (a parallel sequence's): its future gets ``error``,
+        or ``result``. Once; later calls do nothing."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        if not self.future.set_running_or_notify_cancel():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)  # type: ignore[arg-type]
+
     def _finish(self) -> None:
         with self._lock:
             self._done = True

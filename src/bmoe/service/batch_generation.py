@@ -18,6 +18,7 @@ import codecs
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import attrs
 
@@ -85,6 +86,102 @@ class _Slot:
 OnToken = Callable[[int, int], None]  # (job index, token)
 
 
+class SlotSink(Protocol):
+    """Who follows one job while it runs (the server's reply)."""
+
+    def token(self, token: int, text: str, reasoning: str, logprob: TokenLogprob | None) -> None:
+        """A token was generated (with its text and reasoning pieces, its logprob if asked)."""
+        ...
+
+    def wants_stop(self) -> bool:
+        """The job should end now (a stop string, a cancel): checked after each token."""
+        ...
+
+
+class BatchRun:
+    """An online run: ``add`` jobs at any time (between steps), ``step`` until ``idle``.
+    Each ``step`` lets in what fits, runs one decode of every running sequence and returns
+    the jobs that ended, ``(ticket, output)``. ``close`` frees the samplers."""
+
+    def __init__(self, backend: IBatchBackend) -> None:
+        self.backend = backend
+        self._waiting: deque[tuple[int, BatchJob, SlotSink | None]] = deque()
+        self._free = list(range(backend.n_seq))
+        self._running: list[_Slot] = []
+        self._sinks: dict[int, SlotSink] = {}
+        self._tickets = 0
+        backend.clear()
+
+    @property
+    def idle(self) -> bool:
+        return not self._waiting and not self._running
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def add(self, job: BatchJob, sink: SlotSink | None = None) -> int:
+        """Queue ``job``; its ticket. Raises ``ContextOverflowError`` (nothing queued) when
+        it cannot fit alone."""
+        if not job.prompt:
+            raise ContextOverflowError("the prompt tokenizes to nothing")
+        if _cells(job) > self.backend.n_ctx:
+            raise ContextOverflowError(
+                f"prompt ({len(job.prompt)} tokens) + n_predict ({job.n_predict}) "
+                f"exceeds the context of {self.backend.n_ctx} tokens"
+            )
+        ticket = self._tickets
+        self._tickets += 1
+        self._waiting.append((ticket, job, sink))
+        return ticket
+
+    def step(self) -> list[tuple[int, BatchOutput]]:
+        ended: list[tuple[int, BatchOutput]] = []
+        backend = self.backend
+        while (
+            self._waiting
+            and self._free
+            and sum(s.cells for s in self._running) + _cells(self._waiting[0][1]) <= backend.n_ctx
+        ):
+            ticket, job, sink = self._waiting.popleft()
+            if sink is not None and sink.wants_stop():  # cancelled while it waited: never runs
+                ended.append((ticket, _unrun()))
+                continue
+            slot = _Slot(ticket, self._free.pop(0), job)
+            if sink is not None:
+                self._sinks[ticket] = sink
+            _begin(backend, slot, self._sink(slot))
+            if self._ends(slot):
+                ended.append((ticket, self._end(slot)))
+            else:
+                self._running.append(slot)
+        if self._running:
+            backend.step(
+                [(s.tokens[-1], len(s.spec.prompt) + len(s.tokens) - 1, s.seq) for s in self._running]
+            )
+            for row, slot in enumerate(self._running):
+                slot.steps += 1
+                _take(backend, slot, row, self._sink(slot))
+            for slot in [s for s in self._running if self._ends(s)]:
+                self._running.remove(slot)
+                ended.append((slot.job, self._end(slot)))
+        return ended
+
+    def _sink(self, slot: _Slot) -> SlotSink | None:
+        return self._sinks.get(slot.job)
+
+    def _ends(self, slot: _Slot) -> bool:
+        sink = self._sinks.get(slot.job)
+        return slot.done or (sink is not None and sink.wants_stop())
+
+    def _end(self, slot: _Slot) -> BatchOutput:
+        self._sinks.pop(slot.job, None)
+        return _finish(self.backend, slot, self._free)
+
+    def close(self) -> None:
+        self.backend.close_samplers()
+
+
 def run_batch(
     backend: IBatchBackend, jobs: Sequence[BatchJob], on_token: OnToken | None = None
 ) -> list[BatchOutput]:
@@ -93,55 +190,54 @@ def run_batch(
     for i, job in enumerate(jobs):
         if not job.prompt:
             raise ContextOverflowError(f"request {i}: the prompt tokenizes to nothing")
-        if len(job.prompt) + job.n_predict > backend.n_ctx:
+        if _cells(job) > backend.n_ctx:
             raise ContextOverflowError(
                 f"request {i}: prompt ({len(job.prompt)} tokens) + n_predict ({job.n_predict}) "
                 f"exceeds the context of {backend.n_ctx} tokens"
             )
-    waiting = deque(enumerate(jobs))
-    free = list(range(backend.n_seq))
-    running: list[_Slot] = []
+    run = BatchRun(backend)
     outputs: dict[int, BatchOutput] = {}
-    backend.clear()
     try:
-        while waiting or running:
-            while waiting and free and sum(s.cells for s in running) + _cells(waiting[0][1]) <= backend.n_ctx:
-                index, job = waiting.popleft()
-                slot = _Slot(index, free.pop(0), job)
-                _begin(backend, slot, on_token)
-                if slot.done:
-                    outputs[index] = _finish(backend, slot, free)
-                else:
-                    running.append(slot)
-            if not running:
-                continue
-            backend.step([(s.tokens[-1], len(s.spec.prompt) + len(s.tokens) - 1, s.seq) for s in running])
-            for row, slot in enumerate(running):
-                slot.steps += 1
-                _take(backend, slot, row, on_token)
-            for slot in [s for s in running if s.done]:
-                running.remove(slot)
-                outputs[slot.job] = _finish(backend, slot, free)
+        for i, job in enumerate(jobs):
+            run.add(job, _Counting(i, on_token) if on_token is not None else None)
+        while not run.idle:
+            outputs.update(run.step())
     finally:
-        backend.close_samplers()
+        run.close()
     return [outputs[i] for i in range(len(jobs))]
+
+
+@attrs.define
+class _Counting:
+    index: int
+    on_token: OnToken
+
+    def token(self, token: int, text: str, reasoning: str, logprob: TokenLogprob | None) -> None:
+        self.on_token(self.index, token)
+
+    def wants_stop(self) -> bool:
+        return False
+
+
+def _unrun() -> BatchOutput:
+    return BatchOutput("", "", (), False, (), 0.0, 0.0, 0)
 
 
 def _cells(job: BatchJob) -> int:
     return len(job.prompt) + job.n_predict
 
 
-def _begin(backend: IBatchBackend, slot: _Slot, on_token: OnToken | None) -> None:
+def _begin(backend: IBatchBackend, slot: _Slot, sink: SlotSink | None) -> None:
     backend.start_sampling(slot.seq, slot.spec.sampling, slot.spec.constraint)
     t0 = time.perf_counter()
     backend.prefill(slot.seq, slot.spec.prompt)
     slot.prefill_s = time.perf_counter() - t0
     slot.started = time.perf_counter()
     if slot.spec.n_predict > 0:
-        _take(backend, slot, -1, on_token)
+        _take(backend, slot, -1, sink)
 
 
-def _take(backend: IBatchBackend, slot: _Slot, row: int, on_token: OnToken | None) -> None:
+def _take(backend: IBatchBackend, slot: _Slot, row: int, sink: SlotSink | None) -> None:
     """Draw the slot's next token from output ``row`` and record it (an end-of-generation
     token ends the slot and is not kept, as a single generation does)."""
     token = backend.sample(slot.seq, row)
@@ -149,13 +245,15 @@ def _take(backend: IBatchBackend, slot: _Slot, row: int, on_token: OnToken | Non
         slot.eog = True
         return
     slot.tokens.append(token)
+    logprob = None
     if slot.spec.logprobs is not None:
-        slot.logprobs.append(backend.token_logprob(row, token, slot.spec.logprobs))
+        logprob = backend.token_logprob(row, token, slot.spec.logprobs)
+        slot.logprobs.append(logprob)
     delta = slot.splitter.feed(slot.utf8.decode(backend.token_bytes(token, special=slot.spec.specials)))
     slot.text.append(delta.text)
     slot.reasoning.append(delta.reasoning)
-    if on_token is not None:
-        on_token(slot.job, token)
+    if sink is not None:
+        sink.token(token, delta.text, delta.reasoning, logprob)
 
 
 def _finish(backend: IBatchBackend, slot: _Slot, free: list[int]) -> BatchOutput:
