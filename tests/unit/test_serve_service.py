@@ -60,6 +60,7 @@ class FakeSession:
         self.backend = ScriptedGenerateBackend(n_ctx, spell(answer))
         self.engine = SessionEngine(self.backend, Template(), EngineDefaults(chat=True, n_predict=32))
         self.n_ctx = n_ctx
+        self.n_seq = 1  # one request at a time (parallel sequences: tests/gates/test_server_parallel.py)
         self.requests: list[GenerateRequest] = []
         self.results: list[RunResult] = []
         self.closed = False

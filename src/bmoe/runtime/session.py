@@ -407,6 +407,11 @@ class Session:
         return self.ctx.n_ctx
 
     @property
+    def n_seq(self) -> int:
+        """The sequences the context holds (``ContextParams.n_seq_max``, llama.cpp's ``-np``)."""
+        return self.ctx.params.n_seq_max
+
+    @property
     def n_expert(self) -> int:
         return self.model.n_expert
 

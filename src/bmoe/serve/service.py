@@ -53,7 +53,7 @@ class ServedSession:
         self.worker = SessionWorker(self._cancel)
         self.monitor = EngineMonitor(lambda: session.feeding)
         # parallel sequences (-np N > 1): generations go to a batch run on the worker
-        self.parallel = session.ctx.params.n_seq_max
+        self.parallel = session.n_seq
         self._inbox: list[ParallelEntry] = []
         self._inbox_lock = threading.Lock()
         self._run_queued = False
