@@ -168,3 +168,25 @@ def test_a_streamed_server_batches_clients_too(tiny_model_path: TinyModelPath, s
             t.join(120)
         assert streamed.served.session.streaming.counters().misses > 0
     assert answers == expected
+
+
+def test_the_metrics_feed_says_the_slots(server: Running) -> None:
+    assert server.served.slots() == (4, 0, 0)  # idle between runs
+    seen: list[tuple[int, int, int]] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            seen.append(server.served.slots())
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    clients = [threading.Thread(target=_ask, args=(server, q), kwargs={"max_tokens": 200}) for q in QUESTIONS]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join(120)
+    watching.set()
+    watcher.join()
+    assert max(busy for _, busy, _ in seen) >= 2 and all(total == 4 for total, _, _ in seen)

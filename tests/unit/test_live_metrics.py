@@ -131,6 +131,7 @@ def test_an_event_of_a_resident_server_has_no_cache() -> None:
         "streaming": False,
         "request": None,
         "cache": None,
+        "slots": {"total": 1, "busy": 0, "waiting": 0},
     }
 
 
@@ -296,3 +297,10 @@ def test_the_monitor_can_be_read_while_the_worker_writes() -> None:
         assert view.request is None or view.request.totals.tokens < 20
     thread.join()
     assert monitor.view().finished == 50
+
+
+def test_the_event_says_the_slots_busy_and_waiting() -> None:
+    feed = MetricsFeed("m", streaming=False)
+    view = MonitorView(finished=3)
+    assert feed.event(view, None, now=1.0)["slots"] == {"total": 1, "busy": 0, "waiting": 0}
+    assert feed.event(view, None, now=1.0, slots=(4, 3, 2))["slots"] == {"total": 4, "busy": 3, "waiting": 2}

@@ -200,6 +200,7 @@ class Session:
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
         self.parallel_peak = 0  # the most sequences one decode step of run_parallel held
+        self.parallel_running = 0  # ... the last step held (0 between runs)
         if os.environ.get("BMOE_BUSY_WARNING", "1") != "0":
             busy = self._busy_note(config.context.n_threads)
             if busy is not None:
@@ -578,6 +579,7 @@ class Session:
 
         def on_step(n: int) -> None:
             self.parallel_peak = max(self.parallel_peak, n)
+            self.parallel_running = n
             if streaming is not None:
                 streaming.set_decode_rows(n)
 
@@ -611,6 +613,7 @@ class Session:
         try:
             self.engine.run_exclusive(work)
         finally:
+            self.parallel_running = 0
             if streaming is not None:
                 streaming.set_decode_rows(1)
                 streaming.end_turn()

@@ -164,11 +164,13 @@ class MetricsFeed:
         snap: ExpertSnapshot | None,
         now: float,
         governor: Sequence[BudgetChange] | None = None,
+        slots: tuple[int, int, int] = (1, 0, 0),
     ) -> Json:
         """The event for ``view`` and the cache's ``snap`` taken at ``now`` (seconds, any
         clock that only goes forward); ``snap`` None: it could not be taken this time, the
         previous one is shown (``stale``). ``governor``: the memory-pressure governor's
-        changes so far, None when it does not run."""
+        changes so far, None when it does not run. ``slots``: the parallel sequences
+        (``-np``), those running a request now, the requests waiting for one."""
         stale = snap is None and self._snap is not None
         if snap is not None:
             self._snap = snap
@@ -184,6 +186,7 @@ class MetricsFeed:
             "streaming": self.streaming,
             "request": None if view.request is None else request_body(view.request),
             "cache": cache,
+            "slots": {"total": slots[0], "busy": slots[1], "waiting": slots[2]},
         }
 
     @property

@@ -69,7 +69,8 @@ async def metrics_events(served: ServedSession, feed: MetricsFeed) -> AsyncItera
             view = served.monitor.view()
             last = loop.time()
             governor = served.session.governor
-            body = feed.event(view, snap, last, None if governor is None else governor.changes)
+            changes = None if governor is None else governor.changes
+            body = feed.event(view, snap, last, changes, served.slots())
             yield ServerSentEvent(data=json.dumps(body, separators=(",", ":")))
             tick = next_tick(view, feed.cooling)
             with contextlib.suppress(TimeoutError):

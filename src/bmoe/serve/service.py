@@ -133,6 +133,15 @@ class ServedSession:
             self.worker.submit(self._watched("chat" if chat else "completion", self._run_batch))
         return job
 
+    def slots(self) -> tuple[int, int, int]:
+        """The parallel sequences, those running a request now, the requests waiting for one
+        (without ``-np``: 1, and whether a request runs, and how many are queued)."""
+        if self.parallel <= 1:
+            return 1, int(self.monitor.view().state != "idle"), self.worker.pending
+        with self._inbox_lock:
+            waiting = len(self._inbox)
+        return self.parallel, self.session.parallel_running, waiting
+
     def _run_batch(self, _job: Job[None]) -> None:
         self.session.run_parallel(self._take)
 

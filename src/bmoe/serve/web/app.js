@@ -278,6 +278,8 @@ function showMetrics(m) {
   badge.textContent = m.state;
   badge.className = "badge " + m.state;
   $("m-requests").textContent = m.requests;
+  const s = m.slots;
+  $("m-slots").textContent = s ? `${s.busy} / ${s.total} busy` + (s.waiting ? `, ${s.waiting} waiting` : "") : "–";
   const r = m.request;
   $("m-toks").textContent = r ? fmt(r.tok_s, 1) : "–";
   $("m-tokens").textContent = r ? (r.max_tokens ? `${r.tokens} / ${r.max_tokens}` : String(r.tokens)) : "–";
