@@ -234,6 +234,7 @@ def test_the_metrics_feed_follows_a_chat_at_most_ten_times_a_second_and_always_a
         "streaming": False,
         "request": None,
         "cache": None,
+        "slots": {"total": 1, "busy": 0, "waiting": 0},
     }
     assert last["state"] == "idle" and last["cache"] is None
     r = last["request"]
