@@ -23,6 +23,8 @@ from typing import Any
 
 import attrs
 
+from bmoe.errors import GrammarError
+
 _YEAR = r"(\d{3}[1-9]|\d{2}[1-9]\d|\d[1-9]\d{2}|[1-9]\d{3})"  # 0001 to 9999
 _LEAP_YEAR = r"(\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 _DATE = (
@@ -97,6 +99,22 @@ def unenforced(schema: object, refused: frozenset[str], where: str = "") -> list
     for sub, at in _children(schema, where):
         found += unenforced(sub, refused, at)
     return found
+
+
+def enforceable(schema: object, field: str, refused: frozenset[str]) -> Mapping[str, Any]:
+    """``schema`` (from the request's ``field``) made ready for an engine that cannot
+    enforce ``refused``: its formats as patterns, its objects closed. Raises
+    ``GrammarError`` naming every keyword it cannot enforce, ``where`` the first one's
+    pointer (``field#/pointer``)."""
+    if not isinstance(schema, Mapping):
+        raise GrammarError(f"{field} must be a JSON object", field)
+    found = unenforced(schema, refused)
+    if found:
+        listed = ", ".join(str(r) for r in found)
+        raise GrammarError(
+            f"{field} uses what bmoe's grammar cannot enforce: {listed}", f"{field}#{found[0].pointer}"
+        )
+    return with_format_patterns(schema)  # type: ignore[no-any-return]
 
 
 def with_format_patterns(schema: object) -> Any:

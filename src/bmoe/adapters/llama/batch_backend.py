@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bmoe.adapters.llama import guidance
 from bmoe.adapters.llama.context import LlamaContext
-from bmoe.adapters.llama.generate_backend import token_logprob
-from bmoe.adapters.llama.grammar import constraint_gbnf
+from bmoe.adapters.llama.generate_backend import constrained_sampler, token_logprob
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.sampler import Sampler
 from bmoe.domain.constraints import OutputConstraint
@@ -54,12 +52,7 @@ class LlamaBatchBackend:
         old = self._samplers.pop(seq, None)
         if old is not None:
             old.close()
-        grammar = mask = None
-        if constraint is not None and constraint.kind != "gbnf" and guidance.available():
-            mask = guidance.GuidanceMask(constraint, self.model)
-        elif constraint is not None:
-            grammar = constraint_gbnf(constraint)
-        self._samplers[seq] = Sampler(params, self.model, self.ctx.n_ctx, grammar, mask)
+        self._samplers[seq] = constrained_sampler(params, self.model, self.ctx.n_ctx, constraint)
 
     def sample(self, seq: int, row: int) -> int:
         return self._samplers[seq].sample(self.ctx, row)

@@ -35,6 +35,20 @@ def token_logprob(model: LlamaModel, logits: np.ndarray, token: int, top: int) -
     return TokenLogprob(choice(token), tuple(choice(t) for t in best))
 
 
+def constrained_sampler(
+    params: SamplingParams, model: LlamaModel, n_ctx: int, constraint: OutputConstraint | None
+) -> Sampler:
+    """A sampler chain for ``params`` holding the reply to ``constraint``: GBNF through
+    llama.cpp's grammar sampler, JSON schemas and tool calls through llguidance's mask where
+    it is installed (else llama-cpp-python's converter, as GBNF). Raises ``GrammarError``."""
+    grammar = mask = None
+    if constraint is not None and constraint.kind != "gbnf" and guidance.available():
+        mask = guidance.GuidanceMask(constraint, model)
+    elif constraint is not None:
+        grammar = constraint_gbnf(constraint)
+    return Sampler(params, model, n_ctx, grammar, mask)
+
+
 class LlamaGenerateBackend(IGenerateBackend):
     """Borrows a model and a context created with ``abort=flag`` (the same ``AbortFlag``);
     owns the sampler of the current generation. A streaming fault surfaces from ``feed``
@@ -72,12 +86,7 @@ class LlamaGenerateBackend(IGenerateBackend):
 
     def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:
         self.close_sampler()
-        grammar = mask = None
-        if constraint is not None and constraint.kind != "gbnf" and guidance.available():
-            mask = guidance.GuidanceMask(constraint, self.model)
-        elif constraint is not None:
-            grammar = constraint_gbnf(constraint)
-        self._sampler = Sampler(params, self.model, self.ctx.n_ctx, grammar, mask)
+        self._sampler = constrained_sampler(params, self.model, self.ctx.n_ctx, constraint)
 
     def sample(self) -> int:
         if self._sampler is None:

@@ -17,39 +17,27 @@ from typing import Any
 
 from llama_cpp.llama_grammar import SchemaConverter
 
+from bmoe.adapters.llama.guidance import REFUSED
 from bmoe.domain.constraints import OutputConstraint
-from bmoe.domain.schema_rules import unenforced, with_format_patterns
+from bmoe.domain.schema_rules import enforceable
 from bmoe.domain.tools import CallSyntax, Tool
 from bmoe.errors import GrammarError
 
-IGNORED_KEYWORDS = frozenset(
+IGNORED_KEYWORDS = REFUSED | frozenset(
     {
         "minimum",
         "maximum",
         "exclusiveMinimum",
         "exclusiveMaximum",
         "multipleOf",
-        "not",
-        "if",
-        "then",
-        "else",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
         "patternProperties",
-        "propertyNames",
         "minProperties",
         "maxProperties",
-        "uniqueItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-        "$dynamicRef",
     }
 )
-"""Keywords that restrict what is valid and that the converter does not read."""
+"""Keywords that restrict what is valid and that the converter does not read: what
+llguidance does not enforce either (``guidance.REFUSED``), and the bounds and property
+counts it does."""
 
 
 # llama-cpp-python's converter carries no annotations: its calls are untyped here.
@@ -66,16 +54,9 @@ def _format(converter: SchemaConverter) -> str:
 def _visit(converter: SchemaConverter, schema: Mapping[str, Any], name: str, what: str) -> str:
     """Add ``schema``'s rules to ``converter`` under ``name``; the rule's name. ``what``:
     the request field it came from."""
-    if not isinstance(schema, Mapping):
-        raise GrammarError(f"{what} must be a JSON object", what)
-    refused = unenforced(schema, IGNORED_KEYWORDS)
-    if refused:
-        listed = ", ".join(str(r) for r in refused)
-        raise GrammarError(
-            f"{what} uses what bmoe's grammar cannot enforce: {listed}", f"{what}#{refused[0].pointer}"
-        )
+    ready = enforceable(schema, what, IGNORED_KEYWORDS)
     try:
-        resolved = converter.resolve_refs(with_format_patterns(schema), what)
+        resolved = converter.resolve_refs(dict(ready), what)
         return str(converter.visit(resolved, name))  # type: ignore[no-untyped-call]
     except (AssertionError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise GrammarError(f"{what} cannot be turned into a grammar: {exc}", what) from exc

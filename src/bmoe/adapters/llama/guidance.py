@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.domain.constraints import OutputConstraint
-from bmoe.domain.schema_rules import unenforced, with_format_patterns
+from bmoe.domain.schema_rules import enforceable
 from bmoe.domain.tools import CallSyntax, Tool
 from bmoe.errors import GrammarError
 
@@ -100,18 +100,6 @@ def _vocabulary(model: LlamaModel) -> _Vocabulary:
     return found
 
 
-def _checked(schema: object, field: str) -> Mapping[str, Any]:
-    if not isinstance(schema, Mapping):
-        raise GrammarError(f"{field} must be a JSON object", field)
-    refused = unenforced(schema, REFUSED)
-    if refused:
-        listed = ", ".join(str(r) for r in refused)
-        raise GrammarError(
-            f"{field} uses what bmoe's grammar cannot enforce: {listed}", f"{field}#{refused[0].pointer}"
-        )
-    return with_format_patterns(schema)  # type: ignore[no-any-return]
-
-
 def _json_rule(schema: Mapping[str, Any]) -> str:
     spec = {**schema, "x-guidance": JSON_OPTIONS}
     return f"%json {json.dumps(spec, ensure_ascii=False)}"
@@ -145,7 +133,7 @@ def _calls(
     alternatives = []
     for i, tool in enumerate(tools):
         field = fields[i] if i < len(fields) else f"tools[{i}].function.parameters"
-        schema = _checked(tool.parameters or {"type": "object"}, field)
+        schema = enforceable(tool.parameters or {"type": "object"}, field, REFUSED)
         rules.append(f"args_{i}: {_json_rule(schema)}")
         head = _text(f"{syntax.head}{tool.name}{syntax.middle}", special)
         tail = f" {_text(syntax.tail, special)}" if syntax.tail else ""
@@ -163,7 +151,7 @@ def _calls(
 def _answer(constraint: OutputConstraint) -> str:
     if constraint.kind == "json_object":
         return f"answer: {_json_rule({'type': 'object'})}"
-    return f"answer: {_json_rule(_checked(constraint.schema, constraint.field))}"
+    return f"answer: {_json_rule(enforceable(constraint.schema, constraint.field, REFUSED))}"
 
 
 def lark_grammar(constraint: OutputConstraint, special: Mapping[str, int]) -> str:
