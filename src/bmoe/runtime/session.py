@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import numpy as np
@@ -83,6 +83,7 @@ class Perplexity:
 
 
 OnWindow = Callable[[PplWindow, PplAccumulator], None]
+T = TypeVar("T")
 
 
 class ParallelSink(Protocol):
@@ -534,35 +535,18 @@ class Session:
         the next). Each request stands alone (no conversation history; the session's is
         forgotten, as a decision forgets it). With experts streamed, a step reads each
         expert once for all its sequences. The results in the requests' order."""
-        self._refuse_if_faulted()
-        if self.streaming is not None and self.config.stream.routing_policies:
-            raise ConfigError("parallel sequences do not combine with decode routing policies yet")
-        if self._prefix_cache is not None:
-            self._prefix_cache.clear()
+        self._refuse_parallel()
         chat = self.config.chat if chat is None else chat
         jobs = [self._batch_job(r, chat) for r in requests]
-        streaming = self.streaming
-        backend = LlamaBatchBackend(
-            self.model, self.ctx, streaming.set_decode_rows if streaming is not None else lambda n: None
-        )
 
-        def work() -> list[RunResult]:
+        def work(backend: LlamaBatchBackend) -> list[RunResult]:
             outputs = run_batch(backend, jobs)
             return [
                 self._batch_result(r, job, out, chat)
                 for r, job, out in zip(requests, jobs, outputs, strict=True)
             ]
 
-        try:
-            results = self.engine.run_exclusive(work)
-        finally:
-            if streaming is not None:
-                streaming.set_decode_rows(1)
-                streaming.end_turn()
-            self.ctx.clear()
-        if streaming is not None:
-            self._learn()
-        return results
+        return self._run_sequences(work)
 
     def run_parallel(self, take: Callable[[bool], Sequence[ParallelEntry]]) -> None:
         """Serve requests as they come, as parallel sequences (``generate_batch``'s way):
@@ -570,22 +554,9 @@ class Session:
         waits; an empty answer then ends the run). Each entry's ``sink`` hears its tokens
         (``progress``), is asked after each whether to end it (``wants_stop``), and gets its
         ``RunResult`` (``done``) or the error that refused or ended it (``failed``)."""
-        self._refuse_if_faulted()
-        if self.streaming is not None and self.config.stream.routing_policies:
-            raise ConfigError("parallel sequences do not combine with decode routing policies yet")
-        if self._prefix_cache is not None:
-            self._prefix_cache.clear()
-        streaming = self.streaming
+        self._refuse_parallel()
 
-        def on_step(n: int) -> None:
-            self.parallel_peak = max(self.parallel_peak, n)
-            self.parallel_running = n
-            if streaming is not None:
-                streaming.set_decode_rows(n)
-
-        backend = LlamaBatchBackend(self.model, self.ctx, on_step)
-
-        def work() -> None:
+        def work(backend: LlamaBatchBackend) -> None:
             run = BatchRun(backend)
             live: dict[int, tuple[ParallelEntry, BatchJob]] = {}
             try:
@@ -610,8 +581,32 @@ class Session:
             finally:
                 run.close()
 
+        self._run_sequences(work)
+
+    def _refuse_parallel(self) -> None:
+        """Before parallel sequences run: refused after a fault or with routing policies;
+        the kept decision state is dropped."""
+        self._refuse_if_faulted()
+        if self.streaming is not None and self.config.stream.routing_policies:
+            raise ConfigError("parallel sequences do not combine with decode routing policies yet")
+        if self._prefix_cache is not None:
+            self._prefix_cache.clear()
+
+    def _run_sequences(self, work: Callable[[LlamaBatchBackend], T]) -> T:
+        """``work`` on a batch backend over the session's context, as a request in flight
+        (serialised with ``generate``; the conversation's KV is forgotten): each step tells
+        the streamer how many sequences it holds; after it, the context is empty again."""
+        streaming = self.streaming
+
+        def on_step(n: int) -> None:
+            self.parallel_peak = max(self.parallel_peak, n)
+            self.parallel_running = n
+            if streaming is not None:
+                streaming.set_decode_rows(n)
+
+        backend = LlamaBatchBackend(self.model, self.ctx, on_step)
         try:
-            self.engine.run_exclusive(work)
+            result = self.engine.run_exclusive(lambda: work(backend))
         finally:
             self.parallel_running = 0
             if streaming is not None:
@@ -620,6 +615,7 @@ class Session:
             self.ctx.clear()
         if streaming is not None:
             self._learn()
+        return result
 
     def _batch_job(
         self, request: GenerateRequest, chat: bool, history: Sequence[ChatMessage] | None = None

@@ -187,19 +187,14 @@ def run_batch(
 ) -> list[BatchOutput]:
     """Answer every job, up to ``backend.n_seq`` at a time; the outputs in the jobs' order.
     Raises ``ContextOverflowError`` (nothing computed) when a job alone does not fit."""
-    for i, job in enumerate(jobs):
-        if not job.prompt:
-            raise ContextOverflowError(f"request {i}: the prompt tokenizes to nothing")
-        if _cells(job) > backend.n_ctx:
-            raise ContextOverflowError(
-                f"request {i}: prompt ({len(job.prompt)} tokens) + n_predict ({job.n_predict}) "
-                f"exceeds the context of {backend.n_ctx} tokens"
-            )
     run = BatchRun(backend)
     outputs: dict[int, BatchOutput] = {}
     try:
         for i, job in enumerate(jobs):
-            run.add(job, _Counting(i, on_token) if on_token is not None else None)
+            try:
+                run.add(job, _Counting(i, on_token) if on_token is not None else None)
+            except ContextOverflowError as exc:
+                raise ContextOverflowError(f"request {i}: {exc}") from None
         while not run.idle:
             outputs.update(run.step())
     finally:
