@@ -123,21 +123,9 @@ def _agent_model(server: Running) -> object:
     return agents.OpenAIChatCompletionsModel(model="m", openai_client=client)
 
 
-def test_agents_sdk_output_type_is_a_valid_model(server: Running) -> None:
-    agent = agents.Agent(
-        name="orders",
-        instructions="Make an order.",
-        model=_agent_model(server),
-        output_type=Order,
-        model_settings=agents.ModelSettings(max_tokens=400),
-    )
-    result = asyncio.run(agents.Runner.run(agent, "Make an order."))
-    _check(result.final_output)
-
-
-def test_agents_sdk_required_tool_then_output_type(server: Running) -> None:
-    """Tools, ``output_type`` and a required tool choice: the first turn must call (the
-    response format waits), the SDK then resets the choice and the run ends in an Order."""
+def _stock_agent(server: Running) -> tuple[object, list[int]]:
+    """An agent with a bounded function tool, ``output_type`` and a required tool choice;
+    the arguments its tool was called with."""
     ran: list[int] = []
 
     @agents.function_tool
@@ -154,6 +142,25 @@ def test_agents_sdk_required_tool_then_output_type(server: Running) -> None:
         output_type=Order,
         model_settings=agents.ModelSettings(max_tokens=400, tool_choice="required"),
     )
+    return agent, ran
+
+
+def test_agents_sdk_output_type_is_a_valid_model(server: Running) -> None:
+    agent = agents.Agent(
+        name="orders",
+        instructions="Make an order.",
+        model=_agent_model(server),
+        output_type=Order,
+        model_settings=agents.ModelSettings(max_tokens=400),
+    )
+    result = asyncio.run(agents.Runner.run(agent, "Make an order."))
+    _check(result.final_output)
+
+
+def test_agents_sdk_required_tool_then_output_type(server: Running) -> None:
+    """Tools, ``output_type`` and a required tool choice: the first turn must call (the
+    response format waits), the SDK then resets the choice and the run ends in an Order."""
+    agent, ran = _stock_agent(server)
     result = asyncio.run(agents.Runner.run(agent, "Make an order.", max_turns=6))
     assert ran and all(1 <= n <= 5 for n in ran)
     _check(result.final_output)
@@ -188,22 +195,7 @@ def test_instructor_streams_partial_models_ending_valid(server: Running) -> None
 
 
 def test_agents_sdk_streamed_run_with_a_required_tool_ends_in_a_valid_model(server: Running) -> None:
-    ran: list[int] = []
-
-    @agents.function_tool
-    def stock(n: Annotated[int, Field(ge=1, le=5)]) -> str:
-        """How many are in stock."""
-        ran.append(n)
-        return str(n * 2)
-
-    agent = agents.Agent(
-        name="orders",
-        instructions="Check the stock, then make an order.",
-        model=_agent_model(server),
-        tools=[stock],
-        output_type=Order,
-        model_settings=agents.ModelSettings(max_tokens=400, tool_choice="required"),
-    )
+    agent, ran = _stock_agent(server)
 
     async def run() -> object:
         result = agents.Runner.run_streamed(agent, "Make an order.", max_turns=6)

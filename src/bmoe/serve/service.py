@@ -111,16 +111,12 @@ class ServedSession:
         the context (``n_ctx / N``, as llama.cpp's server gives each slot) leaves."""
         job: Job[Outcome] = Job(_never_run, lambda: None)  # settled by the run
         try:
-            if request.n_predict is None:
-                prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
-                request = fill_context(request, len(prompt), self.session.n_ctx // self.parallel)
-            tools = ToolUse.shown(request.tools) if chat else None
-            fmt = self.session.engine.renderer.tool_format if tools is not None else None
-            constraint = self.session.engine.constraint(request) if tools is not None else None
+            request, reply = self._reply(
+                request, stops, emit, history, chat, self.session.n_ctx // self.parallel, lambda: None
+            )
         except BmoeError as exc:
             job.settle(error=exc)
             return job
-        reply = ReplyStream(stops, emit, lambda: None, tools, fmt, constraint, request.logprobs is not None)
         sink = _Sequence(job, reply, self.monitor, lambda: self._closing)
         with self._inbox_lock:
             if self._closing:
@@ -186,6 +182,27 @@ class ServedSession:
 
         return run
 
+    def _reply(
+        self,
+        request: GenerateRequest,
+        stops: Sequence[str],
+        emit: Emit,
+        history: Sequence[ChatMessage] | None,
+        chat: bool,
+        n_ctx: int,
+        stop: Callable[[], None],
+    ) -> tuple[GenerateRequest, ReplyStream]:
+        """``request`` with its default ``max_tokens`` (what its prompt leaves of ``n_ctx``)
+        and the stream its reply goes out through (``stop``: what a stop string calls)."""
+        if request.n_predict is None:
+            prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
+            request = fill_context(request, len(prompt), n_ctx)
+        tools = ToolUse.shown(request.tools) if chat else None
+        fmt = self.session.engine.renderer.tool_format if tools is not None else None  # probed once, on need
+        constraint = self.session.engine.constraint(request) if tools is not None else None
+        reply = ReplyStream(stops, emit, stop, tools, fmt, constraint, request.logprobs is not None)
+        return request, reply
+
     def _generate(
         self,
         job: Job[Outcome],
@@ -195,14 +212,9 @@ class ServedSession:
         history: Sequence[ChatMessage] | None,
         chat: bool,
     ) -> Outcome:
-        if request.n_predict is None:
-            prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
-            request = fill_context(request, len(prompt), self.session.n_ctx)
-        tools = ToolUse.shown(request.tools) if chat else None
-        fmt = self.session.engine.renderer.tool_format if tools is not None else None  # probed once, on need
-        constraint = self.session.engine.constraint(request) if tools is not None else None
-        wants_logprobs = request.logprobs is not None
-        reply = ReplyStream(stops, emit, self.session.stop, tools, fmt, constraint, wants_logprobs)
+        request, reply = self._reply(
+            request, stops, emit, history, chat, self.session.n_ctx, self.session.stop
+        )
 
         def on_progress(p: Progress) -> None:
             self.monitor.token(p)

@@ -17,16 +17,14 @@ stays content), so the calls come whole once the reply is parsed. Every family b
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import attrs
 
 from bmoe.domain.tools.formats import ToolFormat
+from bmoe.domain.tools.replies import CALL_ARGUMENTS, CALL_NAME, unquoted
 from bmoe.domain.tools.values import ToolCall, new_call_id
 
-_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)(")?')
-_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 _HELD_BACK = " \t\r\n}],"
 
 
@@ -72,12 +70,11 @@ def _objects(body: str) -> list[str]:
 
 def _json_call(obj: str) -> tuple[str, str] | None:
     """A call object's name (once it is complete) and its arguments so far."""
-    named = _NAME.search(obj)
+    named = CALL_NAME.search(obj)
     if named is None or not named.group(2):
         return None
-    opened = _ARGS.search(obj, named.end())
-    name = named.group(1).replace('\\"', '"').replace("\\\\", "\\")
-    return name, obj[opened.end() :] if opened is not None else ""
+    opened = CALL_ARGUMENTS.search(obj, named.end())
+    return unquoted(named.group(1)), obj[opened.end() :] if opened is not None else ""
 
 
 def _json_calls(body: str) -> list[tuple[str, str]]:

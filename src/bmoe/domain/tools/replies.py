@@ -214,12 +214,15 @@ _PARSERS: dict[ToolFormat, Callable[[str, NewId], ToolReply]] = {
 }
 
 
-_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"?')
-_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+CALL_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)(")?')
+"""A call object's name as far as it is written (group 2: its closing quote, once there)."""
+CALL_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+"""Where a call object's arguments begin."""
 _HARMONY_CUT = re.compile(r"to=functions\.([\w.-]*)(?:[^<]*(?:<\|constrain\|>\w*)?<\|message\|>)?")
 
 
-def _unquoted(name: str) -> str:
+def unquoted(name: str) -> str:
+    """A JSON string's inside (``CALL_NAME``'s group 1) as text, escapes undone."""
     try:
         return str(json.loads(f'"{name}"'))
     except ValueError:
@@ -247,9 +250,9 @@ def _cut_call(fmt: ToolFormat, text: str) -> tuple[int, str, str] | None:
         if match is None:
             return at, "", ""
         return at, match.group(1), body[match.end() :] if match.group(0).endswith("<|message|>") else ""
-    named = _NAME.search(body)
-    opened = _ARGS.search(body)
-    name = _unquoted(named.group(1)) if named is not None else ""
+    named = CALL_NAME.search(body)
+    opened = CALL_ARGUMENTS.search(body)
+    name = unquoted(named.group(1)) if named is not None else ""
     return at, name, body[opened.end() :] if opened is not None else ""
 
 
