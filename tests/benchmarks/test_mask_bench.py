@@ -26,6 +26,9 @@ import pytest
 
 llguidance = pytest.importorskip("llguidance")
 
+from bmoe.adapters.llama.guidance import allowed_ids  # noqa: E402 - after the skip
+from bmoe.adapters.llama.token_mask import TOKEN_DATA, mask_candidates  # noqa: E402
+
 N_VOCAB = 262_144
 SCHEMA = {
     "type": "object",
@@ -53,7 +56,6 @@ REPLY = {
     "kind": "beta",
     "items": [{"name": "the blue pencils", "count": 3}, {"name": "an eraser", "count": 1}],
 }
-TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 class _SyntheticTokenizer:
@@ -93,8 +95,7 @@ class _SyntheticTokenizer:
 
 def _apply(words: np.ndarray, view: np.ndarray) -> None:
     """What ``GuidanceMask.allowed`` and ``MaskSampler`` do to a step's candidates."""
-    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: view.size].astype(bool)
-    np.copyto(view["logit"], -np.inf, where=~bits)
+    mask_candidates(view, allowed_ids(words, view.size))
 
 
 def _step_through(tokenizer: Any, n_vocab: int) -> Callable[[], int]:

@@ -166,6 +166,11 @@ def lark_grammar(constraint: OutputConstraint, special: Mapping[str, int]) -> st
     return "\n".join(["start: answer | calls", _answer(constraint.answer), *rules])
 
 
+def allowed_ids(words: NDArray[np.int32], n_vocab: int) -> NDArray[np.bool_]:
+    """llguidance's bitmask (32 token ids a word, lowest bit first) as one flag per id."""
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:n_vocab].astype(bool)
+
+
 class GuidanceMask:
     """One reply's llguidance matcher: the tokens allowed next, and the drawn token fed."""
 
@@ -186,8 +191,7 @@ class GuidanceMask:
         self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         if self.matcher.is_error():
             raise GrammarError(f"the constraint failed: {self.matcher.get_error()}")
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
-        return bits[: self.n_vocab].astype(bool)
+        return allowed_ids(self._words, self.n_vocab)
 
     def accept(self, token: int) -> None:
         if not self.matcher.consume_token(token):

@@ -32,8 +32,25 @@ class ITokenMask(Protocol):
         ...
 
 
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data), "llama_token_data changed"
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+assert TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data), "llama_token_data changed"
+
+
+def mask_candidates(view: NDArray[np.void], allowed: NDArray[np.bool_]) -> None:
+    """Set the logit of every candidate in ``view`` (``llama_token_data`` records) whose id
+    ``allowed`` refuses to -inf. Raises ``GrammarError`` when none is left."""
+    ids = view["id"]
+    if ids.size == allowed.size and ids[0] == 0 and ids[-1] == ids.size - 1:
+        # llama.cpp lays the candidates out in id order, and the samplers before this one
+        # in bmoe's chain (logit biases, penalties) change logits, not the order
+        keep = allowed
+    else:
+        inside = ids < allowed.size
+        keep = np.zeros(ids.size, dtype=bool)
+        keep[inside] = allowed[ids[inside]]
+    np.copyto(view["logit"], -np.inf, where=~keep)
+    if not keep.any():
+        raise GrammarError("the constraint allows no token of this vocabulary here")
 
 
 class MaskSampler:
@@ -59,21 +76,9 @@ class MaskSampler:
         try:
             array = cur_p.contents
             view = np.ctypeslib.as_array(
-                ctypes.cast(array.data, ctypes.POINTER(ctypes.c_uint8)), (array.size * _TOKEN_DATA.itemsize,)
-            ).view(_TOKEN_DATA)
-            allowed = self.mask.allowed()
-            ids = view["id"]
-            if ids.size == allowed.size and ids[0] == 0 and ids[-1] == ids.size - 1:
-                # llama.cpp lays the candidates out in id order, and the samplers before this
-                # one in bmoe's chain (logit biases, penalties) change logits, not the order
-                keep = allowed
-            else:
-                inside = ids < allowed.size
-                keep = np.zeros(ids.size, dtype=bool)
-                keep[inside] = allowed[ids[inside]]
-            np.copyto(view["logit"], -np.inf, where=~keep)
-            if not keep.any():
-                raise GrammarError("the constraint allows no token of this vocabulary here")
+                ctypes.cast(array.data, ctypes.POINTER(ctypes.c_uint8)), (array.size * TOKEN_DATA.itemsize,)
+            ).view(TOKEN_DATA)
+            mask_candidates(view, self.mask.allowed())
         except BaseException as exc:
             self.failure = self.failure or exc
 
