@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from bmoe.domain.tools.formats import ToolFormat
-from bmoe.domain.tools.replies import CALL_ARGUMENTS, CALL_NAME, unquoted
+from bmoe.domain.tools.replies import CALL_ARGUMENTS, CALL_NAME, NewId, unquoted
 from bmoe.domain.tools.values import ToolCall, new_call_id
 
 _HELD_BACK = " \t\r\n}],"
@@ -126,7 +126,7 @@ class CallStreamer:
     reply's parsed calls for the rest, with the ids the stream gave them."""
 
     fmt: ToolFormat
-    new_id: Any = new_call_id
+    new_id: NewId = new_call_id
     _ids: list[str] = attrs.field(factory=list)
     _sent: list[str] = attrs.field(factory=list)
 
