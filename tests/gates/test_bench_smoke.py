@@ -129,3 +129,68 @@ def test_a_configuration_whose_child_dies_of_a_signal_is_a_row_and_the_others_ru
     assert crashed["error"].startswith(expected), crashed
     assert "bmoe: the process died of SIGSEGV" in log.read_text()
     assert "crashed (SIGSEGV)" in (out / "bench.md").read_text()
+
+
+def test_bench_parallel_runs_each_configuration_at_each_count_and_checks_tokens_per_count(
+    tiny_model_path: Callable[..., Path], tmp_path: Path
+) -> None:
+    """``--parallel 1,3``: stock, bmoe resident and streamed, each at one and at three
+    sequences per ``llama_decode``; at each count bmoe's greedy tokens (every sequence's)
+    equal stock's, and the parallel table puts each count beside one sequence."""
+    model = tiny_model_path("qwen3moe")
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bmoe.bench",
+        "-m",
+        str(model),
+        "--configs",
+        "stock-norepack,resident,stream",
+        "--no-repack",
+        "--budgets",
+        "25%",
+        "--parallel",
+        "1,3",
+        "--prompt-tokens",
+        "8",
+        "--warmup",
+        "2",
+        "--tokens",
+        "5",
+        "--rounds",
+        "1",
+        "--no-chart",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    result = json.loads((out / "bench.json").read_text())
+    assert result["parallel"] == [1, 3]
+    summaries = {s["key"]: s for s in result["summaries"]}
+    keys = {f"{k}-np{n}" for k in ("stock-norepack", "resident", "stream-1") for n in (1, 3)}
+    assert set(summaries) == keys
+    for key in keys:
+        [run] = result["runs"][key]
+        n = run["parallel"]
+        assert len(run["seq_argmax"]) == n and run["measured_tokens"] == 5 * n
+        assert run["prompt_tokens"] == 8 * n
+        assert run["tok_s"] == pytest.approx(n * run["seq_tok_s"])
+        assert run["n_ctx"] >= n * 15
+    # the three sequences were fed different texts, sequence 0 the same at both counts
+    three = result["runs"]["stock-norepack-np3"][0]["seq_argmax"]
+    assert three[0] != three[1] != three[2]
+    checks = {(c["key"], c["reference"]): c for c in result["token_checks"]}
+    for n in (1, 3):
+        for key in ("resident", "stream-1"):
+            check = checks[(f"{key}-np{n}", f"stock-norepack-np{n}")]
+            assert check["equal"] and check["compared"] == 7 * n
+    assert summaries["stream-1-np3"]["x_stock_norepack"] == pytest.approx(
+        summaries["stream-1-np3"]["tok_s"] / summaries["stock-norepack-np3"]["tok_s"]
+    )
+    md = (out / "bench.md").read_text()
+    assert "### Sequences decoded together" in md
+    assert "| resident | 3 |" in md and "| stream-1 | 1 |" in md
+    assert "sequence 0 chose" in md

@@ -397,9 +397,11 @@ class FakePrefiller:
     def __init__(self, clock: list[float]) -> None:
         self.clock = clock
         self.prefilled: list[list[int]] = []
+        self.seqs: list[int] = []
 
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
         self.prefilled.append(list(tokens))
+        self.seqs.append(seq)
         self.clock[0] += len(tokens) / 100
 
 

@@ -28,7 +28,14 @@ from typing import Any
 import numpy as np
 
 from bmoe.bench import procfs
-from bmoe.bench.decode import Stepper, teacher_force
+from bmoe.bench.decode import (
+    Decode,
+    ParallelDecode,
+    ParallelStepper,
+    Stepper,
+    teacher_force,
+    teacher_force_parallel,
+)
 from bmoe.bench.prefill import PREFILL_BATCH, Prefiller, timed_prefill
 
 PROGRESS_TAG = "PROGRESS "
@@ -38,7 +45,7 @@ RESULT_TAG = "RESULT "
 class StockStepper:
     """Stock llama-cpp-python: model, context and batch of ``llama_cpp._internals``."""
 
-    def __init__(self, model: Path, n_ctx: int, threads: int, *, repack: bool) -> None:
+    def __init__(self, model: Path, n_ctx: int, threads: int, *, repack: bool, n_seq: int = 1) -> None:
         import llama_cpp
         from llama_cpp import _internals
 
@@ -50,6 +57,9 @@ class StockStepper:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # Llama(flash_attn=False)
+        # several sequences share one KV cache, as llama-server's default (-np auto: --kv-unified)
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = n_seq > 1
         self._model = _internals.LlamaModel(path_model=str(model), params=mparams, verbose=False)
         self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
         # room for the prompt; a decode step uses its first slot
@@ -57,13 +67,26 @@ class StockStepper:
         self.n_vocab = self._model.n_vocab()
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx.ctx))
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        self._batch.set_batch(tokens, 0, False)  # logits for the last token only
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
+        self._batch.reset()  # type: ignore[no-untyped-call]
+        self._batch.add_sequence(tokens, seq, False)  # positions 0.., logits for the last token only
         self._ctx.decode(self._batch)
 
     def step(self, token: int, pos: int) -> None:
         self._batch.set_batch([token], pos, False)
         self._ctx.decode(self._batch)
+
+    def step_all(self, entries: Sequence[tuple[int, int, int]]) -> None:
+        batch = self._batch.batch
+        for i, (token, pos, seq) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, True
+            batch.seq_id[i][0] = seq
+        batch.n_tokens = len(entries)
+        self._ctx.decode(self._batch)
+
+    def argmax_row(self, row: int) -> int:
+        row_logits = np.ctypeslib.as_array(self._ctx.get_logits_ith(row), shape=(self.n_vocab,))
+        return int(np.argmax(row_logits))
 
     def logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         return np.ctypeslib.as_array(self._ctx.get_logits_ith(-1), shape=(self.n_vocab,))
@@ -100,6 +123,7 @@ class BmoeStepper:
                 n_ubatch=PREFILL_BATCH,
                 n_threads=spec["threads"],
                 flash_attn="off",
+                n_seq_max=spec.get("parallel", 1),
             ),
             stream=stream,
         )
@@ -107,11 +131,22 @@ class BmoeStepper:
         self.n_ctx = self.session.n_ctx
         self.notes = list(self.session.notes)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        self.session.ctx.decode(tokens, 0)  # one chunk: n_batch is PREFILL_BATCH
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
+        self.session.ctx.decode(tokens, 0, seq=seq)  # one chunk: n_batch is PREFILL_BATCH
 
     def step(self, token: int, pos: int) -> None:
         self.session.ctx.decode([token], pos)
+
+    def step_all(self, entries: Sequence[tuple[int, int, int]]) -> None:
+        self.session.ctx.decode_step(entries)
+
+    def argmax_row(self, row: int) -> int:
+        return int(np.argmax(self.session.ctx.logits(row)))
+
+    def decode_sequences(self, n: int) -> None:
+        """The decode steps to come hold ``n`` sequences (the streamer counts them as decode)."""
+        if self.session.streaming is not None:
+            self.session.streaming.set_decode_rows(n)
 
     def logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         return self.session.last_logits()
@@ -176,19 +211,21 @@ def _delta(after: dict[str, float] | None, before: dict[str, float] | None) -> d
     return {k: after[k] - before[k] for k in after}
 
 
-def prefill_figures(stepper: StockStepper | BmoeStepper, tokens: Sequence[int]) -> dict[str, Any]:
-    """Prefill ``tokens`` in one timed ``llama_decode``: its seconds and tok/s, what the
-    kernel fetched from storage meanwhile, and for a streamed configuration what the
-    streamer read for it and how long the compute waited for those reads."""
+def prefill_figures(stepper: StockStepper | BmoeStepper, prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Prefill each of ``prompts`` (one per sequence, sequence ``s`` the ``s``-th) in one timed
+    ``llama_decode`` each: their seconds and tok/s together, what the kernel fetched from
+    storage meanwhile, and for a streamed configuration what the streamer read for them and
+    how long the compute waited for those reads."""
     counters = stepper.counters() if isinstance(stepper, BmoeStepper) else None
     read_start = procfs.read_bytes()
     prefiller: Prefiller = stepper
-    done = timed_prefill(prefiller, tokens)
+    done = [timed_prefill(prefiller, tokens, seq=s) for s, tokens in enumerate(prompts)]
     read_end = procfs.read_bytes()
+    tokens, seconds = sum(d.tokens for d in done), sum(d.seconds for d in done)
     out: dict[str, Any] = {
-        "prompt_tokens": done.tokens,
-        "prefill_s": done.seconds,
-        "prefill_tok_s": done.tok_s,
+        "prompt_tokens": tokens,
+        "prefill_s": seconds,
+        "prefill_tok_s": tokens / seconds if seconds > 0 else 0.0,
     }
     if read_start is not None and read_end is not None:
         out["prefill_kernel_read_bytes"] = read_end - read_start
@@ -203,15 +240,20 @@ def prefill_figures(stepper: StockStepper | BmoeStepper, tokens: Sequence[int]) 
 
 def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, Any]:
     """Load the configuration, wait ``spec["idle_s"]`` (if any), prefill the first
-    ``spec["prompt_tokens"]`` of ``spec["tokens"]`` (if any), teacher-force the rest, return
-    the figures."""
+    ``spec["prompt_tokens"]`` of the text (if any), teacher-force the rest, return the
+    figures. With ``spec["texts"]`` (one text per sequence; ``spec["parallel"]`` of them),
+    every sequence's prompt is prefilled on its own and each decode step holds one token of
+    every sequence."""
     import time
 
     t0 = time.perf_counter()
     kind = spec["kind"]
+    texts: list[list[int]] = spec.get("texts") or [spec["tokens"]]
     stepper: StockStepper | BmoeStepper
     if kind.startswith("stock"):
-        stepper = StockStepper(Path(spec["model"]), spec["n_ctx"], spec["threads"], repack=kind == "stock")
+        stepper = StockStepper(
+            Path(spec["model"]), spec["n_ctx"], spec["threads"], repack=kind == "stock", n_seq=len(texts)
+        )
     else:
         stepper = BmoeStepper(spec)
     out: dict[str, Any] = {"key": spec["key"], "load_s": time.perf_counter() - t0, "n_ctx": stepper.n_ctx}
@@ -222,8 +264,8 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
             time.sleep(spec["idle_s"])
         prompt = int(spec.get("prompt_tokens", 0))
         if prompt:
-            out.update(prefill_figures(stepper, spec["tokens"][:prompt]))
-            emit(f"{PROGRESS_TAG}{prompt}", flush=True)
+            out.update(prefill_figures(stepper, [text[:prompt] for text in texts]))
+            emit(f"{PROGRESS_TAG}{prompt * len(texts)}", flush=True)
         marks: dict[str, Any] = {}
 
         def measure_start() -> None:
@@ -234,29 +276,37 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
                 marks["counters"] = stepper.counters()
 
         def on_token(done: int) -> None:
-            emit(f"{PROGRESS_TAG}{prompt + done}", flush=True)
+            emit(f"{PROGRESS_TAG}{(prompt + done) * len(texts)}", flush=True)
 
-        steps: Stepper = stepper
-        decode = teacher_force(
-            steps,
-            spec["tokens"],
-            spec["warmup"],
-            spec["measure"],
-            max_seconds=spec["max_seconds"],
-            on_token=on_token,
-            on_measure_start=measure_start,
-            start=prompt,
-        )
+        common = dict(max_seconds=spec["max_seconds"], on_measure_start=measure_start, start=prompt)
+        if "texts" in spec:
+            if isinstance(stepper, BmoeStepper):
+                stepper.decode_sequences(len(texts))
+            steps: ParallelStepper = stepper
+            decode: Decode | ParallelDecode = teacher_force_parallel(
+                steps, texts, spec["warmup"], spec["measure"], on_step=on_token, **common
+            )
+        else:
+            one: Stepper = stepper
+            decode = teacher_force(
+                one, texts[0], spec["warmup"], spec["measure"], on_token=on_token, **common
+            )
         read_end = procfs.read_bytes()
         wall = time.perf_counter() - marks["t"]
         busy, own = procfs.cpu_busy_s() - marks["busy"], procfs.own_cpu_s() - marks["own"]
         out["other_cpu_cores"] = max(0.0, busy - own) / wall if wall > 0 else 0.0
         out["finite_logits"] = bool(np.all(np.isfinite(stepper.logits())))
-        out["argmax"] = decode.argmax
+        if isinstance(decode, ParallelDecode):
+            out["parallel"] = decode.sequences
+            out["seq_tok_s"] = decode.seq_tok_s
+            out["seq_argmax"] = decode.argmax
+            out["argmax"] = [token for seq in decode.argmax for token in seq]  # sequence by sequence
+        else:
+            out["argmax"] = decode.argmax
         out["warmup_tokens"] = decode.warmup
-        out["measured_tokens"] = decode.measured
+        out["measured_tokens"] = decode.measured  # generated: steps x sequences
         out["decode_s"] = decode.wall_s
-        out["tok_s"] = decode.tok_s
+        out["tok_s"] = decode.tok_s  # aggregate over the sequences
         out["step_ms_median"] = decode.step_ms_median
         out["step_s"] = [round(s, 6) for s in decode.step_s]
         out["notes"] = decode.notes

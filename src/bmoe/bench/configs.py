@@ -154,9 +154,16 @@ class BenchConfig:
     cache_mib: int | None = None
     expert_percent: float | None = None  # the budget as a share of the experts
     policy: Policy | None = None  # a decode routing policy (streaming with a cache only)
+    parallel: int | None = None  # sequences per decode step (--parallel); None: one, the plain bench
+    base_key: str = ""  # the key without the sequence count ("" : the key itself)
 
     def stream_kwargs(self) -> dict[str, object]:
         return {} if self.policy is None else self.policy.stream_kwargs()
+
+    @property
+    def plain_key(self) -> str:
+        """The configuration's key whatever its sequence count (``resident`` for ``resident-np4``)."""
+        return self.base_key or self.key
 
     @property
     def is_stock(self) -> bool:
@@ -242,3 +249,56 @@ def interleave(configs: list[BenchConfig], rounds: int) -> list[tuple[int, Bench
     if rounds < 1:
         raise BenchConfigError(f"rounds must be >= 1, not {rounds}")
     return [(r, c) for r in range(rounds) for c in configs]
+
+
+MAX_PARALLEL = 64
+"""The most sequences ``--parallel`` runs in one decode step."""
+
+
+def parse_parallel(text: str) -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> (1, 2, 4, 8): the sequence counts ``--parallel`` runs each configuration at."""
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BenchConfigError(f"--parallel takes sequence counts like 1,2,4,8, not {text!r}") from None
+    if not counts or any(not 1 <= n <= MAX_PARALLEL for n in counts):
+        raise BenchConfigError(f"--parallel counts must be between 1 and {MAX_PARALLEL}, not {text!r}")
+    return tuple(sorted(set(counts)))
+
+
+def with_parallel(configs: list[BenchConfig], counts: tuple[int, ...]) -> list[BenchConfig]:
+    """Each configuration once per sequence count, counts innermost (``resident-np1``,
+    ``resident-np2``, ...). Decode routing policies are refused with several sequences (the
+    session refuses them too)."""
+    with_policy = [c.key for c in configs if c.policy is not None]
+    if with_policy and max(counts) > 1:
+        raise BenchConfigError(
+            f"--parallel above 1 does not combine with decode routing policies ({', '.join(with_policy)})"
+        )
+    return [
+        attrs.evolve(
+            c,
+            key=f"{c.key}-np{n}",
+            label=f"{c.label}, {n} sequence{'s' if n > 1 else ''}",
+            parallel=n,
+            base_key=c.key,
+        )
+        for c in configs
+        for n in counts
+    ]
+
+
+def sequence_texts(tokens: list[int], sequences: int, widest: int, fed: int) -> list[list[int]]:
+    """The first ``sequences`` of ``widest`` texts cut from ``tokens``, ``fed`` tokens each,
+    starting evenly spread over it (sequence 0 at its start): a sequence's text is the same
+    whatever the count, so counts compare the same conversations."""
+    if not 1 <= sequences <= widest:
+        raise BenchConfigError(f"{sequences} sequences asked of {widest}")
+    room = len(tokens) - fed
+    stride = room // (widest - 1) if widest > 1 else 0
+    if room < 0 or (widest > 1 and stride < 1):
+        raise BenchConfigError(
+            f"the text's {len(tokens)} tokens cannot give {widest} sequences of {fed} tokens "
+            "that start apart: lower --prompt-tokens, --warmup or --tokens"
+        )
+    return [tokens[s * stride : s * stride + fed] for s in range(sequences)]

@@ -36,6 +36,7 @@ class RunFacts:
     throttle: DiskThrottle = attrs.field(factory=DiskThrottle)
     prompt_tokens: int = 0
     skipped: dict[str, str] = attrs.field(factory=dict)
+    parallel: tuple[int, ...] = ()  # --parallel's sequence counts (() : one sequence)
 
 
 def disk_text(seq: Bandwidth, lanes: Bandwidth, throttle: DiskThrottle | None = None) -> str:
@@ -61,7 +62,15 @@ def prefill_text(prompt_tokens: int) -> str:
     )
 
 
-def markdown(run: RunFacts, outcome: report.Outcome, *, title: str, chart: Path | None) -> str:
+def markdown(
+    run: RunFacts,
+    outcome: report.Outcome,
+    *,
+    title: str,
+    chart: Path | None,
+    sections: list[str] | None = None,
+) -> str:
+    """The report; ``sections``: lines put before the configurations' table (``--parallel``'s)."""
     f = run.facts
     limit = f", inside a memory cgroup of {run.mem_limit_mb} MiB" if run.mem_limit_mb else ""
     size = run.model.stat().st_size
@@ -81,11 +90,13 @@ def markdown(run: RunFacts, outcome: report.Outcome, *, title: str, chart: Path 
         f"{prefill_text(run.prompt_tokens)}Decode: teacher forcing over the built-in English text"
         f"{decode_from}, {run.warmup} warm-up tokens then {run.tokens} measured, one token per "
         f"`llama_decode`, {run.threads} compute threads, {run.io_threads} read lanes, flash attention "
-        f"off everywhere, n_ctx {run.n_ctx}, {run.rounds} interleaved rounds, each configuration in a "
+        f"off everywhere, n_ctx {run.n_ctx}{_per_sequence(run)}, {run.rounds} interleaved rounds, each "
+        "configuration in a "
         f"fresh process after dropping the model from the page cache{limit}"
         + (f", its reads of the disk held to {run.throttle.text()}" if run.throttle.active else "")
         + ".",
         "",
+        *(sections or []),
         report.markdown_table(outcome.summaries, outcome.baseline),
         "",
         report.LEGEND,
@@ -98,6 +109,13 @@ def markdown(run: RunFacts, outcome: report.Outcome, *, title: str, chart: Path 
     if chart is not None:
         lines += [f"![tok/s against the cache budget]({chart.name})", ""]
     return "\n".join(lines)
+
+
+def _per_sequence(run: RunFacts) -> str:
+    if not run.parallel:
+        return ""
+    counts = ", ".join(str(n) for n in run.parallel)
+    return f" per sequence, at {counts} sequences decoded together (prompts prefilled one by one)"
 
 
 def payload(
@@ -115,6 +133,7 @@ def payload(
         "mem_limit_mb": run.mem_limit_mb,
         "disk_throttle": attrs.asdict(run.throttle),
         "n_ctx": run.n_ctx,
+        "parallel": list(run.parallel),
         "prompt_tokens": run.prompt_tokens,
         "skipped": run.skipped,
         "prefill_baseline": attrs.asdict(baseline := outcome.baseline) | {"text": baseline.text()},

@@ -91,6 +91,15 @@ def parser() -> argparse.ArgumentParser:
         "predict,route-ahead=2,drop=0.75; docs/read-ahead.md; default: none)",
     )
     p.add_argument(
+        "--parallel",
+        "-np",
+        default="",
+        help="run every configuration at these sequence counts (e.g. 1,2,4,8): each decode step is one "
+        "llama_decode holding one token of every sequence, each fed its own part of the text; reports "
+        "aggregate and per-sequence tok/s and MiB read per generated token (default: one sequence, "
+        "the plain bench)",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="interleaved rounds over the configurations (median)"
     )
     p.add_argument(
@@ -172,6 +181,13 @@ class Plan:
     fed: int  # tokens of the text each configuration takes: prompt, warm-up, measure
     prefetch: tuple[int, ...] = ()
     policies: tuple[cf.Policy, ...] = ()
+    parallel: tuple[int, ...] = ()  # sequence counts (--parallel); () : the plain bench
+
+    def n_ctx_for(self, config: cf.BenchConfig) -> int:
+        """The context of one configuration: several sequences share one KV cache, each
+        holding its fed tokens."""
+        n = config.parallel or 1
+        return self.n_ctx if n == 1 else max(self.n_ctx, -(-n * self.fed // 256) * 256)
 
 
 def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Plan:
@@ -201,13 +217,24 @@ def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Pla
         raise cf.BenchConfigError(
             f"--ctx {n_ctx} cannot hold {fed} fed tokens (--prompt-tokens + --warmup + --tokens)"
         )
+    parallel = cf.parse_parallel(args.parallel) if args.parallel.strip() else ()
+    policies = cf.parse_policies(args.policies)
+    prefetch = cf.parse_prefetch(args.prefetch)
+    if parallel and max(parallel) > 1 and (policies or prefetch):
+        raise cf.BenchConfigError(
+            "--parallel above 1 does not combine with --policies or --prefetch (routing policies "
+            "follow one sequence)"
+        )
+    if parallel and n_text_tokens is not None:
+        cf.sequence_texts(list(range(n_text_tokens)), 1, max(parallel), fed)  # refuses a short text
     return Plan(
         kinds=kinds,
         budgets=budgets,
         n_ctx=n_ctx,
         fed=fed,
-        prefetch=cf.parse_prefetch(args.prefetch),
-        policies=cf.parse_policies(args.policies),
+        prefetch=prefetch,
+        policies=policies,
+        parallel=parallel,
     )
 
 
@@ -287,6 +314,8 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         return 2
     experts = expert_bytes(model)
     configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch, plan.policies)
+    if plan.parallel:
+        configs = cf.with_parallel(configs, plan.parallel)
     skipped = skipped_configs(
         configs, model.stat().st_size, args.mem_limit_mb, bmoe_repack=not args.no_repack
     )
@@ -315,7 +344,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     ceiling_mib_s = float(throttle.mib_s) if throttle.mib_s else seq.mib_s
 
     fed = plan.fed
-    progress = make_progress(fed * len(schedule))
+    progress = make_progress(sum(fed * (c.parallel or 1) for _, c in schedule))
     runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in configs}
     t0 = time.perf_counter()
     probes = 0
@@ -331,19 +360,24 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 "prompt_tokens": args.prompt_tokens,
                 "warmup": args.warmup,
                 "measure": args.tokens,
-                "n_ctx": plan.n_ctx,
+                "n_ctx": plan.n_ctx_for(config),
                 "threads": args.threads,
                 "io_threads": args.io_threads,
                 "repack": not args.no_repack,
                 "max_seconds": args.max_seconds,
             }
+            if config.parallel is not None:
+                texts = cf.sequence_texts(tokens, config.parallel, max(plan.parallel), fed)
+                spec |= {"parallel": config.parallel, "texts": texts}
             probe = None
             if config.kind == "stream" and args.probe_mib > 0:
                 probes += 1  # a new seed each time: a block read again may come from the host's cache
                 probe = probe_disk(
                     model, "random", args.probe_mib, args.io_threads, seed=probes, make_group=make_probe_group
                 )
-            progress.begin(f"round {round_no + 1}/{args.rounds}: {config.label}", fed)
+            progress.begin(
+                f"round {round_no + 1}/{args.rounds}: {config.label}", fed * (config.parallel or 1)
+            )
             r = run_configuration(
                 spec,
                 model=model,
@@ -363,13 +397,34 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     finally:
         progress.close()
 
-    outcome = report.conclude(configs, runs, experts, ceiling_mib_s, skipped, repack=not args.no_repack)
+    if plan.parallel:
+        from bmoe.bench import parallel_report
+
+        outcome = parallel_report.conclude(
+            configs, runs, experts, ceiling_mib_s, skipped, repack=not args.no_repack
+        )
+        sections = [
+            "### Sequences decoded together",
+            "",
+            parallel_report.markdown_table(parallel_report.rows(configs, outcome, runs)),
+            "",
+            parallel_report.LEGEND,
+            "",
+            *parallel_report.seq0_lines(configs, runs),
+            "",
+            "### Every configuration at every count",
+        ]
+    else:
+        outcome = report.conclude(configs, runs, experts, ceiling_mib_s, skipped, repack=not args.no_repack)
+        sections = []
     title = args.title or f"{model.name}" + (
         f", memory limit {args.mem_limit_mb} MiB" if args.mem_limit_mb else ""
     ) + (f", disk {throttle.text()}" if throttle.active else "")
     args.out.mkdir(parents=True, exist_ok=True)
     chart = None
-    if not args.no_chart:
+    if not args.no_chart and plan.parallel:
+        print("bench: no chart with --parallel (the tables say it)", file=sys.stderr)
+    elif not args.no_chart:
         from bmoe.bench.chart import ChartUnavailable, draw
 
         try:
@@ -395,8 +450,9 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         throttle=throttle,
         prompt_tokens=args.prompt_tokens,
         skipped=skipped,
+        parallel=plan.parallel,
     )
-    md = document.markdown(run, outcome, title=title, chart=chart)
+    md = document.markdown(run, outcome, title=title, chart=chart, sections=sections)
     (args.out / "bench.md").write_text(md)
     payload = document.payload(run, outcome, runs, wall_s=time.perf_counter() - t0)
     (args.out / "bench.json").write_text(json.dumps(payload, indent=1))

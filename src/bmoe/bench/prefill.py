@@ -31,8 +31,9 @@ DEFAULT_PROMPT_TOKENS = 464
 class Prefiller(Protocol):
     """A loaded model and context that can take a whole prompt in one ``llama_decode``."""
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Decode ``tokens`` at positions ``0..`` in one batch (logits for the last only)."""
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
+        """Decode ``tokens`` at positions ``0..`` of sequence ``seq`` in one batch (logits
+        for the last only)."""
 
 
 @attrs.frozen
@@ -48,11 +49,16 @@ class Prefill:
 
 
 def timed_prefill(
-    stepper: Prefiller, tokens: Sequence[int], *, clock: Callable[[], float] = time.perf_counter
+    stepper: Prefiller,
+    tokens: Sequence[int],
+    *,
+    seq: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Prefill:
-    """Prefill ``tokens`` (1 to :data:`PREFILL_BATCH` of them) in one call and time it."""
+    """Prefill ``tokens`` (1 to :data:`PREFILL_BATCH` of them) of sequence ``seq`` in one
+    call and time it."""
     if not 1 <= len(tokens) <= PREFILL_BATCH:
         raise ValueError(f"a prefill takes 1 to {PREFILL_BATCH} tokens in one batch, not {len(tokens)}")
     t = clock()
-    stepper.prefill(tokens)
+    stepper.prefill(tokens, seq)
     return Prefill(tokens=len(tokens), seconds=clock() - t)
