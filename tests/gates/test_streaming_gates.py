@@ -18,6 +18,7 @@ from bmoe.cext import expert_stream
 from bmoe.cext.route_recorder import RouteRecorder
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.streaming import EngineOptions, ExpertCachePolicy, PageRelease, StreamConfig, StreamCounters
+from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, Eviction
 from bmoe.runtime import Session, SessionConfig, run
 from bmoe.testing.oracle import stock_greedy
 
@@ -43,9 +44,15 @@ def streamed(
     policy: str = "fast",
     prefill_ahead: bool = True,
     engine: EngineOptions | None = None,
+    eviction: Eviction = DEFAULT_EVICTION,
 ) -> Session:
     stream = StreamConfig(
-        enabled=True, cache_mb=cache_mb, policy=policy, prefill_ahead=prefill_ahead, engine=engine
+        enabled=True,
+        cache_mb=cache_mb,
+        policy=policy,
+        prefill_ahead=prefill_ahead,
+        engine=engine,
+        eviction=eviction,
     )
     session = Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream))
     assert session.streaming is not None, session.notes
@@ -128,15 +135,19 @@ def test_every_page_release_mode_keeps_the_output_exact(
         assert counters.releases_deferred == 0
 
 
+@pytest.mark.parametrize("eviction", ["lfu", "slru"])
 @pytest.mark.parametrize("budget_entries", [0, 3, 1000])
 def test_the_reference_policy_and_the_fast_path_agree_on_everything(
-    model_path: Path, budget_entries: int
+    model_path: Path, budget_entries: int, eviction: Eviction
 ) -> None:
-    """Tokens, logits, every counter and the LRU order, over two requests (a warm cache)
-    and a perplexity (one all-rows prefill)."""
+    """Tokens, logits, every counter and the eviction order, over two requests (a warm
+    cache) and a perplexity (one all-rows prefill), under either eviction."""
     runs = {}
     for policy in ("fast", "reference"):
-        with streamed(model_path, cache_mb=None, budget_entries=budget_entries, policy=policy) as s:
+        with streamed(
+            model_path, cache_mb=None, budget_entries=budget_entries, policy=policy, eviction=eviction
+        ) as s:
+            assert s.streaming.streaming.streamer.eviction == eviction
             first = s.generate(GenerateRequest("Warm the cache up with something else", n_predict=6))
             second = s.generate(REQUEST)
             ppl = s.perplexity(PROMPT)

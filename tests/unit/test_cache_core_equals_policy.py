@@ -2,8 +2,9 @@
 decision: a hypothesis state machine drives both with the same random requests (prefill
 batches, and decode requests of a few ids, whose hits fill the protected segment), budget
 changes, evict-alls and reads ahead (prefetch) over random per-layer entry sizes, with k
-given or taken from the decode requests, and compares every plan, every counter, the
-eviction order and the protected segment after each step.
+given or taken from the decode requests, under both evictions (SLRU, and LFU with a short
+half-life so the counts halve often), and compares every plan, every counter, the eviction
+order, the protected segment and every use count after each step.
 
 CI runs the default profile (``BMOE_CORE_EXAMPLES`` state machines, 300 by default, a few
 seconds); a longer run: ``BMOE_CORE_EXAMPLES=2000 pytest tests/unit/test_cache_core_equals_policy.py``.
@@ -20,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from bmoe.cext.cache_core import ExpertCacheCore
 from bmoe.domain.streaming import ExpertCachePolicy
+from bmoe.domain.streaming.cache_policy import Eviction, LayerPlan
 
 N_LAYER = 5
 N_EXPERT = 16
@@ -35,14 +37,18 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         budget_entries=st.integers(0, 40),
         unit=st.sampled_from([1, 7, 7680]),
         k=st.sampled_from([0, 0, 1, 2, 3]),
+        eviction=st.sampled_from(["slru", "lfu", "lfu"]),
+        half_life=st.sampled_from([1, 2, 5, 64]),
     )
-    def start(self, sizes: list[int], budget_entries: int, unit: int, k: int) -> None:
+    def start(
+        self, sizes: list[int], budget_entries: int, unit: int, k: int, eviction: Eviction, half_life: int
+    ) -> None:
         if not any(sizes):
             sizes = [*sizes[:-1], 5]
         self.sizes = sizes
         budget = budget_entries * unit
-        self.policy = ExpertCachePolicy(budget, sizes, N_EXPERT, k)
-        self.core = ExpertCacheCore(budget, sizes, N_EXPERT, k)
+        self.policy = ExpertCachePolicy(budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life)
+        self.core = ExpertCacheCore(budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life)
 
     @rule(
         layer=st.integers(0, N_LAYER - 1),
@@ -137,6 +143,11 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         self.core.check_valid()
         assert self.core.resident_bytes == self.policy.resident_bytes
         assert self.core.budget_bytes == self.policy.budget_bytes
+        assert all(
+            self.core.uses(layer, e) == self.policy.uses(layer, e)
+            for layer in range(N_LAYER)
+            for e in range(N_EXPERT)
+        )
         self.policy.check_valid()
 
 
@@ -151,3 +162,29 @@ def test_a_mutated_core_would_be_caught() -> None:
     for layer, ids in [(0, [0]), (1, [1]), (0, [2])]:
         plans = core.request(layer, ids), policy.request(layer, ids)
     assert plans[0] != (plans[1].hits, plans[1].evictions, plans[1].loads, plans[1].adopted)
+
+
+def _evictions(plan: LayerPlan | tuple[tuple[tuple[int, int], ...], ...]) -> tuple[tuple[int, int], ...]:
+    return plan.evictions if isinstance(plan, LayerPlan) else plan[1]
+
+
+@pytest.mark.parametrize("make", [ExpertCachePolicy, ExpertCacheCore])
+def test_lfu_evicts_the_fewest_uses_where_slru_evicts_the_least_recent(make: type) -> None:
+    """Expert 0 used three times, then 1 twice (which demotes 0 from the protected segment):
+    SLRU evicts 0 for 2, LFU evicts 1 (two uses against three)."""
+    for eviction, victim in (("slru", (0, 0)), ("lfu", (0, 1))):
+        cache = make(2, [1], 8, 1, eviction=eviction)
+        for ids in ([0], [0], [0], [1], [1]):
+            cache.request(0, ids)
+        assert _evictions(cache.request(0, [2])) == (victim,), eviction
+
+
+@pytest.mark.parametrize("make", [ExpertCachePolicy, ExpertCacheCore])
+def test_lfu_counts_halve_every_half_life_of_decode_tokens(make: type) -> None:
+    cache = make(4, [1, 0, 1], 8, 1, eviction="lfu", half_life=2)  # two MoE layers: 4 requests
+    for ids in ([0], [0], [0]):
+        cache.request(0, ids)
+    cache.request(2, [5], n_tokens=6)  # a prefill counts a use, and no tick
+    assert cache.uses(0, 0) == 3 and cache.uses(2, 5) == 1
+    cache.request(2, [5])  # the fourth decode request: halved after it
+    assert cache.uses(0, 0) == 1 and cache.uses(2, 5) == 1

@@ -31,8 +31,15 @@
 # layer; when no room can be made the rest is not issued. ``hot`` (a committed routing):
 # wanted residents are touched (in their segment) and the reads enter at probation's most
 # recent end instead. The issued entries are left in ``plan_loads``.
+#
+# Eviction by frequency (``lfu`` set; the policy's ``eviction="lfu"``): ``uses[i]`` counts the
+# requests that routed entry ``i`` (resident or not; once per request), halved for every entry
+# each ``half_life`` decode tokens (``ticks`` counts decode requests up to ``half_life`` times
+# the MoE layers). Every place that evicts from the head instead evicts, one at a time, the
+# resident entry with the fewest uses that it may evict, the first in the list's order among
+# equals (``core_lfu_victim``). The list and its segments are kept as under SLRU.
 
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
@@ -84,6 +91,11 @@ cdef struct core_t:
     int64_t prefetch_hits
     int64_t prefetch_wasted
     int64_t warm_issued            # read ahead by a usage profile's warm-up: not a prefetch
+    # eviction by frequency
+    uint8_t lfu                    # 0: SLRU (evict from the head); 1: fewest uses first
+    int32_t half_life              # decode tokens between halvings of every count
+    int64_t ticks                  # decode requests since the last halving
+    uint32_t * uses                # [n_layer * n_expert]: decayed use counts
 
 
 cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
@@ -111,13 +123,15 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
     c.prefetched = <uint8_t *> calloc(n, 1)
     c.protected = <uint8_t *> calloc(n_expert, 1)
     c.kept = <uint8_t *> calloc(n, 1)
+    c.uses = <uint32_t *> calloc(n, sizeof(uint32_t))
+    c.half_life = 64
     c.protect_layer = -1
     c.kept_head = -1
     if (c.entry_bytes == NULL or c.prev == NULL or c.next == NULL or c.resident == NULL
             or c.evicted_once == NULL or c.wanted == NULL or c.order == NULL
             or c.plan_hits == NULL or c.plan_loads == NULL or c.plan_evictions == NULL
             or c.plan_adopted == NULL or c.prefetched == NULL or c.protected == NULL
-            or c.count == NULL or c.hot == NULL or c.kept == NULL):
+            or c.count == NULL or c.hot == NULL or c.kept == NULL or c.uses == NULL):
         core_free(c)
         return NULL
     for i in range(n):
@@ -147,6 +161,7 @@ cdef inline void core_free(core_t * c) noexcept nogil:
     free(c.prefetched)
     free(c.protected)
     free(c.kept)
+    free(c.uses)
     free(c)
 
 
@@ -268,10 +283,54 @@ cdef inline void core_evict(core_t * c, int32_t i) noexcept nogil:
     c.n_evictions += 1
 
 
+cdef inline bint core_keeps(core_t * c, int32_t i, int keep_layer, bint keep_protected) noexcept nogil:
+    """Entry ``i`` may not be evicted: wanted at ``keep_layer``, or (``keep_protected``) one
+    of the last request's."""
+    if i // c.n_expert == keep_layer and c.wanted[i % c.n_expert]:
+        return True
+    return keep_protected and i // c.n_expert == c.protect_layer and c.protected[i % c.n_expert]
+
+
+cdef inline int32_t core_lfu_victim(core_t * c, int keep_layer, bint keep_protected) noexcept nogil:
+    """The resident entry with the fewest uses that may be evicted, the first in the list's
+    order among equals; -1 when there is none."""
+    cdef int32_t i = c.head, best = -1
+    while i >= 0:
+        if not core_keeps(c, i, keep_layer, keep_protected) and (best < 0 or c.uses[i] < c.uses[best]):
+            best = i
+            if c.uses[i] == 0:
+                break  # none can have fewer
+        i = c.next[i]
+    return best
+
+
+cdef inline void core_age(core_t * c) noexcept nogil:
+    """One decode request: every ``half_life`` tokens' worth, halve every use count."""
+    cdef int l, n_moe = 0
+    cdef int64_t i
+    c.ticks += 1
+    for l in range(c.n_layer):
+        if c.entry_bytes[l] > 0:
+            n_moe += 1
+    if c.ticks < <int64_t> c.half_life * n_moe:
+        return
+    c.ticks = 0
+    for i in range(<int64_t> c.n_layer * c.n_expert):
+        c.uses[i] >>= 1
+
+
 cdef inline void core_evict_until(core_t * c, int64_t incoming, int keep_layer) noexcept nogil:
-    """Evict from the head, skipping the wanted entries of ``keep_layer``, until it fits."""
+    """Evict from the head (or fewest uses first), skipping the wanted entries of
+    ``keep_layer``, until it fits."""
     cdef int32_t i = c.head
     cdef int32_t nxt
+    if c.lfu:
+        while c.resident_bytes + incoming > c.budget_bytes:
+            i = core_lfu_victim(c, keep_layer, False)
+            if i < 0:
+                return
+            core_evict(c, i)
+        return
     while i >= 0 and c.resident_bytes + incoming > c.budget_bytes:
         nxt = c.next[i]
         if not (i // c.n_expert == keep_layer and c.wanted[i % c.n_expert]):
@@ -356,6 +415,9 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
     for w in range(c.n_expert):  # the request's entries are in use until the next request
         c.protected[w] = c.wanted[w]
     c.protect_layer = layer
+    if c.lfu:
+        for w in range(c.n_wanted):
+            c.uses[layer * c.n_expert + c.order[w]] += 1
     if decode:
         if n_tokens <= 1 and c.n_wanted > c.k_seen:  # one token's top-k, not a step's union
             c.k_seen = c.n_wanted
@@ -382,6 +444,8 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
             c.n_loads += 1
     c.hits += c.n_hits
     if c.n_loads == 0:
+        if decode and c.lfu:
+            core_age(c)
         return 0
     core_evict_until(c, c.n_loads * size, layer)
     for w in range(c.n_loads):
@@ -396,6 +460,8 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
     c.resident_bytes += c.n_loads * size
     c.misses += c.n_loads
     c.bytes_read += c.n_loads * size
+    if decode and c.lfu:
+        core_age(c)  # after the request's decisions, as the policy's
     return c.n_loads
 
 
@@ -433,10 +499,14 @@ cdef inline int core_prefetch(core_t * c, int layer, bint hot, bint warm=False) 
                 core_touch(c, idx)
             continue
         i = c.head
-        while i >= 0 and c.resident_bytes + size > c.budget_bytes:
+        while c.lfu and c.resident_bytes + size > c.budget_bytes:
+            i = core_lfu_victim(c, layer, True)
+            if i < 0:
+                break
+            core_evict(c, i)
+        while not c.lfu and i >= 0 and c.resident_bytes + size > c.budget_bytes:
             nxt = c.next[i]
-            if not ((i // c.n_expert == c.protect_layer and c.protected[i % c.n_expert])
-                    or (i // c.n_expert == layer and c.wanted[i % c.n_expert])):
+            if not core_keeps(c, i, layer, True):
                 core_evict(c, i)
             i = nxt
         if c.resident_bytes + size > c.budget_bytes:

@@ -8,7 +8,17 @@ import numpy.typing as npt
 Entry = tuple[int, int]
 
 class ExpertCacheCore:
-    def __init__(self, budget_bytes: int, entry_bytes: Sequence[int], n_expert: int) -> None: ...
+    def __init__(
+        self,
+        budget_bytes: int,
+        entry_bytes: Sequence[int],
+        n_expert: int,
+        n_expert_used: int = 0,
+        *,
+        eviction: str = "slru",
+        half_life: int = 64,
+    ) -> None: ...
+    def uses(self, layer: int, expert: int) -> int: ...
     def request(
         self, layer: int, ids: Iterable[int], n_tokens: int = 1, decode: bool | None = None
     ) -> tuple[tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...]]: ...

@@ -21,11 +21,12 @@ from bmoe.cext.cache_core cimport (
 cdef class ExpertCacheCore:
     """``entry_bytes[layer]``: one entry's size per layer (0: no routed experts);
     ``n_expert_used``: experts per token for the protected segment's cap (0: from the decode
-    requests), as the domain policy's."""
+    requests), ``eviction`` and ``half_life``, as the domain policy's."""
 
     cdef core_t * c
 
-    def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert, int n_expert_used=0):
+    def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert, int n_expert_used=0, *,
+                  str eviction="slru", int half_life=64):
         cdef int layer
         if budget_bytes < 0 or n_expert <= 0 or len(entry_bytes) == 0:
             raise ValueError("need budget >= 0, n_expert > 0 and at least one layer")
@@ -33,6 +34,8 @@ cdef class ExpertCacheCore:
             raise ValueError("n_expert_used must be >= 0 (0: from the decode requests)")
         if any(b < 0 for b in entry_bytes):
             raise ValueError("entry sizes must be >= 0")
+        if eviction not in ("slru", "lfu") or half_life < 1:
+            raise ValueError("eviction is slru or lfu, half_life >= 1")
         self.c = core_new(len(entry_bytes), n_expert)
         if self.c == NULL:
             raise MemoryError()
@@ -40,6 +43,8 @@ cdef class ExpertCacheCore:
             self.c.entry_bytes[layer] = size
         self.c.budget_bytes = budget_bytes
         self.c.n_expert_used = n_expert_used
+        self.c.lfu = eviction == "lfu"
+        self.c.half_life = half_life
 
     def __dealloc__(self):
         core_free(self.c)
@@ -132,6 +137,10 @@ cdef class ExpertCacheCore:
             out.append((i // self.c.n_expert, i % self.c.n_expert))
             i = self.c.next[i]
         return out
+
+    def uses(self, int layer, int expert):
+        """The entry's decayed use count (0 under SLRU)."""
+        return self.c.uses[layer * self.c.n_expert + expert]
 
     @property
     def kept_bytes(self):

@@ -505,6 +505,19 @@ cdef class ExpertStreamer:
     def budget_bytes(self) -> int:
         return self.s.core.budget_bytes
 
+    def set_eviction(self, str eviction, int half_life):
+        """What the cache evicts first: ``"slru"`` (the list's head) or ``"lfu"`` (the fewest
+        decayed uses, halved every ``half_life`` decode tokens), as the domain policy's
+        ``eviction``. Once, at setup, before the first decode."""
+        if eviction not in ("slru", "lfu") or half_life < 1:
+            raise ValueError("eviction is slru or lfu, half_life >= 1")
+        self.s.core.lfu = eviction == "lfu"
+        self.s.core.half_life = half_life
+
+    @property
+    def eviction(self) -> str:
+        return "lfu" if self.s.core.lfu else "slru"
+
     def set_budget(self, int64_t budget_bytes):
         """Change the byte budget between decodes; evicts LRU-first down to it (waiting for
         reads ahead still running on an evicted entry)."""

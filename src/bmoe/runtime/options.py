@@ -15,6 +15,7 @@ from bmoe.domain.cpu_features import AMX_MODES
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES, StreamConfig, prompt_batch
+from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
 from bmoe.errors import ConfigError
 
@@ -225,6 +226,22 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         help="upper bound for --cache-mb auto and for the governor's growth",
     )
     m.add_argument(
+        "--cache-policy",
+        choices=EVICTIONS,
+        default=DEFAULT_EVICTION,
+        help=f"what the expert cache evicts first: slru (the segmented LRU's least recent) or lfu (the "
+        f"fewest recent uses, halved every --cache-half-life decode tokens); lossless either way "
+        f"(default {DEFAULT_EVICTION}; docs/streaming.md)",
+    )
+    m.add_argument(
+        "--cache-half-life",
+        type=int,
+        default=DEFAULT_HALF_LIFE,
+        metavar="N",
+        help=f"with --cache-policy lfu: the decode tokens after which a use counts half "
+        f"(default {DEFAULT_HALF_LIFE})",
+    )
+    m.add_argument(
         "--cache-governor",
         choices=GOVERNOR_MODES,
         default="auto",
@@ -379,6 +396,8 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         io_threads=args.io_threads,
         odirect=not args.no_odirect,
         policy=args.stream_policy,
+        eviction=args.cache_policy,
+        half_life=args.cache_half_life,
         prefetch=args.prefetch,
         prefill_ahead=not args.no_prefill_ahead,
         predict_prefetch=args.predict_prefetch is not None,

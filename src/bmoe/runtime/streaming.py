@@ -65,6 +65,7 @@ class StreamingControl:
         self._turn = 0
         streamer = streaming.streamer
         self._layers = tuple(layer for layer in range(streamer.n_layer) if streamer.entry_bytes(layer) > 0)
+        streamer.set_eviction(config.eviction, config.half_life)  # the reference's policy has its own
         if config.policy == "reference":
             self._source = LaneExpertSource(
                 streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
@@ -81,6 +82,8 @@ class StreamingControl:
                 config.prefill_ahead,
                 routing=routing_settings(config),
                 routers=routers,
+                eviction=config.eviction,
+                half_life=config.half_life,
             )
             streamer.set_reference_hook(self._serve)
             streamer.mode = expert_stream.MODE_REFERENCE

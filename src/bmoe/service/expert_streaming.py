@@ -33,7 +33,7 @@ from bmoe.domain.streaming import (
     StreamCounters,
     StreamFault,
 )
-from bmoe.domain.streaming.cache_policy import PrefetchPlan
+from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, Eviction, PrefetchPlan
 from bmoe.domain.streaming.decode_routing import (
     DecodeRouting,
     Routers,
@@ -58,12 +58,17 @@ class PolicyStreaming:
         *,
         routing: RoutingSettings | None = None,
         routers: Routers | None = None,
+        eviction: Eviction = DEFAULT_EVICTION,
+        half_life: int = DEFAULT_HALF_LIFE,
     ) -> None:
         """``routing`` (with the ``routers`` it evaluates): the decode routing policies;
-        None, or settings that are all off, for none."""
+        None, or settings that are all off, for none. ``eviction``, ``half_life``: the cache's
+        (``ExpertCachePolicy``)."""
         self.source = source
         sizes = [source.entry_bytes(layer) for layer in range(source.n_layer)]
-        self.policy = ExpertCachePolicy(budget_bytes, sizes, source.n_expert)
+        self.policy = ExpertCachePolicy(
+            budget_bytes, sizes, source.n_expert, eviction=eviction, half_life=half_life
+        )
         self.prefetcher = PreviousTokenPrefetch(prefetch_depth, sizes)
         self.prefill_ahead = prefill_ahead
         # a call of at most this many tokens is a decode step of that many sequences (one

@@ -51,16 +51,37 @@ stale gate's prediction) enter cold: a wrong one is the first to go. A *committe
 resident entries are touched (most recent in their segment, in the list's order) and its
 reads enter at probation's most recent end, so the layers in between do not evict them
 before their layer comes.
+
+**Eviction by frequency** (``eviction="lfu"``, ``--cache-policy lfu``): the list, its
+segments and every rule above stay as they are; only the choice of what to evict changes.
+Each entry, resident or not, has a use count: every request that routes to it adds 1 (a
+prefill's request too, once per entry and request, however many of its tokens route there;
+reads ahead add nothing). Every ``half_life`` decode tokens (``half_life`` times the number
+of MoE layers decode requests) every count is halved (integer division): a count is the
+recent uses, decayed. Where SLRU evicts the list's head, LFU evicts the entry with the
+smallest count that may be evicted (not one the request or the prefetch keeps), the first
+in the list's order among equal counts: an entry read ahead and never used (count 0) or
+used once long ago goes before one the routing keeps coming back to, whatever their recency.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import attrs
 
 Entry = tuple[int, int]  # (layer, expert)
+
+Eviction = Literal["slru", "lfu"]
+EVICTIONS: tuple[Eviction, ...] = ("slru", "lfu")
+DEFAULT_EVICTION: Eviction = "lfu"
+"""What streaming uses unless told (``StreamConfig.eviction``, ``--cache-policy``): the rule
+that missed least on every routing replayed (docs/benchmarks.md). The policy class itself
+defaults to SLRU, the rule its docstring starts from."""
+DEFAULT_HALF_LIFE = 64
+"""LFU's counts halve every this many decode tokens."""
 
 
 @attrs.frozen
@@ -102,10 +123,19 @@ class CacheCounters:
 class ExpertCachePolicy:
     """``entry_bytes[layer]``: the size of one entry of that layer (0: no routed experts);
     ``n_expert_used``: experts per token (the protected segment's cap leaves one token's
-    worth of room), 0 to take it from the decode requests."""
+    worth of room), 0 to take it from the decode requests; ``eviction``: what goes first
+    (``"slru"``: the list's head; ``"lfu"``: the smallest decayed use count, counts halved
+    every ``half_life`` decode tokens)."""
 
     def __init__(
-        self, budget_bytes: int, entry_bytes: Sequence[int], n_expert: int, n_expert_used: int = 0
+        self,
+        budget_bytes: int,
+        entry_bytes: Sequence[int],
+        n_expert: int,
+        n_expert_used: int = 0,
+        *,
+        eviction: Eviction = "slru",
+        half_life: int = DEFAULT_HALF_LIFE,
     ) -> None:
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
@@ -113,6 +143,14 @@ class ExpertCachePolicy:
             raise ValueError("n_expert must be > 0 and entry sizes >= 0")
         if n_expert_used < 0:
             raise ValueError("n_expert_used must be >= 0 (0: from the decode requests)")
+        if eviction not in EVICTIONS:
+            raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
+        if half_life < 1:
+            raise ValueError(f"half_life must be >= 1 decode token, not {half_life}")
+        self.eviction = eviction
+        self.half_life = half_life
+        self._uses: dict[Entry, int] = {}  # decayed use counts (lfu), absent: 0
+        self._ticks = 0  # decode requests since the counts were last halved
         self.budget_bytes = budget_bytes
         self.entry_bytes = tuple(entry_bytes)
         self.n_expert = n_expert
@@ -182,6 +220,9 @@ class ExpertCachePolicy:
             counts = Counter(routed)
             ranked = sorted(range(len(ids)), key=lambda i: (-counts[ids[i]], i))
             hot = {wanted[i] for i in ranked[: self.share(layer)]}
+        if self.eviction == "lfu":
+            for entry in wanted:
+                self._uses[entry] = self._uses.get(entry, 0) + 1
         hits = tuple(e for e in wanted if self.is_resident(e))
         loads = tuple(e for e in wanted if not self.is_resident(e))
         adopted = tuple(e for e in hits if e in self._prefetched)
@@ -215,6 +256,8 @@ class ExpertCachePolicy:
         c.misses += len(loads)
         c.bytes_read += len(loads) * size
         c.prefetch_hits += len(adopted)
+        if decode and self.eviction == "lfu":
+            self._age()
         return LayerPlan(
             layer=layer,
             hits=hits,
@@ -240,12 +283,7 @@ class ExpertCachePolicy:
                 if hot:
                     self._touch(entry)
                 continue
-            for old in self.resident():
-                if self.resident_bytes + size <= self.budget_bytes:
-                    break
-                if old not in keep:
-                    evictions.append(old)
-                    self._evict(old)
+            evictions += self._evict_until(size, keep)
             if self.resident_bytes + size > self.budget_bytes:
                 break  # no room without evicting what is in use: issue no more
             if entry in self._evicted_once:
@@ -310,10 +348,36 @@ class ExpertCachePolicy:
             self._prefetched.discard(entry)
             self.counters.prefetch_wasted += 1
 
+    def _age(self) -> None:
+        """One decode request: every ``half_life`` tokens' worth, halve every use count."""
+        self._ticks += 1
+        if self._ticks < self.half_life * sum(1 for size in self.entry_bytes if size > 0):
+            return
+        self._ticks = 0
+        self._uses = {entry: n // 2 for entry, n in self._uses.items() if n > 1}
+
+    def uses(self, layer: int, expert: int) -> int:
+        """The entry's decayed use count (``lfu``; 0 under ``slru``)."""
+        return self._uses.get((layer, expert), 0)
+
     def _evict_until(
         self, incoming: int, keep: frozenset[Entry], everything: bool = False
     ) -> tuple[Entry, ...]:
+        """Evict until ``incoming`` more bytes fit (``everything``: all), never an entry of
+        ``keep``: from the list's head (slru, or everything), or the smallest use count
+        first, the list's order among equals (lfu)."""
         evicted: list[Entry] = []
+        if self.eviction == "lfu" and not everything:
+            while self.resident_bytes + incoming > self.budget_bytes:
+                uses = self._uses
+                victim = min(
+                    (e for e in self.resident() if e not in keep), key=lambda e: uses.get(e, 0), default=None
+                )
+                if victim is None:
+                    break
+                self._evict(victim)
+                evicted.append(victim)
+            return tuple(evicted)
         for entry in self.resident():
             if not everything and self.resident_bytes + incoming <= self.budget_bytes:
                 break

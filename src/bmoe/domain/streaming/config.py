@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS, Eviction
 from bmoe.domain.streaming.decode_routing import MAX_PREDICT_DEPTH
 from bmoe.domain.streaming.engine_options import EngineOptions
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
@@ -37,6 +38,10 @@ class StreamConfig:
       the command line's and the server's default) or a file. With one, a new session warms
       its cache with the experts earlier sessions routed most (up to ``profile_share`` of
       the budget, read in the background) and merges what it routes into the file.
+    - ``eviction``: what the expert cache evicts first (``--cache-policy``): ``"slru"`` (the
+      segmented LRU's least recent) or ``"lfu"`` (the fewest recent uses, counts halved every
+      ``half_life`` decode tokens, ``--cache-half-life``; the list's order among equals),
+      :mod:`bmoe.domain.streaming.cache_policy`. Lossless either way: only what is read changes.
     - ``engine``: developer-only, for A/B measurements and tests: how the C engine does its
       work (``EngineOptions``; the output and decisions stay the same); None reads the
       ``BMOE_*`` variables (``EngineOptions.from_environ``).
@@ -69,6 +74,8 @@ class StreamConfig:
     io_threads: int = 4
     odirect: bool = True
     policy: str = "fast"
+    eviction: Eviction = DEFAULT_EVICTION  # --cache-policy
+    half_life: int = DEFAULT_HALF_LIFE  # --cache-half-life, decode tokens
     prefetch: int = 0
     prefill_ahead: bool = True
     predict_prefetch: bool = False
@@ -115,6 +122,10 @@ class StreamConfig:
             raise ConfigError("--cache-governor on needs the cache: not with --cache-mb 0")
         if self.policy not in STREAM_POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(STREAM_POLICIES)}, not {self.policy!r}")
+        if self.eviction not in EVICTIONS:
+            raise ConfigError(f"--cache-policy must be one of {', '.join(EVICTIONS)}, not {self.eviction!r}")
+        if self.half_life < 1:
+            raise ConfigError(f"--cache-half-life must be >= 1 decode token, not {self.half_life}")
         if self.prefetch < 0:
             raise ConfigError(f"prefetch must be >= 0 layers, not {self.prefetch}")
         if self.prefetch and self.cache_mb == 0:
