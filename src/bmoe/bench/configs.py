@@ -87,10 +87,16 @@ POLICY_FLAGS: dict[str, tuple[str, type | None, str, Mapping[str, object]]] = {
     "route-ahead": ("route_ahead", int, "--route-ahead", {}),
     "drop": ("drop_cold", float, "--drop-cold-experts", {}),
     "substitute": ("substitute", float, "--expert-substitute", {}),
+    "slru": ("", None, "--cache-policy slru", {"eviction": "slru"}),
+    "lfu": ("", None, "--cache-policy lfu", {"eviction": "lfu"}),
+    "lfu-half": ("half_life", int, "--cache-policy lfu --cache-half-life", {"eviction": "lfu"}),
 }
 """The decode routing policies the bench can run beside each cache budget: name ->
 (``StreamConfig`` field, value type (None: a switch), the CLI flag, the other fields the
-policy needs set)."""
+policy needs set; a switch without a field only sets those)."""
+CACHE_RULES = frozenset({"slru", "lfu", "lfu-half"})
+"""The entries of ``POLICY_FLAGS`` that choose the cache's eviction, not a routing policy: they
+run with several sequences too."""
 
 
 @attrs.frozen
@@ -114,7 +120,7 @@ class Policy:
     def stream_kwargs(self) -> dict[str, object]:
         field, kind, _, implied = POLICY_FLAGS[self.name]
         if kind is None:
-            return {**implied, field: True}
+            return {**implied, field: True} if field else dict(implied)
         assert self.value is not None
         return {**implied, field: kind(self.value)}
 
@@ -270,7 +276,7 @@ def with_parallel(configs: list[BenchConfig], counts: tuple[int, ...]) -> list[B
     """Each configuration once per sequence count, counts innermost (``resident-np1``,
     ``resident-np2``, ...). Decode routing policies are refused with several sequences (the
     session refuses them too)."""
-    with_policy = [c.key for c in configs if c.policy is not None]
+    with_policy = [c.key for c in configs if c.policy is not None and c.policy.name not in CACHE_RULES]
     if with_policy and max(counts) > 1:
         raise BenchConfigError(
             f"--parallel above 1 does not combine with decode routing policies ({', '.join(with_policy)})"

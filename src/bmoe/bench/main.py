@@ -88,7 +88,8 @@ def parser() -> argparse.ArgumentParser:
         help="also run each cache budget asked for (not the routing probe's 25%% added beside them) with "
         "these decode routing policies, comma separated: prefetch=K, predict, predict-auto, "
         "predict-spec=N, predict-depth=N, route-ahead=N, drop=F, substitute=L (e.g. "
-        "predict,route-ahead=2,drop=0.75; docs/read-ahead.md; default: none)",
+        "predict,route-ahead=2,drop=0.75; docs/read-ahead.md), or the cache's eviction: lfu, "
+        "lfu-half=N (--cache-policy lfu --cache-half-life N; default: none)",
     )
     p.add_argument(
         "--parallel",
@@ -220,7 +221,8 @@ def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Pla
     parallel = cf.parse_parallel(args.parallel) if args.parallel.strip() else ()
     policies = cf.parse_policies(args.policies)
     prefetch = cf.parse_prefetch(args.prefetch)
-    if parallel and max(parallel) > 1 and (policies or prefetch):
+    routing = [pol for pol in policies if pol.name not in cf.CACHE_RULES]
+    if parallel and max(parallel) > 1 and (routing or prefetch):
         raise cf.BenchConfigError(
             "--parallel above 1 does not combine with --policies or --prefetch (routing policies "
             "follow one sequence)"
