@@ -245,7 +245,9 @@ def test_the_c_cache_follows_the_python_policy_step_for_step(model_path: Path, b
         sizes = [s.streaming.streaming.streamer.entry_bytes(layer) for layer in range(s.model.n_layer)]
         entry = s.streaming.info.entry_bytes
         n_expert = s.n_expert
-    policy = ExpertCachePolicy(budget_entries * entry, sizes, n_expert)
+        eviction = s.streaming.streaming.streamer.eviction
+    assert eviction == DEFAULT_EVICTION
+    policy = ExpertCachePolicy(budget_entries * entry, sizes, n_expert, eviction=eviction)
     for layer, ids in trace:
         policy.request(layer, ids.reshape(-1).tolist())
         policy.check_valid()

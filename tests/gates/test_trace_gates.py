@@ -37,7 +37,12 @@ def run(
         s.streaming.set_budget(5 * entry)
         tokens = [list(s.generate(r).tokens) for r in REQUESTS]
         sizes = [s.streaming.streaming.streamer.entry_bytes(layer) for layer in range(s.model.n_layer)]
-        info = {"budget": 5 * entry, "sizes": sizes, "k": s.model.n_expert_used}
+        info = {
+            "budget": 5 * entry,
+            "sizes": sizes,
+            "k": s.model.n_expert_used,
+            "eviction": s.streaming.streaming.streamer.eviction,
+        }
         return tokens, s.last_logits(), s.streaming.counters(), info
 
 
@@ -56,7 +61,10 @@ def test_traces_observe_only_and_replay_to_the_same_counters(
     assert {r["turn"] for r in rows} == {"1", "2"}
     assert {r["phase"] for r in rows} == {"prefill", "decode"}
     policy = ExpertCachePolicy(
-        info["budget"], info["sizes"], n_expert=max(int(r["expert"]) for r in rows) + 1
+        info["budget"],
+        info["sizes"],
+        n_expert=max(int(r["expert"]) for r in rows) + 1,
+        eviction=info["eviction"],
     )
     calls: dict[tuple[str, ...], list[dict[str, str]]] = {}
     for r in rows:  # file order is execution order; a layer call is (turn, phase, step, layer)
