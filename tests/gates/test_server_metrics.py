@@ -112,7 +112,8 @@ def test_the_metrics_feed_of_a_streamed_server_shows_the_cache_and_the_reply(
     with serving(model, "--moe-stream", "--cache-mb", "1", "-c", "1024") as s:
         replies: list[Any] = []
         base = s.url.removesuffix("/v1")
-        seen = _metrics_until(f"{s.url}/bmoe/metrics", lambda: replies.append(_chat(s, 24)), _finished(1))
+        # a reply long enough to outlast the feed's 0.1 s between events (24 tokens did not, once)
+        seen = _metrics_until(f"{s.url}/bmoe/metrics", lambda: replies.append(_chat(s, 160)), _finished(1))
         first, last = seen[0], seen[-1]
         assert first["state"] == "idle" and first["request"] is None and first["streaming"]
         assert first["cache"]["resident_experts"] == 0
@@ -128,6 +129,7 @@ def test_the_metrics_feed_of_a_streamed_server_shows_the_cache_and_the_reply(
         cells = "".join(cache["cells"])
         assert sum(int(c, 16) & 1 for c in cells) == cache["resident_experts"] > 0
         assert max(int(c, 16) >> 1 for c in cells) > 0  # the reply's routing shows
+        assert replies[0].usage.completion_tokens == 160
         assert any(e["state"] == "decode" for e in seen)
         # a second client connecting now sees the same cache, its heat not yet warm
         again = _metrics_until(f"{s.url}/bmoe/metrics", lambda: None, lambda e: True)[0]
