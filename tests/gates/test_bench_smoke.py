@@ -59,6 +59,10 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
     assert stream_run["prefill_read_bytes"] > 0 and stream_run["prefill_stall_s"] >= 0
     assert stream["prefill_read_mib"] == stream_run["prefill_read_bytes"] / 2**20
     assert "prefill_read_bytes" not in result["runs"]["stock-norepack"][0]  # no streamer there
+    # the read path's CPU: the process's minor page faults and system time, decode and prefill
+    assert stream_run["minor_faults"] >= 0 and stream_run["system_s"] >= 0
+    assert stream_run["prefill_minor_faults"] > 0 and stream_run["prefill_system_s"] >= 0
+    assert stream["faults_per_tok"] == pytest.approx(stream_run["minor_faults"] / 6)
     assert stream["prefill_x_stock"] == stream["prefill_tok_s"] / summaries["stock-norepack"]["prefill_tok_s"]
     assert result["prefill_baseline"]["key"] == "stock-norepack"  # stock was not asked for
     assert result["prefill_baseline"]["stock_state"] == "not run"
@@ -72,6 +76,7 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
     assert "| bmoe stream, cache 1 MiB" in md and "routing check:" in md
     assert "| prefill tok/s | prefill x stock-norepack (stock not run) |" in md
     assert "Prefill: the text's first 464 tokens in one `llama_decode`" in md
+    assert "minor page faults per decoded token; the prefill" in md
     assert "the same 8 greedy tokens as stock llama-cpp-python (mmap, repacking off)" in md
     assert md in proc.stdout
     assert "round 1/1: bmoe stream" in proc.stderr  # progress goes to stderr

@@ -218,14 +218,18 @@ def prefill_figures(stepper: StockStepper | BmoeStepper, prompts: Sequence[Seque
     how long the compute waited for those reads."""
     counters = stepper.counters() if isinstance(stepper, BmoeStepper) else None
     read_start = procfs.read_bytes()
+    faults0, system0 = procfs.faults_and_system()
     prefiller: Prefiller = stepper
     done = [timed_prefill(prefiller, tokens, seq=s) for s, tokens in enumerate(prompts)]
+    faults1, system1 = procfs.faults_and_system()
     read_end = procfs.read_bytes()
     tokens, seconds = sum(d.tokens for d in done), sum(d.seconds for d in done)
     out: dict[str, Any] = {
         "prompt_tokens": tokens,
         "prefill_s": seconds,
         "prefill_tok_s": tokens / seconds if seconds > 0 else 0.0,
+        "prefill_minor_faults": faults1 - faults0,
+        "prefill_system_s": system1 - system0,
     }
     if read_start is not None and read_end is not None:
         out["prefill_kernel_read_bytes"] = read_end - read_start
@@ -271,6 +275,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
         def measure_start() -> None:
             marks["read_bytes"] = procfs.read_bytes()
             marks["busy"], marks["own"] = procfs.cpu_busy_s(), procfs.own_cpu_s()
+            marks["faults"], marks["system"] = procfs.faults_and_system()
             marks["t"] = time.perf_counter()
             if isinstance(stepper, BmoeStepper):
                 marks["counters"] = stepper.counters()
@@ -293,6 +298,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
             )
         read_end = procfs.read_bytes()
         wall = time.perf_counter() - marks["t"]
+        faults, system = procfs.faults_and_system()
         busy, own = procfs.cpu_busy_s() - marks["busy"], procfs.own_cpu_s() - marks["own"]
         out["other_cpu_cores"] = max(0.0, busy - own) / wall if wall > 0 else 0.0
         out["finite_logits"] = bool(np.all(np.isfinite(stepper.logits())))
@@ -305,6 +311,8 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
             out["argmax"] = decode.argmax
         out["warmup_tokens"] = decode.warmup
         out["measured_tokens"] = decode.measured  # generated: steps x sequences
+        out["minor_faults"] = faults - marks["faults"]  # over the measured tokens
+        out["system_s"] = system - marks["system"]
         out["decode_s"] = decode.wall_s
         out["tok_s"] = decode.tok_s  # aggregate over the sequences
         out["step_ms_median"] = decode.step_ms_median

@@ -69,6 +69,10 @@ class Summary:
     prefill_stall_s: float | None = None  # the prefill's wait for those reads
     prefill_kernel_read_mib: float | None = None  # /proc/<pid>/io read_bytes over the prefill
     prefill_x_stock: float | None = None  # prefill tok/s over the stock baseline's (StockBaseline)
+    system_ms_tok: float | None = None  # the process's system CPU time per measured token
+    faults_per_tok: float | None = None  # its minor page faults per measured token
+    prefill_system_s: float | None = None  # ... over the prefill
+    prefill_minor_faults: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -156,6 +160,14 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]], skipped: str 
         prefill_landed_mib=_prefill_median(ok, "prefill_landed_bytes", MIB),
         prefill_stall_s=_prefill_median(ok, "prefill_stall_s"),
         prefill_kernel_read_mib=_prefill_median(ok, "prefill_kernel_read_bytes", MIB),
+        system_ms_tok=median(
+            [1e3 * float(r["system_s"]) / max(1, int(r["measured_tokens"])) for r in ok if "system_s" in r]
+        ),
+        faults_per_tok=median(
+            [float(r["minor_faults"]) / max(1, int(r["measured_tokens"])) for r in ok if "minor_faults" in r]
+        ),
+        prefill_system_s=_prefill_median(ok, "prefill_system_s"),
+        prefill_minor_faults=_prefill_median(ok, "prefill_minor_faults"),
     )
 
 
@@ -468,6 +480,16 @@ def summary_lines(
             lines.append(
                 f"- {s.label}: the prefill of {s.prompt_tokens} tokens planned {s.prefill_read_mib:,.0f} MiB "
                 f"of reads (bmoe's counters){landed}{stall} (medians of the rounds)"
+            )
+        if s.system_ms_tok is not None and s.faults_per_tok is not None:
+            prefill = ""
+            if s.prefill_system_s is not None and s.prefill_minor_faults is not None:
+                prefill = (
+                    f"; the prefill {s.prefill_system_s:.2f} s and {s.prefill_minor_faults:,.0f} faults"
+                )
+            lines.append(
+                f"- {s.label}: system time {s.system_ms_tok:.2f} ms and {s.faults_per_tok:,.0f} minor page "
+                f"faults per decoded token{prefill} (the process's, medians of the rounds)"
             )
         lines.extend(f"- {s.label}: {n}" for n in s.notes)
         for error, count in Counter(s.errors).items():
