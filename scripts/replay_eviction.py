@@ -2,6 +2,7 @@
 
     python scripts/replay_eviction.py --route-trace rt.csv [rt2.csv ...] [--shares 10,25,50]
     python scripts/replay_eviction.py --trained-weights DIR/trained-weights.npz [--windows 32]
+    python scripts/replay_eviction.py --trained-weights DIR/trained-weights.npz --sequences 1,2,4,8
 
 The routing is either the decode rows of ``--route-trace`` CSVs (what ``--route-trace`` wrote
 for a run fed one token per ``llama_decode``: docs/telemetry.md), or the trained bench
@@ -16,6 +17,10 @@ for decision), every entry the same size, the budget a share of all the (layer, 
 entries: SLRU (``--cache-policy slru``), LFU at each ``--half-lives`` (``--cache-policy lfu
 --cache-half-life N``), and Belady's MIN (evict the entry used again furthest ahead: the bound
 for any rule without foresight). Prints the hit rates as a Markdown table.
+
+``--sequences``: the trained model's held-out windows decoded N at a time instead (a step's
+request per layer is the union of the N tokens' experts, as decode, as the engine plans a
+step of N sequences), at each budget: hit rate and misses per generated token, SLRU and LFU.
 """
 
 from __future__ import annotations
@@ -55,8 +60,10 @@ def routing_from_traces(paths: Sequence[Path]) -> tuple[Routed, int]:
     return routed, int(routed.max()) + 1
 
 
-def routing_from_trained(weights: Path, n_windows: int) -> tuple[Routed, int]:
-    """The trained model's routing of ``n_windows`` held-out windows, in torch."""
+def routing_from_trained(weights: Path, n_windows: int, *, flat: bool = True) -> tuple[Routed, int]:
+    """The trained model's routing of ``n_windows`` held-out windows, in torch: one window
+    after another (``[n_tok, n_layer, k]``), or ``flat=False`` by window
+    (``[n_win, n_tok, n_layer, k]``)."""
     from bmoe.bench.trained.corpus import machine_corpus
     from bmoe.bench.trained.held_out import run_held_out
     from bmoe.bench.trained.main import BENCH_DIMS, load_weights
@@ -65,6 +72,8 @@ def routing_from_trained(weights: Path, n_windows: int) -> tuple[Routed, int]:
     dims = BENCH_DIMS
     windows = spread_windows(tokenize(machine_corpus().held_out), dims.n_ctx, n_windows)
     held = run_held_out(dims, load_weights(weights).weights, windows)
+    if not flat:
+        return held.routed.astype(np.int32), dims.n_expert
     routed = held.routed.reshape(-1, held.routed.shape[2], held.routed.shape[3])
     return routed.astype(np.int32), dims.n_expert
 
@@ -81,6 +90,26 @@ def replay(routed: Routed, n_expert: int, entries: int, eviction: str, half_life
     core.request_many(np.ascontiguousarray(rows))
     c = core.counters()
     return c["hits"] / (c["hits"] + c["misses"])
+
+
+def replay_sequences(
+    windows: npt.NDArray[np.int32], n_expert: int, entries: int, eviction: str, n_seq: int
+) -> tuple[float, float]:
+    """Windows ``[n_win, n_tok, n_layer, k]`` decoded ``n_seq`` at a time through the C core:
+    (hit rate, misses per generated token)."""
+    from bmoe.cext.cache_core import ExpertCacheCore
+
+    n_win, n_tok, n_layer, _ = windows.shape
+    core = ExpertCacheCore(entries, [1] * n_layer, n_expert, eviction=eviction)
+    for first in range(0, n_win - n_seq + 1, n_seq):
+        group = windows[first : first + n_seq]
+        for t in range(n_tok):
+            for layer in range(n_layer):
+                ids = group[:, t, layer].reshape(-1).tolist()
+                core.request(layer, ids, n_tokens=n_seq, decode=True if n_seq > 1 else None)
+    c = core.counters()
+    generated = (n_win // n_seq) * n_seq * n_tok
+    return c["hits"] / (c["hits"] + c["misses"]), c["misses"] / generated
 
 
 def belady(routed: Routed, entries: int) -> float:
@@ -136,13 +165,34 @@ def main() -> None:
     p.add_argument("--shares", default="10,25,50", help="budgets, % of all (layer, expert) entries")
     p.add_argument("--half-lives", default="16,32,64,128,256", help="LFU's half-lives, decode tokens")
     p.add_argument("--no-belady", action="store_true")
+    p.add_argument("--sequences", default="", help="with --trained-weights: windows decoded N at a time")
     args = p.parse_args()
+    if args.sequences:
+        if not args.trained_weights:
+            raise SystemExit("--sequences needs --trained-weights (whole windows to decode side by side)")
+        windows, n_expert = routing_from_trained(args.trained_weights, args.windows, flat=False)
+        n_layer = windows.shape[2]
+        print(
+            "| budget | sequences | SLRU hit % | SLRU misses per token | LFU hit % | LFU misses per token |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for share in (float(s) for s in args.shares.split(",") if s.strip()):
+            entries = max(1, round(n_layer * n_expert * share / 100))
+            for n in (int(x) for x in args.sequences.split(",") if x.strip()):
+                slru = replay_sequences(windows, n_expert, entries, "slru", n)
+                lfu = replay_sequences(windows, n_expert, entries, "lfu", n)
+                cells = [f"{share:g}%", str(n), f"{100 * slru[0]:.1f}", f"{slru[1]:.1f}"]
+                cells += [f"{100 * lfu[0]:.1f}", f"{lfu[1]:.1f}"]
+                print("| " + " | ".join(cells) + " |", flush=True)
+        return
     if args.route_trace:
         routed, n_expert = routing_from_traces(args.route_trace)
     else:
         routed, n_expert = routing_from_trained(args.trained_weights, args.windows)
     n_tok, n_layer, k = routed.shape
-    print(f"routing: {n_tok} decode tokens, {n_layer} MoE layers x {n_expert} experts, top-{k}", file=sys.stderr)
+    print(
+        f"routing: {n_tok} decode tokens, {n_layer} MoE layers x {n_expert} experts, top-{k}", file=sys.stderr
+    )
     half_lives = [int(h) for h in args.half_lives.split(",") if h.strip()]
     head = ["budget", "SLRU", *(f"LFU, half-life {h}" for h in half_lives)]
     if not args.no_belady:
