@@ -61,6 +61,27 @@ def test_the_cache_line_says_where_evicted_pages_went_back() -> None:
     )
 
 
+def test_the_kernel_line_gives_system_time_and_faults_per_token_and_for_the_prefill() -> None:
+    prefill = StreamCounters(minor_faults=37_492, system_s=0.296)
+    decode = StreamCounters(hits=9, misses=3, minor_faults=6, system_s=0.0004)
+    report = StreamReport(prefill=prefill, decode=decode, decode_steps=2, decode_wall_s=0.2)
+    result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
+    assert stream_lines(result)[2] == (
+        "moe-kernel: system time 0.20 ms/token and 3 minor page faults/token in decode; "
+        "the prefill 0.30 s and 37,492 faults (the process's, every thread)"
+    )
+    quiet = StreamReport(prefill=StreamCounters(), decode=StreamCounters(), decode_steps=2, decode_wall_s=0.2)
+    lines = stream_lines(attrs.evolve(result, stream=quiet))
+    assert not any(line.startswith("moe-kernel:") for line in lines)
+
+
+def test_the_counters_difference_carries_the_process_figures() -> None:
+    before = StreamCounters(minor_faults=10, system_s=1.0)
+    after = StreamCounters(minor_faults=25, system_s=1.5)
+    assert ((after - before).minor_faults, (after - before).system_s) == (15, 0.5)
+    assert (after.decisions().minor_faults, after.decisions().system_s) == (0, 0.0)
+
+
 def test_the_cache_line_counts_evictions_under_a_running_read() -> None:
     decode = StreamCounters(
         hits=9, misses=3, evictions=4, reads_orphaned=3, orphans_cut=2, evict_waits=1, evict_wait_s=0.01

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from bmoe.adapters.process_usage import faults_and_system
 from bmoe.bench import procfs
 from bmoe.bench.decode import (
     Decode,
@@ -218,10 +219,10 @@ def prefill_figures(stepper: StockStepper | BmoeStepper, prompts: Sequence[Seque
     how long the compute waited for those reads."""
     counters = stepper.counters() if isinstance(stepper, BmoeStepper) else None
     read_start = procfs.read_bytes()
-    faults0, system0 = procfs.faults_and_system()
+    faults0, system0 = faults_and_system()
     prefiller: Prefiller = stepper
     done = [timed_prefill(prefiller, tokens, seq=s) for s, tokens in enumerate(prompts)]
-    faults1, system1 = procfs.faults_and_system()
+    faults1, system1 = faults_and_system()
     read_end = procfs.read_bytes()
     tokens, seconds = sum(d.tokens for d in done), sum(d.seconds for d in done)
     out: dict[str, Any] = {
@@ -275,7 +276,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
         def measure_start() -> None:
             marks["read_bytes"] = procfs.read_bytes()
             marks["busy"], marks["own"] = procfs.cpu_busy_s(), procfs.own_cpu_s()
-            marks["faults"], marks["system"] = procfs.faults_and_system()
+            marks["faults"], marks["system"] = faults_and_system()
             marks["t"] = time.perf_counter()
             if isinstance(stepper, BmoeStepper):
                 marks["counters"] = stepper.counters()
@@ -298,7 +299,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
             )
         read_end = procfs.read_bytes()
         wall = time.perf_counter() - marks["t"]
-        faults, system = procfs.faults_and_system()
+        faults, system = faults_and_system()
         busy, own = procfs.cpu_busy_s() - marks["busy"], procfs.own_cpu_s() - marks["own"]
         out["other_cpu_cores"] = max(0.0, busy - own) / wall if wall > 0 else 0.0
         out["finite_logits"] = bool(np.all(np.isfinite(stepper.logits())))

@@ -62,13 +62,6 @@ def own_cpu_s() -> float:
     return t.user + t.system
 
 
-def faults_and_system() -> tuple[int, float]:
-    """This process's minor page faults and system CPU seconds so far (all its threads:
-    llama.cpp's and the read lanes')."""
-    import resource
-
-    use = resource.getrusage(resource.RUSAGE_SELF)
-    return use.ru_minflt, use.ru_stime
 
 
 def _meminfo_kib(key: str) -> int:

@@ -78,6 +78,8 @@ def stream_lines(result: RunResult) -> list[str]:
         f"moe-cache: {hit}, {resident:.1f} MiB resident of {budget:.1f} MiB budget; "
         f"{evictions} evictions{release}, {rereads} re-reads{tail}",
     ]
+    if d.minor_faults or d.system_s or report.prefill.minor_faults or report.prefill.system_s:
+        lines.append(kernel_line(report))
     issued = report.prefill.prefetch_issued + d.prefetch_issued
     if issued:
         used = report.prefill.prefetch_hits + d.prefetch_hits
@@ -89,6 +91,18 @@ def stream_lines(result: RunResult) -> list[str]:
         )
     lines.extend(routing_lines(report))
     return lines
+
+
+def kernel_line(report: StreamReport) -> str:
+    """``moe-kernel:`` the process's system time and minor page faults, per decoded token and
+    over the prefill: what the read path costs the kernel (each read that lands where no page
+    was faults a fresh one in; recycled pages do not)."""
+    d, p = report.decode, report.prefill
+    return (
+        f"moe-kernel: system time {1000 * report.per_token(d.system_s):.2f} ms/token and "
+        f"{report.per_token(d.minor_faults):,.0f} minor page faults/token in decode; the prefill "
+        f"{p.system_s:.2f} s and {p.minor_faults:,} faults (the process's, every thread)"
+    )
 
 
 def _ahead_source(report: StreamReport) -> str:

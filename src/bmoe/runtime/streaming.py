@@ -25,8 +25,11 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
+
 from bmoe.adapters.expert_source import LaneExpertSource
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingInfo
+from bmoe.adapters.process_usage import faults_and_system
 from bmoe.adapters.router_view import StreamerRouterView
 from bmoe.adapters.stream_trace import TraceFiles
 from bmoe.cext import expert_stream
@@ -129,9 +132,10 @@ class StreamingControl:
                 self._traces.drain(self._turn)
 
     def counters(self) -> StreamCounters:
-        if self._reference is not None:
-            return self._reference.counters()
-        return self.streaming.counters()
+        """The cache's counters, with the process's minor faults and system time so far."""
+        counters = self._reference.counters() if self._reference is not None else self.streaming.counters()
+        faults, system_s = faults_and_system()
+        return attrs.evolve(counters, minor_faults=faults, system_s=system_s)
 
     def resident_entries(self) -> list[Entry]:
         """Resident entries in eviction order (the next to go first)."""

@@ -37,6 +37,8 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "issue_s": 0.0,
     "stall_layers": (),
     "stall_ahead_s": 0.0,
+    "minor_faults": 0,
+    "system_s": 0.0,
 }
 
 
@@ -74,6 +76,10 @@ class StreamCounters:
     bytes_landed: int = 0  # bytes the reads put in memory (bytes_read counts a read when planned;
     # one cancelled while still queued, or cut short, lands less; the fast path's, 0 in reference)
     projection_waits: int = 0  # graph nodes that waited for one expert projection of their layer
+    # the process's, not the streamer's (getrusage, every thread): what the read path costs
+    # the kernel (a fresh page for each read that lands where no page was, syscalls)
+    minor_faults: int = 0
+    system_s: float = 0.0
     # decode routing (docs/read-ahead.md): slots are (token, layer, selected expert)
     decode_slots: int = 0
     predict_layers: tuple[tuple[int, int], ...] = ()  # per layer: (slots predicted, slots agreed)
