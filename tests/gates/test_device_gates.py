@@ -128,9 +128,13 @@ def test_experts_resident_on_the_device_are_not_streamed(
         streamer = s.streaming.streaming.streamer
         streamed_layers = {layer for layer in range(streamer.n_layer) if streamer.entry_bytes(layer)}
         assert streamed_layers == {0}
+        stops, requests = streamer.stats()["topk_stops"], s.streaming.counters().requests
         result = s.generate(REQUEST)
         assert result.tokens == tokens
         assert np.array_equal(s.last_logits(), logits)
+        # the graph stops at layer 0's topk only: a device's layers go on without a stop
+        stops, requests = streamer.stats()["topk_stops"] - stops, s.streaming.counters().requests - requests
+        assert stops == requests > 0
 
 
 @pytest.mark.parametrize("family", ["qwen3moe", "mixtral"])

@@ -606,6 +606,7 @@ cdef class ExpertStreamer:
             "landed_bytes": s.landed_bytes,
             "projection_waits": s.proj_splits,
             "recycled": s.recycled,
+            "topk_stops": s.topk_stops,
             "recycling": s.recycle != 0,
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,

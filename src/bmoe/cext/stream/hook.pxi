@@ -296,11 +296,12 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
     layer = parse_layer(t.name, TOPK_PREFIX_LEN)
     if layer < 0:
         return ask == 0
+    if s.layer_elsewhere[layer]:  # its experts are resident on a device: no stop, nothing served
+        return ask == 0
     if ask:
+        s.topk_stops += 1
         return 1
     if t.ne[1] == 0:  # the last layer of a batch that wants no logits routes no token
-        return 1
-    if s.layer_elsewhere[layer]:  # its experts are resident on a device
         return 1
     if not in_host_memory(s, t):  # the layer's router ran on a device: read its ids back
         t = device_node(s, t, layer)

@@ -351,7 +351,9 @@ cdef struct stream_t:
     char * dev_copy                # a device topk node's bytes, copied to the host
     int64_t dev_copy_cap
     ggml_tensor dev_node           # that node, pointed at dev_copy
-    uint8_t * layer_elsewhere      # [n_layer]: its experts are resident on a device: not served
+    uint8_t * layer_elsewhere      # [n_layer]: its experts are resident on a device: not served,
+                                   # and the graph does not stop at its topk
+    int64_t topk_stops             # topk nodes the graph stopped at for the callback
     int64_t device_topk            # topk nodes read from a device
     # routing counts (the hook, both modes): how many routed slots chose each entry since
     # setup; read by ``expert_snapshot`` (never reset: readers take differences)
