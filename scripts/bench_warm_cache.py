@@ -1,6 +1,6 @@
 """Benchmark (not a test): a cache that holds every expert against resident, in one process.
 
-    python scripts/bench_warm_cache.py MODEL [--tokens N] [--cache-mb N] [--threads N]
+    python scripts/bench_warm_cache.py MODEL [--tokens N] [--cache-mb N] [--threads N] [--no-pass-too]
 
 Opens two bmoe sessions on MODEL in this process, one resident and one streaming with a
 cache of ``--cache-mb`` (default: enough for every expert), prefills the bench's fixed text's
@@ -10,6 +10,9 @@ first 464 tokens in each (the streamed prefill reads the experts in), then feeds
 per-token ratios (resident / streamed: above 1 means the streamed step was the faster),
 and the streamed session's hits and misses over the decode. One process for both, step by
 step: the machine's drift between processes (30% on this VM) falls out of the ratio.
+``--no-pass-too`` adds a third session, streamed with ``StreamConfig.pass_layers`` off (the
+graph stops at every layer's routing even where the cache holds the layer whole), in the
+same rotation.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--cache-mb", type=int, default=None, help="default: every expert of the model")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-pass-too", action="store_true", help="also a streamed session without pass_layers")
     args = p.parse_args()
     spec = {"model": str(args.model), "io_threads": 4, "n_ctx": 1024, "threads": args.threads}
     resident = BmoeStepper({**spec, "kind": "resident"})
@@ -40,32 +44,47 @@ def main() -> None:
         raise SystemExit(
             f"the bench text has {len(tokens)} tokens: at most {len(tokens) - PROMPT_TOKENS} to feed"
         )
-    streamed = BmoeStepper({**spec, "kind": "stream", "cache_mib": args.cache_mb})
+    sessions = {"resident": resident, "streamed": _streamed(spec, args.cache_mb, True)}
+    if args.no_pass_too:
+        sessions["streamed, pass off"] = _streamed(spec, args.cache_mb, False)
+    streamed = sessions["streamed"]
     assert streamed.session.streaming is not None
-    info = streamed.session.streaming.info
-    expert_mib = info.expert_bytes / 2**20
-    if args.cache_mb is None:
-        streamed.session.streaming.set_budget(info.expert_bytes + info.entry_bytes)
+    expert_mib = streamed.session.streaming.info.expert_bytes / 2**20
     prompt, feed = tokens[:PROMPT_TOKENS], tokens[PROMPT_TOKENS : PROMPT_TOKENS + args.tokens]
-    for s in (resident, streamed):
+    for s in sessions.values():
         s.prefill(prompt)
     before = streamed.session.streaming.counters()
-    times: dict[str, list[float]] = {"resident": [], "streamed": []}
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    order = list(sessions.items())
     for i, token in enumerate(feed):
-        order = [("resident", resident), ("streamed", streamed)]
-        for name, s in order if i % 2 == 0 else order[::-1]:
+        for name, s in order[i % len(order) :] + order[: i % len(order)]:  # each one first in turn
             t0 = time.perf_counter()
             s.step(token, PROMPT_TOKENS + i)
             times[name].append(time.perf_counter() - t0)
     c = streamed.session.streaming.counters() - before
-    a, b = times["resident"][WARMUP:], times["streamed"][WARMUP:]
-    ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
-    step_a, step_b = 1e3 * statistics.median(a), 1e3 * statistics.median(b)
-    print(
-        f"{args.model.name}: experts {expert_mib:,.0f} MiB; resident median step {step_a:.3f} ms, "
-        f"streamed {step_b:.3f} ms; per-token ratio resident/streamed, median {ratio:.3f} "
-        f"({len(a)} tokens); the streamed decode hit {c.hits}, missed {c.misses}"
+    a = times["resident"][WARMUP:]
+    step = 1e3 * statistics.median(a)
+    print(f"{args.model.name}: experts {expert_mib:,.0f} MiB; resident median step {step:.3f} ms")
+    for name in list(sessions)[1:]:
+        b = times[name][WARMUP:]
+        ratio = statistics.median(x / y for x, y in zip(a, b, strict=True))
+        print(
+            f"  {name}: median step {1e3 * statistics.median(b):.3f} ms; per-token ratio "
+            f"resident/{name}, median {ratio:.3f} ({len(a)} tokens)"
+        )
+    print(f"  the streamed decode hit {c.hits}, missed {c.misses}, passed {c.passed} layer calls")
+
+
+def _streamed(spec: dict[str, object], cache_mb: int | None, pass_layers: bool) -> BmoeStepper:
+    """A streamed session; without ``cache_mb``, its budget holds every expert."""
+    stepper = BmoeStepper(
+        {**spec, "kind": "stream", "cache_mib": cache_mb, "routing": {"pass_layers": pass_layers}}
     )
+    streaming = stepper.session.streaming
+    assert streaming is not None
+    if cache_mb is None:
+        streaming.set_budget(streaming.info.expert_bytes + streaming.info.entry_bytes)
+    return stepper
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ def streamed(
     prefill_ahead: bool = True,
     engine: EngineOptions | None = None,
     eviction: Eviction = DEFAULT_EVICTION,
+    pass_layers: bool = True,
 ) -> Session:
     stream = StreamConfig(
         enabled=True,
@@ -53,6 +54,7 @@ def streamed(
         prefill_ahead=prefill_ahead,
         engine=engine,
         eviction=eviction,
+        pass_layers=pass_layers,
     )
     session = Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream))
     assert session.streaming is not None, session.notes
@@ -161,12 +163,34 @@ def test_the_reference_policy_and_the_fast_path_agree_on_everything(
                 second.stream,
             )
     fast, ref = runs["fast"], runs["reference"]
+    assert (fast[4].passed > 0) == (budget_entries == 1000)  # a layer held whole is passed
     assert fast[:2] == ref[:2]
     assert np.array_equal(fast[2], ref[2]) and fast[3] == ref[3]
     assert same_counters(fast[4], ref[4])
     assert fast[5] == ref[5]
     assert fast[6] is not None and ref[6] is not None
     assert same_counters(fast[6].prefill, ref[6].prefill) and same_counters(fast[6].decode, ref[6].decode)
+
+
+def test_a_cache_of_every_expert_decodes_without_stopping_the_graph(model_path: Path) -> None:
+    """Once the cache holds a layer whole, its calls are passed: the graph stops only where a
+    request is served, and the output is the resident model's."""
+    tokens, logits = resident(model_path)
+    with streamed(model_path, cache_mb=None, budget_entries=1000) as s:
+        streamer = s.streaming.streaming.streamer
+        s.generate(GenerateRequest("Warm the cache up with something else", n_predict=6))
+        stops, before = streamer.stats()["topk_stops"], s.streaming.counters()
+        result = s.generate(REQUEST)
+        stops, delta = streamer.stats()["topk_stops"] - stops, s.streaming.counters() - before
+        assert result.tokens == tokens and np.array_equal(s.last_logits(), logits)
+        assert delta.passed > 0 and stops == delta.requests
+    with streamed(model_path, cache_mb=None, budget_entries=1000, pass_layers=False) as s:
+        streamer = s.streaming.streaming.streamer
+        s.generate(GenerateRequest("Warm the cache up with something else", n_predict=6))
+        stops = streamer.stats()["topk_stops"]
+        result = s.generate(REQUEST)
+        assert result.tokens == tokens and np.array_equal(s.last_logits(), logits)
+        assert s.streaming.counters().passed == 0 and streamer.stats()["topk_stops"] > stops
 
 
 def test_negative_control_without_reads_the_output_changes(model_path: Path) -> None:
@@ -249,7 +273,8 @@ def test_the_c_cache_follows_the_python_policy_step_for_step(model_path: Path, b
     assert eviction == DEFAULT_EVICTION
     policy = ExpertCachePolicy(budget_entries * entry, sizes, n_expert, eviction=eviction)
     for layer, ids in trace:
-        policy.request(layer, ids.reshape(-1).tolist())
+        if not policy.pass_layer(layer):  # a layer held whole is passed, by the engine too
+            policy.request(layer, ids.reshape(-1).tolist())
         policy.check_valid()
     c = policy.counters
     assert (c_counters.requests, c_counters.hits, c_counters.misses, c_counters.evictions) == (
@@ -258,6 +283,8 @@ def test_the_c_cache_follows_the_python_policy_step_for_step(model_path: Path, b
         c.misses,
         c.evictions,
     )
+    assert c_counters.passed == c.passed
+    assert (c.passed > 0) == (budget_entries == 1000)  # only a cache of every expert holds a layer
     assert (c_counters.rereads, c_counters.bytes_read) == (c.rereads, c.bytes_read)
     assert c_resident == policy.resident()
 

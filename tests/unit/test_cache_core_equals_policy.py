@@ -104,6 +104,20 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             return
         assert self.core.prefetch(layer, ids, hot=hot, warm=warm) == (plan.evictions, plan.issued)
 
+    @rule(layer=st.integers(0, N_LAYER - 1))
+    def pass_layer(self, layer: int) -> None:
+        """A layer held whole passes its call (nothing else changes), in both alike."""
+        assert self.core.holds_layer(layer) == self.policy.holds_layer(layer)
+        assert self.core.pass_layer(layer) == self.policy.pass_layer(layer)
+
+    @rule(
+        layer=st.integers(0, N_LAYER - 1),
+        n_tokens=st.sampled_from([1, 6]),
+    )
+    def whole_layer(self, layer: int, n_tokens: int) -> None:
+        """A call routing every expert of the layer (a prefill's): the layer may end held."""
+        self._same_plan(layer, list(range(N_EXPERT)), n_tokens)
+
     @rule(layer=st.integers(0, N_LAYER - 1), bad=st.sampled_from([-1, N_EXPERT, 10**6]))
     def request_out_of_range(self, layer: int, bad: int) -> None:
         with pytest.raises(ValueError):
@@ -136,6 +150,7 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,
             "warm_issued": c.warm_issued,
+            "passed": c.passed,
         }
         assert self.core.resident() == self.policy.resident()
         assert self.core.kept() == self.policy.kept()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -349,3 +350,27 @@ def test_a_decode_step_of_several_sequences_counts_as_decode_not_as_a_scan() -> 
 
     assert after_second_use(True) == [(0, 1), (0, 2), (0, 3), (0, 4)]
     assert after_second_use(None) == []
+
+
+def test_a_layer_held_whole_passes_its_calls_and_nothing_else_changes() -> None:
+    policy = ExpertCachePolicy(budget_bytes=10 * 8, entry_bytes=[10, 10], n_expert=4)
+    assert not policy.holds_layer(0) and not policy.pass_layer(0)
+    policy.request(0, [0, 1, 2, 3], n_tokens=4)
+    assert policy.holds_layer(0) and not policy.holds_layer(1)
+    before = (policy.resident(), attrs.evolve(policy.counters))
+    assert policy.pass_layer(0)
+    assert policy.resident() == before[0]
+    assert policy.counters == attrs.evolve(before[1], passed=1)
+    # an expert read ahead and not used yet may still be reading: the layer is not held
+    policy.request(1, [0, 1, 2], n_tokens=3)
+    policy.prefetch(1, [3])
+    assert not policy.holds_layer(1) and not policy.pass_layer(1)
+    policy.request(1, [3])  # adopted: its read is waited for
+    assert policy.pass_layer(1) and policy.counters.passed == 2
+    policy.set_budget(10 * 7)  # one goes: neither layer may be held now
+    assert not (policy.holds_layer(0) and policy.holds_layer(1))
+
+
+def test_a_layer_without_experts_is_never_held() -> None:
+    policy = ExpertCachePolicy(budget_bytes=100, entry_bytes=[10, 0], n_expert=2)
+    assert not policy.holds_layer(1) and not policy.holds_layer(7) and not policy.pass_layer(-1)

@@ -75,6 +75,20 @@ def test_the_kernel_line_gives_system_time_and_faults_per_token_and_for_the_pref
     assert not any(line.startswith("moe-kernel:") for line in lines)
 
 
+def test_the_cache_line_counts_the_passed_layer_calls() -> None:
+    report = StreamReport(
+        prefill=StreamCounters(passed=4),
+        decode=StreamCounters(hits=8, passed=12),
+        decode_steps=2,
+        decode_wall_s=0.2,
+    )
+    result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
+    assert (
+        "; 16 layer calls passed (the layer cached whole: no request, no graph stop)"
+        in stream_lines(result)[1]
+    )
+
+
 def test_the_counters_difference_carries_the_process_figures() -> None:
     before = StreamCounters(minor_faults=10, system_s=1.0)
     after = StreamCounters(minor_faults=25, system_s=1.5)

@@ -494,6 +494,7 @@ class ExpertStreaming:
             reads_orphaned=s["orphaned"],
             orphans_cut=s["orphans_cut"],
             bytes_landed=s["landed_bytes"],
+            passed=s["passed"],
             projection_waits=s["projection_waits"],
         )
 

@@ -91,6 +91,7 @@ cdef struct core_t:
     int64_t prefetch_hits
     int64_t prefetch_wasted
     int64_t warm_issued            # read ahead by a usage profile's warm-up: not a prefetch
+    int64_t passed                 # layer calls the layer, held whole, served without a request
     # eviction by frequency
     uint8_t lfu                    # 0: SLRU (evict from the head); 1: fewest uses first
     int32_t half_life              # decode tokens between halvings of every count
@@ -463,6 +464,27 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
     if decode and c.lfu:
         core_age(c)  # after the request's decisions, as the policy's
     return c.n_loads
+
+
+cdef inline bint core_holds_layer(core_t * c, int layer) noexcept nogil:
+    """Every expert of ``layer`` resident and none waiting for its first use after a read
+    ahead, as the policy's ``holds_layer``."""
+    cdef int32_t i
+    if layer < 0 or layer >= c.n_layer or c.entry_bytes[layer] <= 0:
+        return False
+    for i in range(layer * c.n_expert, (layer + 1) * c.n_expert):
+        if not c.resident[i] or c.prefetched[i]:
+            return False
+    return True
+
+
+cdef inline bint core_pass_layer(core_t * c, int layer) noexcept nogil:
+    """As the policy's ``pass_layer``: True (counted in ``passed``) where the layer is held
+    whole; nothing else changes."""
+    if not core_holds_layer(c, layer):
+        return False
+    c.passed += 1
+    return True
 
 
 cdef inline void core_set_budget(core_t * c, int64_t budget_bytes) noexcept nogil:

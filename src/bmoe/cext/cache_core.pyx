@@ -9,7 +9,9 @@ from bmoe.cext.cache_core cimport (
     core_begin,
     core_evict_all,
     core_free,
+    core_holds_layer,
     core_new,
+    core_pass_layer,
     core_plan,
     core_prefetch,
     core_set_budget,
@@ -179,6 +181,14 @@ cdef class ExpertCacheCore:
     def budget_bytes(self):
         return self.c.budget_bytes
 
+    def holds_layer(self, int layer):
+        """As ``ExpertCachePolicy.holds_layer``."""
+        return bool(core_holds_layer(self.c, layer))
+
+    def pass_layer(self, int layer):
+        """As ``ExpertCachePolicy.pass_layer``."""
+        return bool(core_pass_layer(self.c, layer))
+
     def counters(self):
         c = self.c
         return {
@@ -192,4 +202,5 @@ cdef class ExpertCacheCore:
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,
             "warm_issued": c.warm_issued,
+            "passed": c.passed,
         }

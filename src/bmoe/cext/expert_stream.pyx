@@ -66,6 +66,7 @@ from bmoe.cext.cache_core cimport (
     core_evict_all,
     core_free,
     core_new,
+    core_pass_layer,
     core_plan,
     core_prefetch,
     core_set_budget,
@@ -235,6 +236,18 @@ cdef class ExpertStreamer:
         self.s.prefill_ahead = 1 if on else 0
 
     @property
+    def pass_layers(self) -> bool:
+        return self.s.pass_layers != 0
+
+    @pass_layers.setter
+    def pass_layers(self, bint on):
+        """Pass a call of a layer the cache holds whole (``ExpertCachePolicy.pass_layer``):
+        no request, and no stop of the graph at its topk where no read of it runs. Off where
+        every call's routing is needed (the decode routing policies, traces). Between
+        decodes only."""
+        self.s.pass_layers = 1 if on else 0
+
+    @property
     def decode_rows(self) -> int:
         return self.s.decode_rows
 
@@ -324,8 +337,10 @@ cdef class ExpertStreamer:
         return traces_drain(self.s)
 
     def set_reference_hook(self, hook):
-        """``hook(layer, ids) -> bool`` serves a layer in ``MODE_REFERENCE``: True once
-        every routed expert is in memory; False (or an exception) faults the streamer."""
+        """``hook(layer, ids, n_tokens) -> int`` serves a layer in ``MODE_REFERENCE``: 1 (or
+        True) once every routed expert is in memory, 2 where the policy passed the call (the
+        layer held whole: its routing is not counted); 0 (or an exception) faults the
+        streamer."""
         self._hook = hook
         self.s.hook = <PyObject *> hook
 
@@ -607,6 +622,7 @@ cdef class ExpertStreamer:
             "projection_waits": s.proj_splits,
             "recycled": s.recycled,
             "topk_stops": s.topk_stops,
+            "passed": c.passed,
             "recycling": s.recycle != 0,
             "prefetch_issued": c.prefetch_issued,
             "prefetch_hits": c.prefetch_hits,

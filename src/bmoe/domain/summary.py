@@ -65,6 +65,9 @@ def stream_lines(result: RunResult) -> list[str]:
         )
     if d.reads_orphaned:
         tail += f"; {d.reads_orphaned} evicted while being read ({d.orphans_cut} of those reads cut short)"
+    passed = report.prefill.passed + d.passed
+    if passed:
+        tail += f"; {passed} layer calls passed (the layer cached whole: no request, no graph stop)"
     if d.evict_waits:
         tail += (
             f"; {d.evict_waits} evictions waited for their read to end "

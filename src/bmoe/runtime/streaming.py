@@ -87,6 +87,7 @@ class StreamingControl:
                 routers=routers,
                 eviction=config.eviction,
                 half_life=config.half_life,
+                pass_layers=config.pass_layers,
             )
             streamer.set_reference_hook(self._serve)
             streamer.mode = expert_stream.MODE_REFERENCE
@@ -111,16 +112,20 @@ class StreamingControl:
                     None if config.route_trace is None else Path(config.route_trace),
                     None if config.io_trace is None else Path(config.io_trace),
                 )
+            # a layer held whole needs no stop; every call's routing is wanted by the decode
+            # routing policies and the traces
+            streamer.pass_layers = config.pass_layers and not config.routing_policies and self._traces is None
             streamer.mode = expert_stream.MODE_STREAM
 
-    def _serve(self, layer: int, ids: list[int], n_tokens: int) -> bool:
-        """The C callback's reference hook: True once every routed expert is in memory."""
+    def _serve(self, layer: int, ids: list[int], n_tokens: int) -> int:
+        """The C callback's reference hook: 1 once every routed expert is in memory, 2 where
+        the policy passed the call (the layer held whole), 0 on a fault."""
         assert self._reference is not None
         try:
-            self._reference.route(layer, ids, n_tokens, self._router_view if n_tokens == 1 else None)
+            plan = self._reference.route(layer, ids, n_tokens, self._router_view if n_tokens == 1 else None)
         except StreamingFaultError:
-            return False
-        return True
+            return 0
+        return 2 if plan is None else 1
 
     # -- figures ---------------------------------------------------------------------------
 

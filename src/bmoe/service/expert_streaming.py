@@ -60,10 +60,13 @@ class PolicyStreaming:
         routers: Routers | None = None,
         eviction: Eviction = DEFAULT_EVICTION,
         half_life: int = DEFAULT_HALF_LIFE,
+        pass_layers: bool = False,
     ) -> None:
         """``routing`` (with the ``routers`` it evaluates): the decode routing policies;
         None, or settings that are all off, for none. ``eviction``, ``half_life``: the cache's
-        (``ExpertCachePolicy``)."""
+        (``ExpertCachePolicy``). ``pass_layers``: a call of a layer the cache holds whole is
+        passed (``ExpertCachePolicy.pass_layer``), unless decode routing policies run (they
+        need every call)."""
         self.source = source
         sizes = [source.entry_bytes(layer) for layer in range(source.n_layer)]
         self.policy = ExpertCachePolicy(
@@ -80,6 +83,7 @@ class PolicyStreaming:
                 raise ValueError("the decode routing policies need the routers")
             self.routing = DecodeRouting(routing, routers, self.policy)
         self._routers_known = routers is not None
+        self.pass_layers = pass_layers and self.routing is None
         self._graph_fault: GraphFault | None = None
         self.stall_s = 0.0
         self.mgmt_s = 0.0
@@ -92,17 +96,21 @@ class PolicyStreaming:
 
     def route(
         self, layer: int, experts: Iterable[int], n_tokens: int = 1, router: IRouterView | None = None
-    ) -> LayerPlan:
+    ) -> LayerPlan | None:
         """Serve one MoE layer call of ``n_tokens`` tokens: on return, every expert it routes
         to is in memory (and, in decode, the next layers' reads ahead are issued). Raises
         ``StreamingFaultError`` (sticky) instead of returning with one absent. ``router``: a
         decode call's router, for the decode routing policies (without it they skip the
-        call)."""
+        call). None where the call was passed (``pass_layers``: the layer held whole, no
+        request)."""
         t0 = time.perf_counter()
         rank0 = self.rank_s
         fault = self.fault()
         if fault is not None:
             raise fault.error()
+        if self.pass_layers and self.policy.pass_layer(layer):
+            self.mgmt_s += time.perf_counter() - t0
+            return None
         ids = list(experts)
         routed = self.routing is not None and n_tokens == 1 and router is not None
         if routed:
@@ -210,6 +218,7 @@ class PolicyStreaming:
             prefetch_hits=c.prefetch_hits,
             prefetch_wasted=c.prefetch_wasted,
             warm_issued=c.warm_issued,
+            passed=c.passed,
             rank_s=self.rank_s,
             issue_s=self.issue_s,
             **self._routing_counters(),

@@ -18,9 +18,10 @@ cdef inline void count_stall(stream_t * s, int layer, double seconds) noexcept n
         s.stall_ahead_s += seconds
 
 
-cdef void count_routes(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+cdef void count_routes(stream_t * s, ggml_tensor * t, int layer, int sign=1) noexcept nogil:
     """Add the topk node's ids to ``layer``'s routing counts (every slot, before any
-    policy drops or substitutes it; ids out of range are left to the policy's fault)."""
+    policy drops or substitutes it; ids out of range are left to the policy's fault);
+    ``sign`` -1 takes them back (a call the reference policy passed)."""
     cdef int64_t i, j
     cdef int32_t e
     cdef char * base = <char *> t.data
@@ -31,7 +32,7 @@ cdef void count_routes(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
         for i in range(t.ne[0]):
             e = (<int32_t *> (base + i * t.nb[0] + j * t.nb[1]))[0]
             if 0 <= e < s.core.n_expert:
-                row[e] += 1
+                row[e] += sign
 
 
 cdef void copy_routing(stream_t * s, uint8_t * resident, int64_t * routed) noexcept nogil:
@@ -243,6 +244,45 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
 
 
 
+cdef bint reads_idle_locked(stream_t * s, int layer) noexcept nogil:
+    """No read of ``layer``'s entries queued or running (``lanes.mu`` held)."""
+    cdef int32_t i
+    for i in range(layer * s.core.n_expert, (layer + 1) * s.core.n_expert):
+        if s.io_state[i] == IO_QUEUED or s.io_state[i] == IO_READING:
+            return False
+    return True
+
+
+cdef bint layer_reads_idle(stream_t * s, int layer) noexcept nogil:
+    """No read of ``layer``'s entries queued or running (under the lanes' mutex: a read
+    that just landed is seen with its bytes)."""
+    cdef bint idle
+    if s.lanes.started == 0:
+        return True
+    pthread_mutex_lock(&s.lanes.mu)
+    idle = reads_idle_locked(s, layer)
+    pthread_mutex_unlock(&s.lanes.mu)
+    return idle
+
+
+cdef void await_layer_reads(stream_t * s, int layer) noexcept nogil:
+    """Wait until no read of ``layer``'s entries is queued or running (counted as stall)."""
+    cdef double t0 = now()
+    if s.lanes.started == 0:
+        return
+    cdef int32_t idx
+    pthread_mutex_lock(&s.lanes.mu)
+    while not s.fault and not reads_idle_locked(s, layer):
+        if s.lanes.queue_len > 0:  # read what is queued here too (there may be no worker)
+            idx = queue_pop(s)
+            if idx >= 0:
+                read_popped(s, idx, 0)
+            continue
+        pthread_cond_wait(&s.lanes.done, &s.lanes.mu)
+    pthread_mutex_unlock(&s.lanes.mu)
+    count_stall(s, layer, now() - t0)
+
+
 cdef void capture(stream_t * s, ggml_tensor * t) noexcept nogil:
     cdef int j, c, use
     cdef ggml_tensor * src
@@ -299,9 +339,17 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
     if s.layer_elsewhere[layer]:  # its experts are resident on a device: no stop, nothing served
         return ask == 0
     if ask:
+        if t.ne[1] == 0:  # the last layer of a batch that wants no logits routes no token
+            return 0
+        if s.pass_layers and s.mode == C_MODE_STREAM and core_pass_layer(s.core, layer):
+            if layer_reads_idle(s, layer):
+                return 0  # held whole: nothing to serve, the graph goes on
+            s.pass_wait = layer
         s.topk_stops += 1
         return 1
-    if t.ne[1] == 0:  # the last layer of a batch that wants no logits routes no token
+    if s.pass_wait == layer:  # passed, but a read of it still ran: wait for it, serve nothing
+        s.pass_wait = -1
+        await_layer_reads(s, layer)
         return 1
     if not in_host_memory(s, t):  # the layer's router ran on a device: read its ids back
         t = device_node(s, t, layer)
@@ -312,8 +360,8 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
     count_routes(s, t, layer)
     if s.mode == C_MODE_STREAM:
         demand(s, t, layer)
-    else:
-        reference(s, t, layer)
+    elif reference(s, t, layer) == 2:  # passed: the layer held whole, its routing unseen
+        count_routes(s, t, layer, -1)
     return 1
 
 

@@ -7,13 +7,15 @@
 # Owns: ``ref_*``, the hook. Calls: routing (the router's kernels), pages (zero pages).
 # Locks: the GIL around the hook; the eval thread only.
 
-cdef void reference(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+cdef int reference(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
+    """Hand the layer call to the hook: 1 served, 2 passed (the policy's layer held
+    whole: ``pass_layer``), 0 after a fault."""
     cdef int64_t i, j
     cdef char * base = <char *> t.data
-    cdef bint ok = False
+    cdef int ok = 0
     if t.type != GGML_TYPE_I32:
         graph_fault(s, layer, GRAPH_IDS_TYPE)
-        return
+        return 0
     if s.ref_routing and s.r.ready and t.ne[1] == 1:  # the hook may read and rewrite the routing
         s.ref_probs = locate_router(s, t, layer)
         s.ref_t = t
@@ -25,14 +27,16 @@ cdef void reference(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
                 for j in range(t.ne[1])
                 for i in range(t.ne[0])
             ]
-            ok = True if (<object> s.hook)(layer, ids, t.ne[1]) else False
+            served = (<object> s.hook)(layer, ids, t.ne[1])
+            ok = 2 if served == 2 else (1 if served else 0)
         except BaseException:
-            ok = False
+            ok = 0
     s.ref_t = NULL
     s.ref_probs = NULL
     s.r.x = NULL
     if not ok:
         hook_fault(s, layer)
+    return ok
 
 
 cdef class ReferenceCall:

@@ -354,6 +354,10 @@ cdef struct stream_t:
     uint8_t * layer_elsewhere      # [n_layer]: its experts are resident on a device: not served,
                                    # and the graph does not stop at its topk
     int64_t topk_stops             # topk nodes the graph stopped at for the callback
+    int pass_layers                # option: a layer the cache holds whole is passed (the core's
+                                   # pass_layer): no request, and no stop where no read of it runs
+    int pass_wait                  # a passed layer whose reads still ran at its ask: waited for
+                                   # at its topk (-1: none)
     int64_t device_topk            # topk nodes read from a device
     # routing counts (the hook, both modes): how many routed slots chose each entry since
     # setup; read by ``expert_snapshot`` (never reset: readers take differences)
@@ -389,6 +393,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
     s.proj_ready = <uint8_t *> calloc(n_layer * n_expert, 1)
     s.pw_ids = <int32_t *> calloc(n_expert, sizeof(int32_t))
     s.pw_layer = -1
+    s.pass_wait = -1
     s.r.gate_open = 1  # no auto gate until configure_routing asks for one
     for i in range(n_proj):
         s.proj_order[i] = i

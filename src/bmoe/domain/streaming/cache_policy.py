@@ -62,6 +62,13 @@ recent uses, decayed. Where SLRU evicts the list's head, LFU evicts the entry wi
 smallest count that may be evicted (not one the request or the prefetch keeps), the first
 in the list's order among equal counts: an entry read ahead and never used (count 0) or
 used once long ago goes before one the routing keeps coming back to, whatever their recency.
+
+**A layer held whole** (``holds_layer``: every expert resident, none waiting for its first
+use after a read ahead) needs nothing from a call: ``pass_layer`` counts the call in
+``passed`` and changes nothing else; with ``StreamConfig.pass_layers`` on, the engine
+passes such calls without stopping llama.cpp's graph at the layer's routing (so their
+routing is not seen: no hits, no use counts, no recency, no aging), and a cache that holds
+every expert decodes without a stop.
 """
 
 from __future__ import annotations
@@ -118,6 +125,7 @@ class CacheCounters:
     prefetch_hits: int = 0  # prefetched entries a request then routed to (useful)
     warm_issued: int = 0  # entries a usage profile's warm-up read ahead (not prefetches)
     prefetch_wasted: int = 0  # prefetched entries evicted before any request used them
+    passed: int = 0  # layer calls that needed nothing: the layer held whole (``pass_layer``)
 
 
 class ExpertCachePolicy:
@@ -176,6 +184,26 @@ class ExpertCachePolicy:
 
     def is_resident(self, entry: Entry) -> bool:
         return entry in self._probation or entry in self._kept
+
+    def holds_layer(self, layer: int) -> bool:
+        """Whether every expert of ``layer`` is resident and none waits for its first use
+        after a read ahead (whose read may still be running): a call of the layer, whatever
+        it routes to, needs nothing."""
+        if not 0 <= layer < len(self.entry_bytes) or self.entry_bytes[layer] <= 0:
+            return False
+        return all(
+            self.is_resident((layer, e)) and (layer, e) not in self._prefetched for e in range(self.n_expert)
+        )
+
+    def pass_layer(self, layer: int) -> bool:
+        """A call of ``layer`` that the layer, held whole (``holds_layer``), serves without a
+        request: counted in ``passed``, nothing else changes (no hits, no use counts, no
+        recency, no aging): the engine does not even stop the graph to learn its routing.
+        False, and nothing counted, where the layer is not held whole (then ``request``)."""
+        if not self.holds_layer(layer):
+            return False
+        self.counters.passed += 1
+        return True
 
     def kept_cap(self) -> int:
         """The protected segment's byte cap: the budget less one token cycle (``k`` entries

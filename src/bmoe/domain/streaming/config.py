@@ -42,6 +42,12 @@ class StreamConfig:
       segmented LRU's least recent) or ``"lfu"`` (the fewest recent uses, counts halved every
       ``half_life`` decode tokens, ``--cache-half-life``; the list's order among equals),
       :mod:`bmoe.domain.streaming.cache_policy`. Lossless either way: only what is read changes.
+    - ``pass_layers``: a call of a layer the cache holds whole (every expert resident) is
+      passed: no request, and llama.cpp's graph does not stop at the layer's routing for the
+      callback (``ExpertCachePolicy.pass_layer``; never under the decode routing policies and
+      the traces, which want every call). Off by default: on this project's CPU it bought
+      nothing measurable (docs/benchmarks.md), and a passed call's routing is not seen (the
+      hit rate, the usage profile and the live grid count only the calls served).
     - ``engine``: developer-only, for A/B measurements and tests: how the C engine does its
       work (``EngineOptions``; the output and decisions stay the same); None reads the
       ``BMOE_*`` variables (``EngineOptions.from_environ``).
@@ -76,6 +82,7 @@ class StreamConfig:
     policy: str = "fast"
     eviction: Eviction = DEFAULT_EVICTION  # --cache-policy
     half_life: int = DEFAULT_HALF_LIFE  # --cache-half-life, decode tokens
+    pass_layers: bool = False
     prefetch: int = 0
     prefill_ahead: bool = True
     predict_prefetch: bool = False

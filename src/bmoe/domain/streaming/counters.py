@@ -64,6 +64,7 @@ class StreamCounters:
     prefetch_hits: int = 0
     prefetch_wasted: int = 0
     warm_issued: int = 0  # read ahead by a usage profile's warm-up (not prefetches: their hits are hits)
+    passed: int = 0  # layer calls passed: the layer held whole (no request, no graph stop)
     release_s: float = 0.0  # moving or giving evicted pages back, on the eval thread (inside mgmt_s)
     release_lanes_s: float = 0.0  # ... on the worker lanes
     releases_deferred: int = 0  # evictions whose pages were given back off the read path
