@@ -45,7 +45,7 @@ def streamed(
     prefill_ahead: bool = True,
     engine: EngineOptions | None = None,
     eviction: Eviction = DEFAULT_EVICTION,
-    pass_layers: bool = True,
+    pass_layers: bool = False,
 ) -> Session:
     stream = StreamConfig(
         enabled=True,
@@ -137,17 +137,24 @@ def test_every_page_release_mode_keeps_the_output_exact(
         assert counters.releases_deferred == 0
 
 
+@pytest.mark.parametrize("pass_layers", [False, True])
 @pytest.mark.parametrize("eviction", ["lfu", "slru"])
 @pytest.mark.parametrize("budget_entries", [0, 3, 1000])
 def test_the_reference_policy_and_the_fast_path_agree_on_everything(
-    model_path: Path, budget_entries: int, eviction: Eviction
+    model_path: Path, budget_entries: int, eviction: Eviction, pass_layers: bool
 ) -> None:
     """Tokens, logits, every counter and the eviction order, over two requests (a warm
-    cache) and a perplexity (one all-rows prefill), under either eviction."""
+    cache) and a perplexity (one all-rows prefill), under either eviction, layers held
+    whole passed or not."""
     runs = {}
     for policy in ("fast", "reference"):
         with streamed(
-            model_path, cache_mb=None, budget_entries=budget_entries, policy=policy, eviction=eviction
+            model_path,
+            cache_mb=None,
+            budget_entries=budget_entries,
+            policy=policy,
+            eviction=eviction,
+            pass_layers=pass_layers,
         ) as s:
             assert s.streaming.streaming.streamer.eviction == eviction
             first = s.generate(GenerateRequest("Warm the cache up with something else", n_predict=6))
@@ -163,7 +170,7 @@ def test_the_reference_policy_and_the_fast_path_agree_on_everything(
                 second.stream,
             )
     fast, ref = runs["fast"], runs["reference"]
-    assert (fast[4].passed > 0) == (budget_entries == 1000)  # a layer held whole is passed
+    assert (fast[4].passed > 0) == (pass_layers and budget_entries == 1000)  # a layer held whole
     assert fast[:2] == ref[:2]
     assert np.array_equal(fast[2], ref[2]) and fast[3] == ref[3]
     assert same_counters(fast[4], ref[4])
@@ -176,7 +183,7 @@ def test_a_cache_of_every_expert_decodes_without_stopping_the_graph(model_path: 
     """Once the cache holds a layer whole, its calls are passed: the graph stops only where a
     request is served, and the output is the resident model's."""
     tokens, logits = resident(model_path)
-    with streamed(model_path, cache_mb=None, budget_entries=1000) as s:
+    with streamed(model_path, cache_mb=None, budget_entries=1000, pass_layers=True) as s:
         streamer = s.streaming.streaming.streamer
         s.generate(GenerateRequest("Warm the cache up with something else", n_predict=6))
         stops, before = streamer.stats()["topk_stops"], s.streaming.counters()
@@ -261,8 +268,10 @@ def test_the_c_cache_follows_the_python_policy_step_for_step(model_path: Path, b
     """Replay: the resident run's recorded routing through the domain policy ends where the
     fast path's C core ends, counter for counter, entry for entry."""
     trace = routing_trace(model_path)
-    # the replay models the requests alone: no reads ahead
-    with streamed(model_path, cache_mb=None, budget_entries=budget_entries, prefill_ahead=False) as s:
+    # the replay models the requests alone: no reads ahead; a layer held whole is passed
+    with streamed(
+        model_path, cache_mb=None, budget_entries=budget_entries, prefill_ahead=False, pass_layers=True
+    ) as s:
         s.generate(REQUEST)
         c_counters = s.streaming.counters()
         c_resident = s.streaming.resident_entries()

@@ -374,3 +374,13 @@ def test_a_layer_held_whole_passes_its_calls_and_nothing_else_changes() -> None:
 def test_a_layer_without_experts_is_never_held() -> None:
     policy = ExpertCachePolicy(budget_bytes=100, entry_bytes=[10, 0], n_expert=2)
     assert not policy.holds_layer(1) and not policy.holds_layer(7) and not policy.pass_layer(-1)
+
+
+def test_layers_are_passed_only_where_no_one_wants_every_call() -> None:
+    from bmoe.domain.streaming import StreamConfig
+
+    assert not StreamConfig(enabled=True).layers_passed  # off by default
+    assert StreamConfig(enabled=True, pass_layers=True).layers_passed
+    assert not StreamConfig(enabled=True, pass_layers=True, route_ahead=2).layers_passed
+    assert not StreamConfig(enabled=True, pass_layers=True, route_trace="rt.csv").layers_passed
+    assert not StreamConfig(enabled=True, pass_layers=True, io_trace="io.csv").layers_passed

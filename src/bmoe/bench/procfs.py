@@ -62,8 +62,6 @@ def own_cpu_s() -> float:
     return t.user + t.system
 
 
-
-
 def _meminfo_kib(key: str) -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith(key + ":"):

@@ -87,7 +87,7 @@ class StreamingControl:
                 routers=routers,
                 eviction=config.eviction,
                 half_life=config.half_life,
-                pass_layers=config.pass_layers,
+                pass_layers=config.layers_passed,
             )
             streamer.set_reference_hook(self._serve)
             streamer.mode = expert_stream.MODE_REFERENCE
@@ -112,9 +112,7 @@ class StreamingControl:
                     None if config.route_trace is None else Path(config.route_trace),
                     None if config.io_trace is None else Path(config.io_trace),
                 )
-            # a layer held whole needs no stop; every call's routing is wanted by the decode
-            # routing policies and the traces
-            streamer.pass_layers = config.pass_layers and not config.routing_policies and self._traces is None
+            streamer.pass_layers = config.layers_passed
             streamer.mode = expert_stream.MODE_STREAM
 
     def _serve(self, layer: int, ids: list[int], n_tokens: int) -> int:

@@ -267,10 +267,10 @@ cdef bint layer_reads_idle(stream_t * s, int layer) noexcept nogil:
 
 cdef void await_layer_reads(stream_t * s, int layer) noexcept nogil:
     """Wait until no read of ``layer``'s entries is queued or running (counted as stall)."""
+    cdef int32_t idx
     cdef double t0 = now()
     if s.lanes.started == 0:
         return
-    cdef int32_t idx
     pthread_mutex_lock(&s.lanes.mu)
     while not s.fault and not reads_idle_locked(s, layer):
         if s.lanes.queue_len > 0:  # read what is queued here too (there may be no worker)

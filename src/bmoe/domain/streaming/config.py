@@ -114,6 +114,13 @@ class StreamConfig:
         )
 
     @property
+    def layers_passed(self) -> bool:
+        """``pass_layers`` in force: never beside the decode routing policies or the traces,
+        which want every layer call's routing."""
+        traced = self.route_trace is not None or self.io_trace is not None
+        return self.pass_layers and not self.routing_policies and not traced
+
+    @property
     def needs_routers(self) -> bool:
         """The streamer must know the routers (policies, or the route trace's weights)."""
         return self.routing_policies or self.route_trace is not None
