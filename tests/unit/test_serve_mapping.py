@@ -7,7 +7,7 @@ import pytest
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.sampling import SamplingParams
-from bmoe.serve.api_requests import Sampling, parse_chat_completion, parse_completion
+from bmoe.serve.api_requests import parse_chat_completion, parse_completion
 from bmoe.serve.errors import RequestError
 from bmoe.serve.mapping import (
     ServeDefaults,
@@ -16,6 +16,7 @@ from bmoe.serve.mapping import (
     fill_context,
     sampling_params,
 )
+from bmoe.serve.neutral import Sampling
 
 DEFAULTS = ServeDefaults(sampling=SamplingParams(temp=0.0, top_k=40, top_p=0.95, seed=3), max_tokens=None)
 

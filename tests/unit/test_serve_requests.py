@@ -8,17 +8,10 @@ import pytest
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest
-from bmoe.serve.api_requests import (
-    SEED_MAX,
-    ChatCompletionRequest,
-    Generation,
-    Sampling,
-    parse_chat_completion,
-    parse_completion,
-    parse_decide,
-)
+from bmoe.serve.api_requests import SEED_MAX, parse_chat_completion, parse_completion, parse_decide
 from bmoe.serve.errors import RequestError
 from bmoe.serve.fields import body_object
+from bmoe.serve.neutral import ChatRequest, Generation, Sampling
 
 USER = {"role": "user", "content": "Hi"}
 
@@ -60,7 +53,7 @@ def test_a_full_chat_request_reads_every_supported_field() -> None:
             response_format={"type": "text"},
         )
     )
-    assert asked == ChatCompletionRequest(
+    assert asked == ChatRequest(
         messages=(
             ChatMessage("system", "Be brief."),
             ChatMessage("user", "Hi"),

@@ -20,8 +20,9 @@ from bmoe.errors import (
     SessionFailedError,
 )
 from bmoe.serve import api_responses as api
-from bmoe.serve.api_responses import Delta, Envelope, ModelCard, Outcome, outcome
+from bmoe.serve.api_responses import Envelope, ModelCard
 from bmoe.serve.errors import RequestCancelledError, RequestError, ServerClosedError, api_error
+from bmoe.serve.neutral import Delta, Outcome, outcome
 
 ENV = Envelope(id="chatcmpl-1", created=100, model="tiny")
 

@@ -86,3 +86,14 @@ def test_the_text_let_out_is_the_whole_text_up_to_the_first_stop(
     for piece in out:
         so_far += piece
         assert final.startswith(so_far)
+
+
+def test_the_stop_string_that_ended_the_text_is_named() -> None:
+    scanner = StopScanner(("lo", "ell", "xyz"))
+    assert scanner.feed("he") == "h"  # "e" may begin "ell"
+    assert scanner.matched is None
+    assert scanner.feed("llo") == ""  # "ell" begins first in the text, before "lo"
+    assert (scanner.stopped, scanner.matched) == (True, "ell")
+    same_place = StopScanner(("a", "ab"))
+    assert same_place.feed("xab") == "x"
+    assert same_place.matched == "ab"

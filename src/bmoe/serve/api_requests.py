@@ -12,14 +12,10 @@ key is refused, so a typo is not ignored.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from bmoe.domain.chat import ChatMessage, Role
-from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.decide import DecideRequest
-from bmoe.domain.tools import ToolUse
 from bmoe.errors import ChoiceError, ConfigError
 from bmoe.serve.api_tools import (
     chat_logprobs,
@@ -40,64 +36,10 @@ from bmoe.serve.fields import (
     refuse_unless,
     stop_strings,
 )
+from bmoe.serve.neutral import ChatRequest, Generation, Sampling
 
 SEED_MAX = 2**32 - 2
 """The highest seed: llama.cpp reads 2**32 - 1 as "pick a random seed"."""
-
-
-@attrs.frozen(kw_only=True)
-class Sampling:
-    """The sampling a request asks for; ``None`` leaves a setting to the server's defaults.
-
-    ``temperature`` 0 is greedy; ``top_k`` is an extension (llama.cpp's and vLLM's name).
-    """
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    knobs: dict[str, Any] = attrs.field(factory=dict)  # penalties and logit_bias, when set
-
-
-@attrs.frozen(kw_only=True)
-class Generation:
-    """What chat and text completions share.
-
-    - ``max_tokens``: most tokens to generate; ``None``: the server's default;
-    - ``stop``: stop strings (generation stops at the first, which is cut from the text);
-    - ``stream``: answer with server-sent events; ``include_usage``: end the stream with a
-      chunk carrying the usage (OpenAI's ``stream_options.include_usage``);
-    - ``constraint``: ``response_format`` or ``grammar``; ``logprobs``: ``None`` or how
-      many alternatives to list per token.
-    """
-
-    model: str | None = None
-    max_tokens: int | None = None
-    sampling: Sampling = Sampling()
-    stop: tuple[str, ...] = ()
-    stream: bool = False
-    include_usage: bool = False
-    constraint: OutputConstraint | None = None
-    logprobs: int | None = None
-
-
-@attrs.frozen(kw_only=True)
-class ChatCompletionRequest:
-    """``POST /v1/chat/completions``: the whole conversation, ending with a user message
-    or a tool's result.
-
-    ``think``: ``chat_template_kwargs.enable_thinking`` (render the turn with thinking on or
-    off); ``None``: the server's setting. ``tools``: what the model may call.
-    """
-
-    messages: tuple[ChatMessage, ...]
-    think: bool | None = None
-    generation: Generation = Generation()
-    tools: ToolUse | None = None
-
-    def __attrs_post_init__(self) -> None:
-        if not self.messages or self.messages[-1].role not in ("user", "tool"):
-            raise RequestError("the last message must be a user message or a tool's result", "messages")
 
 
 @attrs.frozen(kw_only=True)
@@ -105,7 +47,7 @@ class CompletionRequest:
     """``POST /v1/completions``: a raw prompt, fed as text (no chat template)."""
 
     prompt: str
-    generation: Generation = Generation()
+    generation: Generation = attrs.field(factory=Generation)
 
 
 ROLES: dict[str, Role] = {
@@ -117,7 +59,7 @@ ROLES: dict[str, Role] = {
 }
 
 
-def parse_chat_completion(body: Body) -> ChatCompletionRequest:
+def parse_chat_completion(body: Body) -> ChatRequest:
     """A ``/v1/chat/completions`` body as a request (``RequestError`` when it is not one)."""
     refuse_unless(body, "functions", [])
     refuse_unless(body, "function_call", "none")
@@ -127,7 +69,7 @@ def parse_chat_completion(body: Body) -> ChatCompletionRequest:
     max_tokens = opt_int(body, "max_completion_tokens", low=0)
     if max_tokens is None:
         max_tokens = opt_int(body, "max_tokens", low=0)
-    return ChatCompletionRequest(
+    return ChatRequest(
         messages=_messages(body.get("messages")),
         think=_think(body),
         generation=_generation(body, max_tokens, chat_logprobs(body)),

@@ -1,8 +1,8 @@
 """What the server answers: OpenAI's response bodies and stream chunks, from bmoe's results.
 
-Pure functions from values to JSON-ready dicts. ``Outcome`` is a finished generation as the
-API sees it (the text cut at a stop string, why it finished, the token counts); ``Delta`` a
-streamed piece of it. bmoe's additions ride in the places OpenAI-compatible servers use:
+Pure functions from values to JSON-ready dicts: the chat completions dialect's side of the
+neutral result (``neutral.Outcome``, a finished generation; ``neutral.Delta``, a streamed
+piece of it). bmoe's additions ride in the places OpenAI-compatible servers use:
 ``reasoning_content`` beside ``content`` (the thinking span, parsed apart) and
 ``usage.prompt_tokens_details.cached_tokens`` (prompt tokens whose KV was reused).
 """
@@ -10,72 +10,15 @@ streamed piece of it. bmoe's additions ride in the places OpenAI-compatible serv
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 from bmoe.domain.decide import DecideRequest, DecideResult
-from bmoe.domain.generation import RunResult, TokenChoice, TokenLogprob
-from bmoe.domain.tools import ToolCall
-from bmoe.domain.tools.call_stream import CallDelta
+from bmoe.domain.generation import TokenChoice, TokenLogprob
+from bmoe.serve.neutral import Delta, FinishReason, Outcome
 
-FinishReason = Literal["stop", "length", "tool_calls"]
 Json = dict[str, Any]
-
-
-@attrs.frozen
-class Outcome:
-    """A finished generation: ``text`` (cut at a stop string) and ``reasoning``; why it
-    finished (``stop``: an end-of-generation token or a stop string; ``length``:
-    ``max_tokens`` or the context); ``prompt_tokens`` (the whole rendered prompt),
-    ``cached_tokens`` (of those, the ones whose KV was kept from the previous request) and
-    ``completion_tokens`` (generated, the end token not counted); the ``tool_calls`` the
-    reply made (then ``finish_reason`` is ``tool_calls``) and the tokens' ``logprobs``
-    when they were asked for."""
-
-    text: str
-    reasoning: str
-    finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    tool_calls: tuple[ToolCall, ...] = ()
-    logprobs: tuple[TokenLogprob, ...] | None = None
-
-
-def outcome(result: RunResult, text: str, *, stopped: bool, logprobs: bool = False) -> Outcome:
-    """The API's view of a finished (not cancelled) ``result``, whose answer was cut to
-    ``text``; ``stopped``: a stop string ended it; ``logprobs``: they were asked for."""
-    prompt_tokens = result.n_past - len(result.tokens)
-    finish: FinishReason = "stop" if stopped or result.stopped_at_eog else "length"
-    return Outcome(
-        text=text,
-        reasoning=result.reasoning,
-        finish_reason="tool_calls" if result.tool_calls and finish == "stop" else finish,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=len(result.tokens),
-        cached_tokens=prompt_tokens - result.n_prompt,
-        tool_calls=result.tool_calls,
-        logprobs=result.logprobs if logprobs else None,
-    )
-
-
-@attrs.frozen
-class Delta:
-    """A streamed piece: answer ``text`` and ``reasoning`` it adds (either may be empty),
-    the ``logprobs`` of the tokens generated since the previous piece (when asked for) and,
-    at the end of a reply, its ``tool_calls``; or ``call_deltas``, pieces of calls streamed
-    as they are written (``CallStreamer``)."""
-
-    text: str = ""
-    reasoning: str = ""
-    logprobs: tuple[TokenLogprob, ...] = ()
-    tool_calls: tuple[ToolCall, ...] = ()
-    call_deltas: tuple[CallDelta, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not (self.text or self.reasoning or self.logprobs or self.tool_calls or self.call_deltas)
 
 
 @attrs.frozen

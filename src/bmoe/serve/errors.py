@@ -1,6 +1,8 @@
-"""Errors of the server, and every error as OpenAI's error body with an HTTP status.
+"""Errors of the server, and every error as an HTTP status with OpenAI's error body (or
+Anthropic's, on the Messages API's routes).
 
-OpenAI's shape: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
+OpenAI's shape: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``;
+Anthropic's: ``{"type": "error", "error": {"type": ..., "message": ...}}``.
 What went wrong decides the status: the request (400: a bad request, a prompt past the
 context, a refused decision), this request's computation (500: llama.cpp failed a decode;
 the session is then over), or the service (503: the session ended after a fatal error, an
@@ -40,6 +42,24 @@ class RequestError(ConfigError):
         self.code = code
 
 
+class BodyTooLargeError(RequestError):
+    """A request body past the server's ``--max-body-mb`` (HTTP 413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the request body is larger than this server takes ({limit} bytes; --max-body-mb)",
+            None,
+            "request_too_large",
+        )
+
+
+class NotFoundError(RequestError):
+    """A stored object (a response id) the server does not hold (HTTP 404)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param, "not_found")
+
+
 class RequestCancelledError(BmoeError):
     """The request was cancelled before it finished: its client went away, or the server
     is shutting down."""
@@ -63,14 +83,32 @@ class ApiError:
         """``{"error": {"message", "type", "param", "code"}}``."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def anthropic_body(self) -> dict[str, Any]:
+        """``{"type": "error", "error": {"type", "message"}}``, the type from the status."""
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else INVALID_REQUEST)
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
+ANTHROPIC_TYPES = {
+    400: INVALID_REQUEST,
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    500: "api_error",
+    503: "overloaded_error",
+}
 
 
 def api_error(exc: BaseException) -> ApiError:
     """``exc`` as the server answers it (anything that is not bmoe's is a 500)."""
     message = str(exc) or type(exc).__name__
+    if isinstance(exc, BodyTooLargeError):
+        return ApiError(413, message, INVALID_REQUEST, None, exc.code)
+    if isinstance(exc, NotFoundError):
+        return ApiError(404, message, INVALID_REQUEST, exc.param, exc.code)
     if isinstance(exc, RequestError):
         return ApiError(400, message, INVALID_REQUEST, exc.param, exc.code)
     if isinstance(exc, ContextOverflowError):

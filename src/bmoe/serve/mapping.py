@@ -15,8 +15,9 @@ import attrs
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.sampling import SamplingParams
-from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest, Sampling
+from bmoe.serve.api_requests import CompletionRequest
 from bmoe.serve.errors import RequestError
+from bmoe.serve.neutral import ChatRequest, Sampling
 
 
 @attrs.frozen
@@ -52,7 +53,7 @@ def sampling_params(asked: Sampling, defaults: SamplingParams) -> SamplingParams
     )
 
 
-def chat_turn(asked: ChatCompletionRequest, defaults: ServeDefaults) -> ChatTurn:
+def chat_turn(asked: ChatRequest, defaults: ServeDefaults) -> ChatTurn:
     """The session's turn for a chat request (continuing what the context holds): the
     last message, a user's or a tool's result, is the prompt."""
     *history, last = asked.messages

@@ -17,7 +17,7 @@ from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import Progress, RunResult, TokenLogprob
 from bmoe.domain.tools import ReplyGate, ToolFormat, ToolUse
 from bmoe.domain.tools.call_stream import CallStreamer
-from bmoe.serve.api_responses import Delta, Outcome, outcome
+from bmoe.serve.neutral import Delta, Outcome, outcome
 from bmoe.serve.stop import StopScanner
 
 Emit = Callable[[Delta], None]
@@ -92,4 +92,10 @@ class ReplyStream:
                 self.emit(Delta(call_deltas=tuple(last)))
         elif result.tool_calls:
             self.emit(Delta(tool_calls=result.tool_calls))
-        return outcome(result, "".join(self._kept), stopped=self.scanner.stopped, logprobs=self.logprobs)
+        return outcome(
+            result,
+            "".join(self._kept),
+            stopped=self.scanner.stopped,
+            logprobs=self.logprobs,
+            stop_string=self.scanner.matched,
+        )

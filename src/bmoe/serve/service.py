@@ -24,12 +24,13 @@ from bmoe.domain.tools import ToolUse
 from bmoe.errors import BmoeError
 from bmoe.runtime import Session
 from bmoe.runtime.session import ParallelEntry
-from bmoe.serve.api_requests import ChatCompletionRequest, CompletionRequest
-from bmoe.serve.api_responses import Delta, ModelCard, Outcome
+from bmoe.serve.api_requests import CompletionRequest
+from bmoe.serve.api_responses import ModelCard
 from bmoe.serve.errors import RequestCancelledError, ServerClosedError
 from bmoe.serve.live import Kind
 from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request, fill_context
 from bmoe.serve.monitor import EngineMonitor
+from bmoe.serve.neutral import ChatRequest, Delta, Outcome
 from bmoe.serve.reply import ReplyStream
 from bmoe.serve.worker import Job, SessionWorker
 
@@ -77,7 +78,7 @@ class ServedSession:
         streaming = self.session.streaming
         return streaming.snapshot(timeout) if streaming is not None else None
 
-    def chat(self, asked: ChatCompletionRequest, emit: Emit = _ignore) -> Job[Outcome]:
+    def chat(self, asked: ChatRequest, emit: Emit = _ignore) -> Job[Outcome]:
         """Queue a chat completion (``RequestError`` now if the request cannot be one)."""
         turn = chat_turn(asked, self.defaults)
         stops = asked.generation.stop

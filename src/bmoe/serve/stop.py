@@ -27,12 +27,14 @@ class StopScanner:
 
     Each call returns the text that is final: the pieces, in order, less what could still
     begin a stop string. Once a stop string is complete, ``stopped`` is true, the text up to
-    it is returned and every later piece is dropped. With no stop strings, every piece goes
-    through as it came.
+    it is returned and every later piece is dropped (``matched`` is the stop string that
+    ended it: the earliest in the text, the longest of those beginning there). With no stop
+    strings, every piece goes through as it came.
     """
 
     stops: tuple[str, ...]
     stopped: bool = False
+    matched: str | None = None
     _held: str = ""
 
     def __attrs_post_init__(self) -> None:
@@ -43,10 +45,11 @@ class StopScanner:
         if self.stopped:
             return ""
         text = self._held + piece
-        hits = [at for at in (text.find(s) for s in self.stops) if at >= 0]
+        hits = [(at, -len(s), s) for s in self.stops if (at := text.find(s)) >= 0]
         if hits:
+            at, _, self.matched = min(hits)
             self.stopped, self._held = True, ""
-            return text[: min(hits)]
+            return text[:at]
         keep = _held_tail(text, self.stops)
         self._held = text[len(text) - keep :]
         return text[: len(text) - keep]
