@@ -6,6 +6,12 @@ given or taken from the decode requests, under both evictions (SLRU, and LFU wit
 half-life so the counts halve often), and compares every plan, every counter, the eviction
 order, the protected segment and every use count after each step.
 
+The machine also plays the read lanes: every entry read ahead (a prefetch, or a usage
+profile's warm-up) is in flight until a ``complete`` step lands it, in any order, or a
+request adopts it (the engine waits for it). A request may compute only on entries whose
+reads have landed: every hit still in flight must be in the plan's ``adopted``, and a layer
+passed whole has no read in flight (the reference path passes without waiting).
+
 CI runs the default profile (``BMOE_CORE_EXAMPLES`` state machines, 300 by default, a few
 seconds); a longer run: ``BMOE_CORE_EXAMPLES=2000 pytest tests/unit/test_cache_core_equals_policy.py``.
 """
@@ -13,6 +19,7 @@ seconds); a longer run: ``BMOE_CORE_EXAMPLES=2000 pytest tests/unit/test_cache_c
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import settings
@@ -21,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from bmoe.cext.cache_core import ExpertCacheCore
 from bmoe.domain.streaming import ExpertCachePolicy
-from bmoe.domain.streaming.cache_policy import Eviction, LayerPlan
+from bmoe.domain.streaming.cache_policy import Entry, Eviction, LayerPlan
 
 N_LAYER = 5
 N_EXPERT = 16
@@ -49,6 +56,7 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         budget = budget_entries * unit
         self.policy = ExpertCachePolicy(budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life)
         self.core = ExpertCacheCore(budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life)
+        self.in_flight: list[Entry] = []  # read ahead, not landed yet, in issue order
 
     @rule(
         layer=st.integers(0, N_LAYER - 1),
@@ -80,6 +88,19 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             plan.loads,
             plan.adopted,
         )
+        unsafe = [e for e in plan.hits if e in self.in_flight and e not in plan.adopted]
+        assert not unsafe, f"computed on {unsafe} while their reads ahead were in flight"
+        self._landed([*plan.adopted, *plan.evictions])  # waited for; evicted: cancelled
+
+    def _landed(self, entries: Iterable[Entry]) -> None:
+        gone = set(entries)
+        self.in_flight = [e for e in self.in_flight if e not in gone]
+
+    @rule(pick=st.integers(0, 10**6))
+    def complete(self, pick: int) -> None:
+        """One read ahead lands, any of those in flight."""
+        if self.in_flight:
+            del self.in_flight[pick % len(self.in_flight)]
 
     @rule(
         layer=st.integers(0, N_LAYER - 1),
@@ -103,12 +124,25 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
                 self.core.prefetch(layer, ids, hot=hot, warm=warm)
             return
         assert self.core.prefetch(layer, ids, hot=hot, warm=warm) == (plan.evictions, plan.issued)
+        self._landed(plan.evictions)
+        self.in_flight += plan.issued
+
+    @rule(
+        layer=st.integers(0, N_LAYER - 1),
+        ids=st.lists(st.integers(0, N_EXPERT - 1), min_size=1, max_size=N_EXPERT),
+    )
+    def warm_up(self, layer: int, ids: list[int]) -> None:
+        """A usage profile's warm-up: a committed set, not a prefetch (its first use is a
+        plain hit), its reads in flight until they land or a request adopts them."""
+        self.prefetch(layer, ids, hot=True, warm=True)
 
     @rule(layer=st.integers(0, N_LAYER - 1))
     def pass_layer(self, layer: int) -> None:
         """A layer held whole passes its call (nothing else changes), in both alike."""
         assert self.core.holds_layer(layer) == self.policy.holds_layer(layer)
-        assert self.core.pass_layer(layer) == self.policy.pass_layer(layer)
+        passed = self.policy.pass_layer(layer)
+        assert self.core.pass_layer(layer) == passed
+        assert not passed or all(e[0] != layer for e in self.in_flight), "passed with a read in flight"
 
     @rule(
         layer=st.integers(0, N_LAYER - 1),
@@ -128,11 +162,15 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
     @rule(budget_entries=st.integers(0, 40), unit=st.sampled_from([1, 7, 7680]))
     def set_budget(self, budget_entries: int, unit: int) -> None:
         budget = budget_entries * unit
-        assert self.core.set_budget(budget) == self.policy.set_budget(budget)
+        evicted = self.policy.set_budget(budget)
+        assert self.core.set_budget(budget) == evicted
+        self._landed(evicted)
 
     @rule()
     def evict_all(self) -> None:
-        assert self.core.evict_all() == self.policy.evict_all()
+        evicted = self.policy.evict_all()
+        assert self.core.evict_all() == evicted
+        self._landed(evicted)
 
     @invariant()
     def same_state(self) -> None:

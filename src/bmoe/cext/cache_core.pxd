@@ -13,14 +13,15 @@
 # ``share`` most-routed ones hot: its other hits are not touched and its other loads enter at
 # the cold end (scan resistance; the policy's docstring says why). The plan is left in
 # ``plan_hits`` / ``plan_evictions`` / ``plan_loads`` (entry indices ``layer * n_expert + e``),
-# the hits on prefetched entries in ``plan_adopted``.
+# the hits on entries read ahead (prefetched or warmed) and not routed to before in
+# ``plan_adopted``: their reads may still be in flight, the engine waits for them.
 #
 # Segments: one doubly linked list, the eviction order, probation (oldest first) then the
 # protected segment (``kept``, oldest first; ``kept_head`` its first entry, -1 when empty;
 # ``kept_bytes`` its size). Loads and reads ahead enter probation: at its most recent end
 # (just before ``kept_head``) or at the cold end (the head). A decode request's hit on an entry
-# used before (not adopted) moves it to the tail (the protected segment's most recent end);
-# other touches stay in the entry's segment. Past the cap (``core_kept_cap``: the budget less
+# used before (or warmed; not a prefetch's first use) moves it to the tail (the protected
+# segment's most recent end); other touches stay in the entry's segment. Past the cap (``core_kept_cap``: the budget less
 # ``k`` entries of every MoE layer, ``k`` = ``n_expert_used`` or, when 0, ``k_seen``, the most
 # ids one decode request wanted) the protected segment's oldest entry moves to probation's
 # most recent end: the same place in the list, so demoting is clearing its flag.
@@ -43,6 +44,11 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
+# what ``prefetched`` holds for an entry read ahead and not routed to since (0: none)
+cdef enum:
+    AHEAD_PREFETCH = 1
+    AHEAD_WARM = 2
+
 
 cdef struct core_t:
     int n_layer
@@ -60,7 +66,8 @@ cdef struct core_t:
     int k_seen                     # the most ids one decode request wanted
     uint8_t * evicted_once
     uint8_t * wanted               # scratch [n_expert]
-    uint8_t * prefetched           # [n_layer * n_expert]: issued ahead, not yet routed to
+    uint8_t * prefetched           # [n_layer * n_expert]: issued ahead, not yet routed to:
+                                   # AHEAD_PREFETCH, or AHEAD_WARM (a profile's warm-up)
     uint8_t * protected            # [n_expert]: the last request's ids (of protect_layer)
     int protect_layer
     int32_t * order                # [n_expert]: wanted ids of the request, first-seen order
@@ -277,9 +284,9 @@ cdef inline void core_evict(core_t * c, int32_t i) noexcept nogil:
     c.evicted_once[i] = 1
     c.resident_bytes -= c.entry_bytes[i // c.n_expert]
     c.evictions += 1
-    if c.prefetched[i]:
-        c.prefetched[i] = 0
+    if c.prefetched[i] == AHEAD_PREFETCH:
         c.prefetch_wasted += 1
+    c.prefetched[i] = 0
     c.plan_evictions[c.n_evictions] = i
     c.n_evictions += 1
 
@@ -407,7 +414,7 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
     cdef int32_t idx
     cdef int64_t size, cap = 0
     cdef bint decode = n_tokens <= 1 if as_decode < 0 else as_decode != 0
-    cdef bint adopted
+    cdef uint8_t ahead
     if layer < 0 or layer >= c.n_layer or c.entry_bytes[layer] == 0:
         return -1
     size = c.entry_bytes[layer]
@@ -427,17 +434,18 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
     for w in range(c.n_wanted):
         idx = layer * c.n_expert + c.order[w]
         if c.resident[idx]:
-            adopted = c.prefetched[idx]
-            if decode and not adopted:  # a decode hit on an entry used before
-                core_promote(c, idx)
+            ahead = c.prefetched[idx]
+            if decode and ahead != AHEAD_PREFETCH:  # a decode hit on an entry used before
+                core_promote(c, idx)                # (or warmed: a plain hit)
                 core_fit_kept(c, cap)
             elif c.hot[c.order[w]]:
                 core_touch(c, idx)
             c.plan_hits[c.n_hits] = idx
             c.n_hits += 1
-            if adopted:
+            if ahead:  # its read may still be in flight: the engine waits for it
                 c.prefetched[idx] = 0
-                c.prefetch_hits += 1
+                if ahead == AHEAD_PREFETCH:
+                    c.prefetch_hits += 1
                 c.plan_adopted[c.n_adopted] = idx
                 c.n_adopted += 1
         else:
@@ -506,7 +514,7 @@ cdef inline void core_evict_all(core_t * c) noexcept nogil:
 cdef inline int core_prefetch(core_t * c, int layer, bint hot, bint warm=False) noexcept nogil:
     """Plan reads ahead for ``layer`` (the ids given with ``core_want``); ``hot`` for a
     committed routing; ``warm`` for a usage profile's warm-up (counted in ``warm_issued``,
-    not as a prefetch: a later hit on it is a plain hit). Returns the number issued (left in
+    not as a prefetch: a later hit on it is a plain hit, adopted all the same). Returns the number issued (left in
     ``plan_loads``), or -1 when the layer has no routed experts."""
     cdef int w
     cdef int32_t idx, i, nxt
@@ -541,7 +549,7 @@ cdef inline int core_prefetch(core_t * c, int layer, bint hot, bint warm=False) 
         else:
             lru_prepend(c, idx)
         c.resident_bytes += size
-        c.prefetched[idx] = not warm
+        c.prefetched[idx] = AHEAD_WARM if warm else AHEAD_PREFETCH
         c.plan_loads[c.n_loads] = idx
         c.n_loads += 1
     if warm:

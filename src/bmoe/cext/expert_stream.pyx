@@ -622,6 +622,7 @@ cdef class ExpertStreamer:
             "projection_waits": s.proj_splits,
             "recycled": s.recycled,
             "topk_stops": s.topk_stops,
+            "unplanned_waits": s.unplanned_waits,
             "passed": c.passed,
             "recycling": s.recycle != 0,
             "prefetch_issued": c.prefetch_issued,

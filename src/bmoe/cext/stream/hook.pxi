@@ -47,6 +47,25 @@ cdef bint is_wanted(stream_t * s, int32_t idx, int layer) noexcept nogil:
     return idx // s.core.n_expert == layer and s.core.wanted[idx % s.core.n_expert] != 0
 
 
+cdef bint wanted_in_flight(stream_t * s, int layer) noexcept nogil:
+    """Whether a read of one of the request's entries is queued or running (under the lanes'
+    mutex: a read that just landed is seen with its bytes). The policy adopts every entry
+    read ahead at its first use, so a plan without loads nor adoptions should find none."""
+    cdef int w
+    cdef uint8_t state
+    cdef bint found = False
+    if s.lanes.started == 0:
+        return False
+    pthread_mutex_lock(&s.lanes.mu)
+    for w in range(s.core.n_wanted):
+        state = s.io_state[layer * s.core.n_expert + s.core.order[w]]
+        if state == IO_QUEUED or state == IO_READING:
+            found = True
+            break
+    pthread_mutex_unlock(&s.lanes.mu)
+    return found
+
+
 cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
     """Read the plan's loads and wait for them and for the adopted entries' reads: the loads
     and the adopted reads still queued go to the front; the asker reads them too (lane 0),
@@ -229,6 +248,9 @@ cdef void demand(stream_t * s, ggml_tensor * t, int layer) noexcept nogil:
     if n_loads > 0 or s.core.n_adopted > 0:
         if not queue_loads(s, layer):
             load_and_wait(s, layer)
+    elif wanted_in_flight(s, layer):  # never computed on bytes still arriving
+        s.unplanned_waits += 1
+        load_and_wait(s, layer)
     if not s.fault:
         if t.ne[1] == 1:
             if s.prefetch_k > 0:

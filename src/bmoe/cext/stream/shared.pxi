@@ -354,6 +354,9 @@ cdef struct stream_t:
     uint8_t * layer_elsewhere      # [n_layer]: its experts are resident on a device: not served,
                                    # and the graph does not stop at its topk
     int64_t topk_stops             # topk nodes the graph stopped at for the callback
+    int64_t unplanned_waits        # layer calls whose plan read nothing and adopted nothing
+                                   # yet routed to an entry whose read was in flight: waited
+                                   # for all the same (the policy should have adopted it: 0)
     int pass_layers                # option: a layer the cache holds whole is passed (the core's
                                    # pass_layer): no request, and no stop where no read of it runs
     int pass_wait                  # a passed layer whose reads still ran at its ask: waited for

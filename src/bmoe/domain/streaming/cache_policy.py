@@ -45,7 +45,13 @@ after making room from the head of the eviction order without evicting the entri
 request is computing with, nor any entry of this prefetch's own list (resident or just
 issued); when no room can be made the rest is not issued. A prefetched entry that a later
 request routes to is a hit, *adopted* (the caller waits for its read if it is still in
-flight); one evicted unused is counted as wasted. Guesses (the previous token's routing, the
+flight); one evicted unused is counted as wasted. A usage profile's warm-up
+(``prefetch(..., warm=True)``) reads ahead the same way but is not a guess: the first request
+that routes to a warmed entry counts it as a plain hit (promoted by a decode hit as any entry
+used before, not a prefetch hit), yet it is *adopted* all the same, because its read may still
+be in flight. The rule the engine keeps: **an entry read ahead (prefetched or warmed) is
+usable only once its read has completed; the first request that routes to it lists it in
+``adopted`` and its caller waits for that read, exactly as for its own loads.** Guesses (the previous token's routing, the
 stale gate's prediction) enter cold: a wrong one is the first to go. A *committed* routing
 (``hot=True``: route-ahead, whose layer will use exactly these experts) is kept instead: its
 resident entries are touched (most recent in their segment, in the list's order) and its
@@ -99,7 +105,9 @@ class LayerPlan:
     hits: tuple[Entry, ...]
     evictions: tuple[Entry, ...]
     loads: tuple[Entry, ...]
-    adopted: tuple[Entry, ...] = ()  # hits on prefetched entries: their reads are waited for
+    # hits on entries read ahead (prefetched or warmed) and not routed to before: their
+    # reads may still be in flight, the caller waits for them
+    adopted: tuple[Entry, ...] = ()
 
 
 @attrs.frozen
@@ -170,6 +178,7 @@ class ExpertCachePolicy:
         self._k_seen = 0  # the most distinct experts a decode request routed
         self._evicted_once: set[Entry] = set()
         self._prefetched: set[Entry] = set()  # issued ahead, not yet routed to
+        self._warmed: set[Entry] = set()  # issued by a warm-up, not yet routed to
         self._protected: frozenset[Entry] = frozenset()  # the last request's entries (in use)
         self._last_request_bytes = 0
         self.counters = CacheCounters()
@@ -191,9 +200,13 @@ class ExpertCachePolicy:
         it routes to, needs nothing."""
         if not 0 <= layer < len(self.entry_bytes) or self.entry_bytes[layer] <= 0:
             return False
-        return all(
-            self.is_resident((layer, e)) and (layer, e) not in self._prefetched for e in range(self.n_expert)
-        )
+        entries = ((layer, e) for e in range(self.n_expert))
+        return all(self.is_resident(entry) and not self._read_ahead(entry) for entry in entries)
+
+    def _read_ahead(self, entry: Entry) -> bool:
+        """Read ahead (prefetched or warmed) and not routed to since: its read may still
+        be in flight."""
+        return entry in self._prefetched or entry in self._warmed
 
     def pass_layer(self, layer: int) -> bool:
         """A call of ``layer`` that the layer, held whole (``holds_layer``), serves without a
@@ -253,8 +266,10 @@ class ExpertCachePolicy:
                 self._uses[entry] = self._uses.get(entry, 0) + 1
         hits = tuple(e for e in wanted if self.is_resident(e))
         loads = tuple(e for e in wanted if not self.is_resident(e))
-        adopted = tuple(e for e in hits if e in self._prefetched)
+        adopted = tuple(e for e in hits if self._read_ahead(e))
+        prefetch_hits = tuple(e for e in adopted if e in self._prefetched)
         self._prefetched.difference_update(adopted)
+        self._warmed.difference_update(adopted)
         self._protected = frozenset(wanted)
         cap = 0
         if decode:
@@ -263,7 +278,7 @@ class ExpertCachePolicy:
             cap = self.kept_cap()
             self._fit_kept(cap)
         for entry in hits:
-            if decode and entry not in adopted:
+            if decode and entry not in prefetch_hits:  # a warmed entry is a plain hit
                 self._promote(entry)
                 self._fit_kept(cap)
             elif entry in hot:
@@ -283,7 +298,7 @@ class ExpertCachePolicy:
         c.hits += len(hits)
         c.misses += len(loads)
         c.bytes_read += len(loads) * size
-        c.prefetch_hits += len(adopted)
+        c.prefetch_hits += len(prefetch_hits)
         if decode and self.eviction == "lfu":
             self._age()
         return LayerPlan(
@@ -299,7 +314,8 @@ class ExpertCachePolicy:
     ) -> PrefetchPlan:
         """Plan reads ahead of need for ``layer`` (see the module docstring); ``hot`` for a
         committed routing; ``warm`` for a usage profile's warm-up, counted in
-        ``warm_issued`` and not as a prefetch (a request that routes to one is a plain hit).
+        ``warm_issued`` and not as a prefetch (a request that routes to one is a plain hit,
+        adopted all the same: its read may still be in flight).
         Raises ``ValueError`` like ``request`` (the state is then unchanged)."""
         ids = self._checked_ids(layer, experts)
         size = self.entry_bytes[layer]
@@ -320,8 +336,7 @@ class ExpertCachePolicy:
             if not hot:
                 self._probation.move_to_end(entry, last=False)  # the cold end
             self.resident_bytes += size
-            if not warm:
-                self._prefetched.add(entry)
+            (self._warmed if warm else self._prefetched).add(entry)
             issued.append(entry)
         if warm:
             self.counters.warm_issued += len(issued)
@@ -375,6 +390,7 @@ class ExpertCachePolicy:
         if entry in self._prefetched:
             self._prefetched.discard(entry)
             self.counters.prefetch_wasted += 1
+        self._warmed.discard(entry)
 
     def _age(self) -> None:
         """One decode request: every ``half_life`` tokens' worth, halve every use count."""
@@ -428,6 +444,9 @@ class ExpertCachePolicy:
         assert not self._prefetched & self._kept.keys()
         assert c.misses + c.prefetch_issued + c.warm_issued - c.evictions == len(resident)
         assert self._prefetched <= set(resident)
+        assert self._warmed <= set(resident)
+        assert not self._warmed & self._prefetched
+        assert not self._warmed & self._kept.keys()
         assert c.prefetch_hits + c.prefetch_wasted + len(self._prefetched) == c.prefetch_issued
         assert c.rereads <= c.misses + c.prefetch_issued + c.warm_issued
         assert c.bytes_read >= self.resident_bytes
