@@ -43,6 +43,8 @@ from bmoe.serve.http_jobs import (
 )
 from bmoe.serve.neutral import Delta, Generation, Outcome
 from bmoe.serve.page import page_routes
+from bmoe.serve.response_store import ResponseStore
+from bmoe.serve.responses_routes import responses_routes
 from bmoe.serve.service import ServedSession, new_id
 from bmoe.serve.worker import Job
 
@@ -88,6 +90,7 @@ def build_app(served: ServedSession) -> Starlette:
         Route("/v1/chat/completions", answering_errors(chat_completions), methods=["POST"]),
         Route("/v1/completions", answering_errors(completions), methods=["POST"]),
         Route("/v1/decide", answering_errors(decide), methods=["POST"]),
+        *responses_routes(served, ResponseStore()),
         *page_routes(served),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

@@ -89,6 +89,12 @@ class ServedSession:
             self._watched("chat", lambda job: self._generate(job, turn.request, stops, emit, history, True))
         )
 
+    def prompt_tokens(self, asked: ChatRequest) -> int:
+        """How many tokens ``asked``'s prompt renders to (chat template, tools and all); on
+        the caller's thread (the tokenizer only, no compute)."""
+        turn = chat_turn(asked, self.defaults)
+        return len(self.session.engine.render_prompt(turn.request, history=turn.history, chat=True))
+
     def complete(self, asked: CompletionRequest, emit: Emit = _ignore) -> Job[Outcome]:
         """Queue a text completion."""
         request = completion_request(asked, self.defaults)
