@@ -41,6 +41,7 @@ from bmoe.serve.http_jobs import (
     pieces_then_outcome,
     read_json_body,
 )
+from bmoe.serve.messages_routes import messages_routes
 from bmoe.serve.neutral import Delta, Generation, Outcome
 from bmoe.serve.page import page_routes
 from bmoe.serve.response_store import ResponseStore
@@ -91,6 +92,7 @@ def build_app(served: ServedSession) -> Starlette:
         Route("/v1/completions", answering_errors(completions), methods=["POST"]),
         Route("/v1/decide", answering_errors(decide), methods=["POST"]),
         *responses_routes(served, ResponseStore()),
+        *messages_routes(served),
         *page_routes(served),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
