@@ -48,18 +48,27 @@ cdef bint is_wanted(stream_t * s, int32_t idx, int layer) noexcept nogil:
 
 
 cdef bint wanted_in_flight(stream_t * s, int layer) noexcept nogil:
-    """Whether a read of one of the request's entries is queued or running (under the lanes'
-    mutex: a read that just landed is seen with its bytes). The policy adopts every entry
-    read ahead at its first use, so a plan without loads nor adoptions should find none."""
-    cdef int w
+    """Whether one of the request's entries still waits for bytes: its read queued, or
+    running with a projection not landed yet (a lane marks each projection it lands in
+    ``proj_ready``, the last one of the entry included where ``n_proj`` counts a
+    projection this model lacks). Under the lanes' mutex: a projection seen landed is seen
+    with its bytes. The policy adopts every entry read ahead at its first use, so a plan
+    without loads nor adoptions should find none."""
+    cdef int w, p
+    cdef int32_t idx
     cdef uint8_t state
+    cdef int present = 0
     cdef bint found = False
     if s.lanes.started == 0:
         return False
+    for p in range(s.n_proj):
+        if s.projs[layer * s.n_proj + p].base != NULL:
+            present |= 1 << p
     pthread_mutex_lock(&s.lanes.mu)
     for w in range(s.core.n_wanted):
-        state = s.io_state[layer * s.core.n_expert + s.core.order[w]]
-        if state == IO_QUEUED or state == IO_READING:
+        idx = layer * s.core.n_expert + s.core.order[w]
+        state = s.io_state[idx]
+        if state == IO_QUEUED or (state == IO_READING and (s.proj_ready[idx] & present) != present):
             found = True
             break
     pthread_mutex_unlock(&s.lanes.mu)

@@ -51,9 +51,10 @@ that routes to a warmed entry counts it as a plain hit (promoted by a decode hit
 used before, not a prefetch hit), yet it is *adopted* all the same, because its read may still
 be in flight. The rule the engine keeps: **an entry read ahead (prefetched or warmed) is
 usable only once its read has completed; the first request that routes to it lists it in
-``adopted`` and its caller waits for that read, exactly as for its own loads.** Guesses (the previous token's routing, the
-stale gate's prediction) enter cold: a wrong one is the first to go. A *committed* routing
-(``hot=True``: route-ahead, whose layer will use exactly these experts) is kept instead: its
+``adopted`` and its caller waits for that read, exactly as for its own loads.** Guesses
+(the previous token's routing, the stale gate's prediction) enter cold: a wrong one is the
+first to go. A *committed* routing (``hot=True``: route-ahead, whose layer will use exactly
+these experts) is kept instead: its
 resident entries are touched (most recent in their segment, in the list's order) and its
 reads enter at probation's most recent end, so the layers in between do not evict them
 before their layer comes.
