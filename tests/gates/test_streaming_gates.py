@@ -46,6 +46,7 @@ def streamed(
     engine: EngineOptions | None = None,
     eviction: Eviction = DEFAULT_EVICTION,
     pass_layers: bool = False,
+    profile: str = "off",
 ) -> Session:
     stream = StreamConfig(
         enabled=True,
@@ -55,6 +56,7 @@ def streamed(
         engine=engine,
         eviction=eviction,
         pass_layers=pass_layers,
+        profile=profile,
     )
     session = Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream))
     assert session.streaming is not None, session.notes
@@ -74,22 +76,40 @@ def model_path(request: pytest.FixtureRequest, tiny_model_path: TinyModel) -> Pa
     return tiny_model_path(request.param)
 
 
+@pytest.mark.parametrize("start", ["cold", "warm"])
 @pytest.mark.parametrize("policy", ["fast", "reference"])
 @pytest.mark.parametrize(
     ("gate", "cache_mb", "budget_entries"),
     [("G1 cache off", 0, None), ("G2 evicting cache", None, 1), ("G3 cache holds all", 1024, None)],
 )
 def test_streamed_equals_resident(
-    model_path: Path, gate: str, cache_mb: int | None, budget_entries: int | None, policy: str
+    model_path: Path,
+    gate: str,
+    cache_mb: int | None,
+    budget_entries: int | None,
+    policy: str,
+    start: str,
+    tmp_path: Path,
 ) -> None:
+    """``warm``: as every run after a model's first (``--profile auto``), the session warms
+    its cache from the usage profile an earlier session wrote, and is asked at once (in G2
+    the budget then shrinks to one entry while the warm-up's reads run)."""
     tokens, logits = resident(model_path)
-    with streamed(model_path, cache_mb=cache_mb, budget_entries=budget_entries, policy=policy) as s:
+    profile = "off"
+    if start == "warm":
+        profile = str(tmp_path / "profile.json")
+        with streamed(model_path, cache_mb=64, profile=profile) as learner:
+            assert learner.generate(REQUEST).tokens == tokens
+    with streamed(
+        model_path, cache_mb=cache_mb, budget_entries=budget_entries, policy=policy, profile=profile
+    ) as s:
+        assert (s.profile is not None and s.profile.warmed is not None) == (start == "warm" and cache_mb != 0)
         result = s.generate(REQUEST)
         assert result.tokens == tokens, gate
         assert np.array_equal(s.last_logits(), logits), gate
         counters = s.streaming.counters()
         report = result.stream
-    assert report is not None and counters.misses > 0
+    assert report is not None and counters.misses + counters.warm_issued > 0  # it read experts
     if gate.startswith("G3"):
         assert counters.evictions == 0
     else:
