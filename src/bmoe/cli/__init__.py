@@ -122,6 +122,7 @@ def _config(args: argparse.Namespace) -> SessionConfig:
         stream=stream_config(args),
         placement=placement_config(args),
         chat_template=chat_template_text(args),
+        cache_ram_mb=args.cache_ram,
     )
 
 

@@ -100,7 +100,8 @@ class RunResult:
 
     ``tokens`` are the generated ids (the end-of-generation token excluded); ``text`` the
     answer and ``reasoning`` the thinking span, parsed apart; ``n_prompt`` the tokens
-    prefilled this turn (after prefix reuse); ``n_past`` the context length after the turn.
+    prefilled this turn (after prefix reuse: the context's own KV, or a state the prompt
+    cache restored, ``n_restored`` tokens); ``n_past`` the context length after the turn.
     """
 
     text: str
@@ -115,6 +116,7 @@ class RunResult:
     stream: StreamReport | None = None  # None when the session does not stream experts
     tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (a request with tools)
     logprobs: tuple[TokenLogprob, ...] = ()  # one per generated token, when asked for
+    n_restored: int = 0  # of the prompt's tokens not prefilled, those the prompt cache held
 
     @property
     def prefill_tps(self) -> float:

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.domain.generation import TokenLogprob
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.tools import ToolFormat, ToolUse
@@ -48,6 +49,16 @@ class IGenerateBackend(Protocol):
         sliding window that already dropped cells the prefix needs): the caller then
         ``reset()``s and prefills the whole prompt. Never raises for that reason.
         """
+        ...
+
+    def save_state(self) -> StateBlob | None:
+        """A copy of the whole context's state (recurrent layers included), or None when
+        the engine copies nothing. Never changes the context."""
+        ...
+
+    def load_state(self, blob: StateBlob) -> bool:
+        """Replace the context with a state ``save_state`` made (bit for bit); False, and an
+        empty context, when the engine refuses it."""
         ...
 
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:

@@ -14,6 +14,7 @@ from bmoe.adapters.llama.context import KV_CACHE_TYPES
 from bmoe.domain.cpu_features import AMX_MODES
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
+from bmoe.domain.prompt_cache import DEFAULT_CACHE_RAM_MIB
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES, StreamConfig, prompt_batch
 from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
@@ -45,6 +46,16 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         f"tools choose; here {physical_cores()})",
     )
     p.add_argument("-c", "--ctx-size", type=int, default=512, help="context length (default: 512)")
+    p.add_argument(
+        "--cache-ram",
+        type=int,
+        default=DEFAULT_CACHE_RAM_MIB,
+        metavar="MiB",
+        help="the prompt cache, as llama.cpp's flag: keep up to this many MiB of conversations' states "
+        "in memory when another conversation takes the context, and restore a conversation's state "
+        f"when it comes back, so it prefills only its new tokens (0: off, -1: no limit; default: "
+        f"{DEFAULT_CACHE_RAM_MIB})",
+    )
     p.add_argument(
         "-b",
         "--batch-size",

@@ -45,6 +45,7 @@ from bmoe.domain.decide.piece_policy import PieceMeter
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.placement import Placement, check_placement
+from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import GovernorConfig
 from bmoe.domain.threads import busy_machine_note
@@ -153,6 +154,10 @@ class SessionConfig:
     - ``amx``: llama.cpp's AMX buffer type (``--amx``): ``auto`` where a probe ran its tile
       instructions on this machine, ``on`` wherever llama.cpp offers it, ``off`` never
       (``bmoe.domain.cpu_features``; docs/machines.md).
+    - ``cache_ram_mb``: the prompt cache (``--cache-ram``, llama.cpp's flag): at most this
+      many MiB of conversations' states kept in host memory when another conversation takes
+      the context, restored when theirs comes back (``bmoe.domain.prompt_cache``); 0 off
+      (the library's default), -1 no limit.
     """
 
     model_path: Path
@@ -168,6 +173,7 @@ class SessionConfig:
     placement: Placement = attrs.field(factory=Placement)
     chat_template: str | None = None
     amx: AmxMode = "auto"
+    cache_ram_mb: int = 0
 
     @classmethod
     def from_hf(cls, spec: str, hf_file: str | None = None, **fields: Any) -> SessionConfig:
@@ -183,6 +189,8 @@ class SessionConfig:
         if self.n_predict < 0:
             raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
         check_placement(self.placement, self.stream, self.decide)
+        if self.cache_ram_mb < -1:
+            raise ConfigError(f"cache_ram_mb takes MiB, 0 (off) or -1 (no limit), not {self.cache_ram_mb}")
 
 
 class Session:
@@ -255,10 +263,12 @@ class Session:
             eos_token=self.model.eos_text,
         )
         self._backend = LlamaGenerateBackend(self.model, self.ctx, self._flag)
+        self.prompt_cache = PromptCache(cache_ram_bytes(config.cache_ram_mb)) if config.cache_ram_mb else None
         self.engine = SessionEngine(
             self._backend,
             self.template,
             EngineDefaults(chat=config.chat, think=config.think, n_predict=config.n_predict),
+            self.prompt_cache,
         )
         self._prefix_cache = new_prefix_cache(config.decide.prefix_slots) if config.decide.enabled else None
         self._decide_backend = (

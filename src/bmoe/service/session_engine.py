@@ -18,6 +18,7 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.kv_reuse import plan_reuse
+from bmoe.domain.prompt_cache import PromptCache
 from bmoe.domain.reasoning import Delta, ReasoningSplitter
 from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
 from bmoe.errors import (
@@ -59,6 +60,7 @@ class _Turn:
     prompt: list[int]
     n_predict: int
     keep: int = 0
+    restored: int = 0  # of ``keep``, the tokens a state from the prompt cache held
     tokens: list[int] = attrs.Factory(list)
     text: list[str] = attrs.Factory(list)
     reasoning: list[str] = attrs.Factory(list)
@@ -74,11 +76,18 @@ class SessionEngine:
     come from any thread and stops the generate in flight at the next decode boundary."""
 
     def __init__(
-        self, backend: IGenerateBackend, renderer: IChatRenderer, defaults: EngineDefaults | None = None
+        self,
+        backend: IGenerateBackend,
+        renderer: IChatRenderer,
+        defaults: EngineDefaults | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
+        """``prompt_cache``: where the context's state is kept when another conversation
+        takes the context, and restored from when it comes back (``--cache-ram``)."""
         self.backend = backend
         self.renderer = renderer
         self.defaults = defaults or EngineDefaults()
+        self.prompt_cache = prompt_cache
         self.history: list[ChatMessage] = []
         self.kv_tokens: list[int] = []  # the tokens whose state the backend holds, in order
         self.transcript: list[int] = []  # raw mode: prompt and generated tokens so far
@@ -243,13 +252,15 @@ class SessionEngine:
         ``generate``, cancellable, refused after a fatal error (a streaming fault during
         the work is one). The work replaces what the
         backend's memory held, so the conversation's KV is forgotten (the next turn
-        re-prefills the history it still holds: same tokens, only slower)."""
+        re-prefills the history it still holds: same tokens, only slower; with a prompt
+        cache, its state is kept there first and restored)."""
         with self._lock:
             self._refuse_if_done()
             self._set_running(True)
             try:
                 if on_begin is not None:
                     on_begin()
+                self._keep_state()
                 self.kv_tokens = []
                 return work()
             except StreamingFaultError as exc:
@@ -309,7 +320,18 @@ class SessionEngine:
 
     def _prefill(self, turn: _Turn, clear: bool) -> None:
         keep = 0 if clear else plan_reuse(self.kv_tokens, turn.prompt).keep
-        if keep == 0 or (keep < len(self.kv_tokens) and not self.backend.keep_prefix(keep)):
+        cache = self.prompt_cache
+        kept = None if cache is None or clear else cache.lookup(turn.prompt, better_than=keep)
+        if keep < len(self.kv_tokens):
+            self._keep_state()  # the context is about to lose tokens: its state goes to the cache
+        if kept is not None and cache is not None:
+            if self.backend.load_state(kept.blob):  # the conversation came back
+                keep = turn.restored = len(kept.tokens)
+                cache.restored(kept)
+            else:  # refused (the context is empty now): prefill it all
+                cache.discard(kept.tokens)
+                keep = 0
+        elif keep == 0 or (keep < len(self.kv_tokens) and not self.backend.keep_prefix(keep)):
             self.backend.reset()  # nothing reusable (or the memory holds other work): start empty
             keep = 0
         turn.keep = keep
@@ -318,6 +340,16 @@ class SessionEngine:
         self.backend.feed(turn.prompt[keep:], keep)
         turn.prefill_s = time.perf_counter() - t0
         self.kv_tokens = list(turn.prompt)
+
+    def _keep_state(self) -> None:
+        """Save the context's state in the prompt cache (if there is one, and the state is
+        not kept already) before the context loses tokens."""
+        cache = self.prompt_cache
+        if cache is None or not self.kv_tokens or cache.holds(self.kv_tokens):
+            return
+        blob = self.backend.save_state()
+        if blob is not None:
+            cache.store(self.kv_tokens, blob)
 
     def _decode(self, turn: _Turn, on_progress: OnProgress | None, request: GenerateRequest) -> None:
         specials = ToolUse.shown(request.tools) is not None  # call syntaxes use control tokens
@@ -382,6 +414,7 @@ class SessionEngine:
             reasoning="".join(turn.reasoning),
             tokens=tuple(turn.tokens),
             n_prompt=len(turn.prompt) - turn.keep,
+            n_restored=turn.restored,
             n_past=len(turn.prompt) + len(turn.tokens) if not cancelled else len(self.kv_tokens),
             prefill_s=turn.prefill_s,
             decode_s=turn.decode_s,

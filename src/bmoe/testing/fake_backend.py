@@ -11,7 +11,10 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.domain.generation import TokenChoice, TokenLogprob
 from bmoe.domain.sampling import SamplingParams
 from bmoe.errors import DecodeAbortedError, DecodeError
@@ -35,7 +38,8 @@ class ScriptedGenerateBackend(IGenerateBackend):
     - ``fail_at=n`` makes the n-th ``feed`` raise ``DecodeError`` (a fatal failure);
     - ``on_feed(backend, tokens, pos)`` runs at each feed (e.g. to ``abort()`` from a test).
 
-    ``feeds`` records every ``feed`` call as ``(tokens, start_pos)``; ``resets`` counts resets;
+    ``feeds`` records every ``feed`` call as ``(tokens, start_pos)``; ``resets`` counts resets,
+    ``saves`` and ``loads`` the states saved and loaded (a state is the context's tokens);
     ``samplings`` every ``start_sampling`` as ``(params, constraint)``. Its distribution is
     uniform over the 256 tokens (``token_logprob``: ``-log 256``, the top ones by id).
     """
@@ -57,6 +61,8 @@ class ScriptedGenerateBackend(IGenerateBackend):
         self.context: list[int] = []
         self.feeds: list[tuple[tuple[int, ...], int]] = []
         self.resets = 0
+        self.saves = 0  # save_state calls
+        self.loads = 0  # load_state calls
         self.samplings: list[tuple[SamplingParams, OutputConstraint | None]] = []
         self._abort = threading.Event()
 
@@ -81,6 +87,17 @@ class ScriptedGenerateBackend(IGenerateBackend):
         if n_keep not in (0, len(self.context)) and not self.partial_keep:
             return False
         del self.context[n_keep:]
+        return True
+
+    def save_state(self) -> StateBlob | None:
+        self.saves += 1
+        blob = np.array(self.context, dtype=np.uint8)  # tokens are bytes: the state is the context
+        blob.flags.writeable = False
+        return blob
+
+    def load_state(self, blob: StateBlob) -> bool:
+        self.loads += 1
+        self.context = [int(t) for t in blob]
         return True
 
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:

@@ -8,12 +8,14 @@ import numpy as np
 
 from bmoe.adapters.llama import guidance
 from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.decide_backend import load_seq_state, save_seq_state
 from bmoe.adapters.llama.grammar import constraint_gbnf
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.sampler import Sampler
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.decide.log_softmax import log_softmax
+from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.domain.generation import TokenChoice, TokenLogprob
 from bmoe.domain.kv_reuse import swa_prefix_usable
 from bmoe.domain.sampling import SamplingParams
@@ -80,6 +82,12 @@ class LlamaGenerateBackend(IGenerateBackend):
         if not self.ctx.remove_from(n_keep):
             return False  # recurrent / hybrid memory: no partial removal
         return swa_prefix_usable(n_keep, self.ctx.pos_min(), self.model.n_swa)
+
+    def save_state(self) -> StateBlob | None:
+        return save_seq_state(self.ctx)
+
+    def load_state(self, blob: StateBlob) -> bool:
+        return load_seq_state(self.ctx, blob)
 
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
         self.ctx.decode(tokens, start_pos)

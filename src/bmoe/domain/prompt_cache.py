@@ -1,0 +1,153 @@
+"""The prompt cache (``--cache-ram MiB``, llama.cpp's flag): conversations' states kept in
+host memory, so a conversation that comes back costs only its new tokens.
+
+A context holds one conversation's KV at a time. When a request's prompt does not continue
+what the context holds (another conversation: an agent and its subagent, two editor windows,
+a chat beside a background job), the context's state is saved here first, keyed by the
+tokens it holds; a later request whose prompt extends kept tokens restores that state
+(``llama_state_seq_set_data``: bit for bit what was saved) and prefills only the rest.
+
+Rules:
+
+- **Which state**: the longest kept state whose tokens the prompt extends, leaving at least
+  the prompt's last token to prefill (its logits are what the reply is sampled from); used
+  only where it keeps more than the context already does.
+- **One state per conversation**: keeping a state drops the kept ones whose tokens are a
+  prefix of its own (the same conversation, earlier); they are superseded.
+- **Room**: at most ``limit_bytes`` (None: no limit); the least recently used states go
+  first. A state bigger than the limit alone is not kept. ``set_limit`` moves the limit
+  (memory pressure lowers it) and drops what no longer fits: a state is dropped whole, never
+  half kept.
+
+Pure: the blobs are opaque here (the backend made them and only the backend reads them).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import attrs
+
+from bmoe.domain.decide.prefix_cache import KeptState, StateBlob
+
+MIB = 1024 * 1024
+DEFAULT_CACHE_RAM_MIB = 512
+"""``--cache-ram``'s default on the command line and the server (llama.cpp's server keeps
+8192): room for a few long conversations on a small machine. The library's default is off
+(``SessionConfig.cache_ram_mb``)."""
+
+
+def cache_ram_bytes(mib: int) -> int | None:
+    """``--cache-ram`` in bytes: 0 off, -1 no limit (None), else MiB."""
+    if mib < -1:
+        raise ValueError(f"--cache-ram takes MiB, 0 (off) or -1 (no limit), not {mib}")
+    return None if mib == -1 else mib * MIB
+
+
+@attrs.define
+class PromptCacheCounters:
+    """Cumulative counts since the cache was made."""
+
+    stored: int = 0  # states kept
+    restored: int = 0  # states a prompt continued from
+    tokens_restored: int = 0  # prompt tokens those states spared the prefill
+    evicted: int = 0  # states dropped for room (the limit, or a lower one)
+    superseded: int = 0  # states dropped because a longer state of their conversation came
+    refused: int = 0  # states bigger than the limit alone: not kept
+
+
+class PromptCache:
+    """Kept states of conversations, least recently used first, within ``limit_bytes``."""
+
+    def __init__(self, limit_bytes: int | None) -> None:
+        if limit_bytes is not None and limit_bytes < 0:
+            raise ValueError("the prompt cache's limit must be >= 0 bytes (None: no limit)")
+        self.limit_bytes = limit_bytes
+        self._states: OrderedDict[tuple[int, ...], KeptState] = OrderedDict()
+        self._last_stored: tuple[int, ...] = ()
+        self.counters = PromptCacheCounters()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(kept.nbytes for kept in self._states.values())
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def kept(self) -> list[KeptState]:
+        """The kept states, least recently used first."""
+        return list(self._states.values())
+
+    def lookup(self, prompt: Sequence[int], better_than: int = 0) -> KeptState | None:
+        """The longest kept state ``prompt`` extends by at least one token and that keeps
+        more than ``better_than`` tokens (what the context already holds), marked as just
+        used; None where there is none."""
+        prompt = tuple(prompt)
+        fits = [k for k in self._states.values() if better_than < len(k.tokens) < len(prompt)]
+        extended = [k for k in fits if prompt[: len(k.tokens)] == k.tokens]
+        best = max(extended, key=lambda k: len(k.tokens), default=None)
+        if best is not None:
+            self._states.move_to_end(best.tokens)
+        return best
+
+    def restored(self, kept: KeptState) -> None:
+        """``kept`` was restored: count it."""
+        self.counters.restored += 1
+        self.counters.tokens_restored += len(kept.tokens)
+
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether a state is kept for exactly ``tokens``."""
+        return tuple(tokens) in self._states
+
+    def store(self, tokens: Sequence[int], blob: StateBlob) -> bool:
+        """Keep ``blob`` as the state after ``tokens`` (most recently used), dropping the
+        states it supersedes and then, least recently used first, what no longer fits.
+        False (nothing kept, nothing dropped) when the state alone exceeds the limit."""
+        key = tuple(tokens)
+        if not key:
+            raise ValueError("a kept state needs at least one token")
+        state = KeptState(key, blob)
+        if self.limit_bytes is not None and state.nbytes > self.limit_bytes:
+            self.counters.refused += 1
+            return False
+        for old in [k for k in self._states if len(k) <= len(key) and key[: len(k)] == k]:
+            del self._states[old]
+            if old != key:
+                self.counters.superseded += 1
+        self._states[key] = state
+        self._last_stored = key
+        self.counters.stored += 1
+        self._fit()
+        return True
+
+    def discard(self, tokens: Sequence[int]) -> None:
+        """Forget the state kept for exactly ``tokens`` (e.g. it failed to load)."""
+        self._states.pop(tuple(tokens), None)
+
+    def set_limit(self, limit_bytes: int | None) -> int:
+        """A new limit (memory pressure lowers it, freed memory gives it back); drops, least
+        recently used first, what no longer fits. Returns the bytes given back."""
+        if limit_bytes is not None and limit_bytes < 0:
+            raise ValueError("the prompt cache's limit must be >= 0 bytes (None: no limit)")
+        before = self.nbytes
+        self.limit_bytes = limit_bytes
+        self._fit()
+        return before - self.nbytes
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def _fit(self) -> None:
+        while self.limit_bytes is not None and self._states and self.nbytes > self.limit_bytes:
+            self._states.popitem(last=False)
+            self.counters.evicted += 1
+
+    def check_valid(self) -> None:
+        """Assert the invariants (for tests)."""
+        keys = list(self._states)
+        assert all(key == self._states[key].tokens and key for key in keys)
+        assert self.limit_bytes is None or self.nbytes <= self.limit_bytes
+        # the state stored last superseded its conversation's earlier ones
+        last = self._last_stored
+        assert not any(k != last and len(k) < len(last) and last[: len(k)] == k for k in keys)

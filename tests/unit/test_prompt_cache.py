@@ -1,0 +1,142 @@
+"""The prompt cache (``--cache-ram``): its policy (``PromptCache``: the longest kept prefix,
+one state per conversation, least recently used first within a byte limit) and the engine's
+use of it (two conversations taking turns over one context cost only their new tokens),
+over the scripted backend (its state is its context's tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_session_engine_history import TinyTemplate, spell  # rootdir-relative, as the gates do
+
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes
+from bmoe.service.session_engine import EngineDefaults, SessionEngine
+from bmoe.testing.fake_backend import ScriptedGenerateBackend
+
+
+def blob(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.uint8)
+
+
+def test_the_longest_kept_prefix_leaving_one_token_to_prefill() -> None:
+    cache = PromptCache(None)
+    cache.store([1, 2], blob(4))
+    cache.store([7, 8, 9], blob(4))
+    assert cache.lookup([1, 2, 3]).tokens == (1, 2)
+    assert cache.lookup([1, 2]) is None  # the last token must be prefilled: no logits kept
+    assert cache.lookup([1, 2, 3], better_than=2) is None  # keeps no more than the context
+    assert cache.lookup([7, 8, 9, 1]).tokens == (7, 8, 9)
+    assert cache.lookup([7, 8]) is None
+
+
+def test_a_conversation_keeps_one_state_its_latest() -> None:
+    cache = PromptCache(None)
+    cache.store([1, 2], blob(4))
+    cache.store([1, 2, 3, 4], blob(4))
+    cache.store([1, 5], blob(4))  # another branch: kept beside it
+    assert [k.tokens for k in cache.kept()] == [(1, 2, 3, 4), (1, 5)]
+    assert cache.counters.superseded == 1
+    cache.check_valid()
+
+
+def test_least_recently_used_states_go_first_and_never_past_the_limit() -> None:
+    cache = PromptCache(10)
+    cache.store([1], blob(4))
+    cache.store([2], blob(4))
+    assert cache.lookup([1, 0]) is not None  # [1] is now the most recent
+    cache.store([3], blob(4))
+    assert [k.tokens for k in cache.kept()] == [(1,), (3,)]
+    assert cache.counters.evicted == 1
+    assert not cache.store([4], blob(11)) and cache.counters.refused == 1  # alone past the limit
+    assert cache.set_limit(5) == 4 and [k.tokens for k in cache.kept()] == [(3,)]  # dropped whole
+    assert cache.nbytes <= 5
+    cache.check_valid()
+
+
+def test_cache_ram_flag_values() -> None:
+    assert (cache_ram_bytes(0), cache_ram_bytes(-1), cache_ram_bytes(2)) == (0, None, 2 << 20)
+    with pytest.raises(ValueError):
+        cache_ram_bytes(-2)
+
+
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["store", "lookup", "limit"]),
+            st.lists(st.integers(1, 3), min_size=1, max_size=5),
+            st.integers(0, 12),
+        ),
+        max_size=40,
+    )
+)
+def test_any_sequence_of_operations_keeps_the_invariants(ops: list[tuple[str, list[int], int]]) -> None:
+    cache = PromptCache(12)
+    for op, tokens, n in ops:
+        if op == "store":
+            cache.store(tokens, blob(n))
+        elif op == "lookup":
+            kept = cache.lookup(tokens, better_than=n % 3)
+            if kept is not None:
+                assert (
+                    n % 3 < len(kept.tokens) < len(tokens)
+                    and tuple(tokens[: len(kept.tokens)]) == kept.tokens
+                )
+        else:
+            cache.set_limit(n)
+        cache.check_valid()
+
+
+SYSTEM = ChatMessage("system", "a long shared system prompt and tool list")
+
+
+def two_conversations(cache: PromptCache | None) -> tuple[list[int], list[int], ScriptedGenerateBackend]:
+    """A1, B1, A2, B2 over one engine, each request carrying its conversation: the tokens each
+    turn prefilled, the replies, and the backend."""
+    backend = ScriptedGenerateBackend(512, spell("ok"))  # type: ignore[arg-type]
+    eng = SessionEngine(backend, TinyTemplate(), EngineDefaults(chat=True, n_predict=8), prompt_cache=cache)
+    a: list[ChatMessage] = [SYSTEM]
+    b: list[ChatMessage] = [SYSTEM]
+    prefilled, restored = [], []
+    for history, prompt in [(a, "read main.py"), (b, "list files"), (a, "now edit it"), (b, "and count")]:
+        result = eng.generate(GenerateRequest(prompt, clear_kv=False), history=list(history))
+        history += [ChatMessage("user", prompt), ChatMessage("assistant", result.text)]
+        prefilled.append(result.n_prompt)
+        restored.append(result.n_restored)
+    return prefilled, restored, backend
+
+
+def test_two_conversations_taking_turns_cost_only_their_new_tokens() -> None:
+    cold, cold_restored, plain = two_conversations(None)
+    warm, restored, backend = two_conversations(PromptCache(None))
+    assert cold_restored == [0, 0, 0, 0]
+    # each conversation's second turn prefills only what it added: its last answer's end
+    # (the template's "</a>") and the new message
+    assert warm[:2] == cold[:2]
+    assert warm[2] == len("</a><u>now edit it</u><a>")
+    assert warm[3] == len("</a><u>and count</u><a>")
+    assert restored[2] > 0 and restored[3] > 0 and warm[2] < cold[2] and warm[3] < cold[3]
+    assert backend.loads == 2 and backend.saves == 3  # A after A1, B after B1, A after A2
+    assert backend.context == plain.context  # the same conversation, token for token
+
+
+def test_a_refused_state_is_forgotten_and_the_prompt_prefilled_whole() -> None:
+    cache = PromptCache(None)
+    backend = ScriptedGenerateBackend(512, spell("ok"))  # type: ignore[arg-type]
+
+    def refuse(blob: np.ndarray) -> bool:
+        backend.context.clear()  # as the port says: False leaves the context empty
+        return False
+
+    backend.load_state = refuse  # type: ignore[method-assign]
+    eng = SessionEngine(backend, TinyTemplate(), EngineDefaults(chat=True, n_predict=8), prompt_cache=cache)
+    eng.generate(GenerateRequest("one", clear_kv=False), history=[SYSTEM])
+    eng.generate(GenerateRequest("two", clear_kv=False), history=[])
+    result = eng.generate(
+        GenerateRequest("again", clear_kv=False),
+        history=[SYSTEM, ChatMessage("user", "one"), ChatMessage("assistant", "ok")],
+    )
+    assert result.n_restored == 0 and len(cache) == 1  # the refused one was discarded, B kept
