@@ -36,7 +36,11 @@ class ScriptedBatch:
         self.dropped.append(seq)
         del self.next[seq]
 
-    def prefill(self, seq: int, tokens: Sequence[int]) -> None:
+    def keep(self, seq: int, n_keep: int) -> bool:
+        raise AssertionError("run_batch starts every request empty")
+
+    def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
+        assert start_pos == 0
         assert seq not in self.next and len(self.next) < self.n_seq
         self.prefills.append(seq)
         self.next[seq] = tokens[0] + 1

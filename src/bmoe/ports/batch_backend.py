@@ -32,8 +32,14 @@ class IBatchBackend(Protocol):
         """Forget sequence ``seq``'s positions (its slot then starts again at 0)."""
         ...
 
-    def prefill(self, seq: int, tokens: Sequence[int]) -> None:
-        """Compute ``tokens`` at positions ``0...`` of ``seq``, logits for the last one."""
+    def keep(self, seq: int, n_keep: int) -> bool:
+        """Remove ``seq``'s positions from ``n_keep`` on, keeping the rest; False (nothing
+        promised about ``seq``: the caller drops it) when the memory cannot keep a part
+        (recurrent state, a sliding window that pruned cells the prefix needs)."""
+        ...
+
+    def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
+        """Compute ``tokens`` at positions ``start_pos...`` of ``seq``, logits for the last one."""
         ...
 
     def step(self, entries: Sequence[tuple[int, int, int]]) -> None:

@@ -15,6 +15,7 @@ from bmoe.domain.cpu_features import AMX_MODES
 from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
 from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
 from bmoe.domain.prompt_cache import DEFAULT_CACHE_RAM_MIB
+from bmoe.domain.slots import DEFAULT_SIMILARITY
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES, StreamConfig, prompt_batch
 from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
@@ -55,6 +56,16 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         "in memory when another conversation takes the context, and restore a conversation's state "
         f"when it comes back, so it prefills only its new tokens (0: off, -1: no limit; default: "
         f"{DEFAULT_CACHE_RAM_MIB})",
+    )
+    p.add_argument(
+        "-sps",
+        "--slot-prompt-similarity",
+        type=float,
+        default=DEFAULT_SIMILARITY,
+        metavar="F",
+        help="with parallel sequences (-np), a request takes the free slot whose kept KV shares the "
+        "longest prefix with its prompt when that prefix is at least this share of the prompt, and "
+        f"prefills only the rest, as llama.cpp's flag (default: {DEFAULT_SIMILARITY})",
     )
     p.add_argument(
         "-b",

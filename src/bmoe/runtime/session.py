@@ -46,6 +46,7 @@ from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLo
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes
+from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotMemory
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import GovernorConfig
 from bmoe.domain.threads import busy_machine_note
@@ -158,6 +159,10 @@ class SessionConfig:
       many MiB of conversations' states kept in host memory when another conversation takes
       the context, restored when theirs comes back (``bmoe.domain.prompt_cache``); 0 off
       (the library's default), -1 no limit.
+    - ``slot_similarity``: with parallel sequences (``run_parallel``), a slot keeps its KV
+      after its request and a new request takes the free slot sharing the longest prefix
+      with its prompt when that prefix is at least this share of the prompt
+      (``--slot-prompt-similarity``, llama.cpp's; ``bmoe.domain.slots``).
     """
 
     model_path: Path
@@ -174,6 +179,7 @@ class SessionConfig:
     chat_template: str | None = None
     amx: AmxMode = "auto"
     cache_ram_mb: int = 0
+    slot_similarity: float = DEFAULT_SIMILARITY
 
     @classmethod
     def from_hf(cls, spec: str, hf_file: str | None = None, **fields: Any) -> SessionConfig:
@@ -189,6 +195,8 @@ class SessionConfig:
         if self.n_predict < 0:
             raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
         check_placement(self.placement, self.stream, self.decide)
+        if not 0.0 <= self.slot_similarity <= 1.0:
+            raise ConfigError(f"slot_similarity must be in [0, 1], not {self.slot_similarity}")
         if self.cache_ram_mb < -1:
             raise ConfigError(f"cache_ram_mb takes MiB, 0 (off) or -1 (no limit), not {self.cache_ram_mb}")
 
@@ -271,6 +279,7 @@ class Session:
             self.prompt_cache,
         )
         self._prefix_cache = new_prefix_cache(config.decide.prefix_slots) if config.decide.enabled else None
+        self._slot_memory: SlotMemory | None = None  # what -np's slots hold between runs
         self._decide_backend = (
             LlamaDecideBackend(self.model, self.ctx, self.template) if config.decide.enabled else None
         )
@@ -492,6 +501,7 @@ class Session:
         ``history`` is the whole conversation before ``request.prompt``, in place of the
         engine-held one; ``chat`` overrides the session's mode for this request)."""
         self._refuse_if_faulted()
+        self._slot_memory = None  # the context is the conversation's now
         if self._prefix_cache is not None:
             self._prefix_cache.clear()  # a chat turn drops the kept decision state
         if self.streaming is None:
@@ -546,6 +556,7 @@ class Session:
         forgotten, as a decision forgets it). With experts streamed, a step reads each
         expert once for all its sequences. The results in the requests' order."""
         self._refuse_parallel()
+        self._slot_memory = None
         chat = self.config.chat if chat is None else chat
         jobs = [self._batch_job(r, chat) for r in requests]
 
@@ -567,7 +578,8 @@ class Session:
         self._refuse_parallel()
 
         def work(backend: LlamaBatchBackend) -> None:
-            run = BatchRun(backend)
+            memory, self._slot_memory = self._slot_memory, None  # unknown if the run fails
+            run = BatchRun(backend, memory, keep_slots=True, similarity=self.config.slot_similarity)
             live: dict[int, tuple[ParallelEntry, BatchJob]] = {}
             try:
                 while True:
@@ -580,6 +592,7 @@ class Session:
                             continue
                         live[ticket] = (entry, job)
                     if run.idle:
+                        self._slot_memory = run.memory  # the slots keep their KV for the next run
                         return
                     for ticket, out in run.step():
                         entry, job = live.pop(ticket)
@@ -591,7 +604,7 @@ class Session:
             finally:
                 run.close()
 
-        self._run_sequences(work)
+        self._run_sequences(work, keep=True)
 
     def _refuse_parallel(self) -> None:
         """Before parallel sequences run: refused after a fault or with routing policies;
@@ -602,10 +615,11 @@ class Session:
         if self._prefix_cache is not None:
             self._prefix_cache.clear()
 
-    def _run_sequences(self, work: Callable[[LlamaBatchBackend], T]) -> T:
+    def _run_sequences(self, work: Callable[[LlamaBatchBackend], T], *, keep: bool = False) -> T:
         """``work`` on a batch backend over the session's context, as a request in flight
         (serialised with ``generate``; the conversation's KV is forgotten): each step tells
-        the streamer how many sequences it holds; after it, the context is empty again."""
+        the streamer how many sequences it holds; after it, the context is empty again,
+        unless ``keep`` (the slots keep their KV where the work left ``_slot_memory``)."""
         streaming = self.streaming
 
         def on_step(n: int) -> None:
@@ -622,7 +636,9 @@ class Session:
             if streaming is not None:
                 streaming.set_decode_rows(1)
                 streaming.end_turn()
-            self.ctx.clear()
+            if not keep or self._slot_memory is None:
+                self._slot_memory = None
+                self.ctx.clear()
         if streaming is not None:
             self._learn()
         return result
@@ -657,7 +673,7 @@ class Session:
             text=text,
             reasoning=reasoning,
             tokens=out.tokens,
-            n_prompt=len(job.prompt),
+            n_prompt=len(job.prompt) - out.reused,
             n_past=len(job.prompt) + len(out.tokens),
             prefill_s=out.prefill_s,
             decode_s=out.decode_s,
@@ -670,6 +686,7 @@ class Session:
         """Score ``request.choices`` from one prefill (spec/decide.md). Refusals raise
         ``DecideRefusedError`` kinds before anything is computed; the session stays usable."""
         self._refuse_if_faulted()
+        self._slot_memory = None
         if self._decide_backend is None or self._prefix_cache is None:
             raise DecideDisabledError(DECIDE_DISABLED)
         backend, cache, probe = self._decide_backend, self._prefix_cache, self._decide_probe
@@ -703,6 +720,7 @@ class Session:
         before it, from one prefill computing every row; uses the log-softmax decisions use.
         Runs as a request in flight (the chat's KV is forgotten, as after a decision)."""
         self._refuse_if_faulted()
+        self._slot_memory = None
         tokens = self.model.tokenize_prompt(text)
         if len(tokens) < 2:
             raise ConfigError("perplexity needs at least two tokens")
@@ -729,6 +747,7 @@ class Session:
         half scored. ``on_window(window, accumulator)`` after each window. Raises
         ``ConfigError`` for a text shorter than two windows. Runs as a request in flight."""
         self._refuse_if_faulted()
+        self._slot_memory = None
         n_ctx = n_ctx or self.config.context.n_ctx  # -c as given (llama.cpp may pad the context)
         if n_ctx > self.ctx.n_ctx:
             raise ContextOverflowError(f"a window of {n_ctx} exceeds the context of {self.ctx.n_ctx}")

@@ -7,9 +7,17 @@ ends (an end-of-generation token, its ``n_predict``) frees its slot at once and 
 waiting request takes it. With experts streamed, a step is one request per MoE layer for
 the union of its sequences' experts: each expert is read once per step for all of them.
 
+With ``keep_slots`` (the server's ``-np``), a slot keeps its KV after its request
+(``bmoe.domain.slots``): a new request takes the free slot sharing the longest prefix with
+its prompt, keeps that prefix and prefills only the rest, so a conversation that comes back
+to its slot costs only its new tokens. The memory (``SlotMemory``) outlives the run when the
+caller hands it to the next one.
+
 The KV cache is one for all sequences (``n_ctx`` cells): a request is let in only while
-the prompts and ``n_predict`` of the running ones and its own fit in it, so no step can run
-out of cells. Sampling is per sequence (its own sampler chain, seed and grammar).
+the prompts and ``n_predict`` of the running ones, what idle slots still hold and its own
+fit in it (idle slots give their cells back, least recently used first, to make room), so
+no step can run out of cells. Sampling is per sequence (its own sampler chain, seed and
+grammar).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TokenLogprob
 from bmoe.domain.reasoning import ReasoningSplitter
 from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotChoice, SlotMemory
 from bmoe.errors import ContextOverflowError
 from bmoe.ports.batch_backend import IBatchBackend
 
@@ -54,6 +63,7 @@ class BatchOutput:
     prefill_s: float
     decode_s: float
     steps: int  # decode steps this job took part in
+    reused: int = 0  # prompt tokens its slot already held (not prefilled)
 
 
 @attrs.define
@@ -61,6 +71,7 @@ class _Slot:
     job: int
     seq: int
     spec: BatchJob
+    keep: int = 0  # prompt tokens the slot held already
     tokens: list[int] = attrs.field(factory=list)
     logprobs: list[TokenLogprob] = attrs.field(factory=list)
     text: list[str] = attrs.field(factory=list)
@@ -103,14 +114,30 @@ class BatchRun:
     Each ``step`` lets in what fits, runs one decode of every running sequence and returns
     the jobs that ended, ``(ticket, output)``. ``close`` frees the samplers."""
 
-    def __init__(self, backend: IBatchBackend) -> None:
+    def __init__(
+        self,
+        backend: IBatchBackend,
+        memory: SlotMemory | None = None,
+        *,
+        keep_slots: bool = False,
+        similarity: float = DEFAULT_SIMILARITY,
+    ) -> None:
+        """``memory``: what the slots hold from an earlier run on the same memory (None:
+        nothing; the memory is cleared). ``keep_slots``: slots keep their KV after their
+        request and are chosen by ``similarity`` (else each request starts empty and its
+        slot is emptied when it ends)."""
         self.backend = backend
+        self.keep_slots = keep_slots
+        self.similarity = similarity
+        if memory is None or memory.n_seq != backend.n_seq:
+            memory = SlotMemory(backend.n_seq)
+            backend.clear()
+        self.memory = memory
         self._waiting: deque[tuple[int, BatchJob, SlotSink | None]] = deque()
         self._free = list(range(backend.n_seq))
         self._running: list[_Slot] = []
         self._sinks: dict[int, SlotSink] = {}
         self._tickets = 0
-        backend.clear()
 
     @property
     def idle(self) -> bool:
@@ -138,19 +165,21 @@ class BatchRun:
     def step(self) -> list[tuple[int, BatchOutput]]:
         ended: list[tuple[int, BatchOutput]] = []
         backend = self.backend
-        while (
-            self._waiting
-            and self._free
-            and sum(s.cells for s in self._running) + _cells(self._waiting[0][1]) <= backend.n_ctx
-        ):
-            ticket, job, sink = self._waiting.popleft()
+        while self._waiting and self._free:
+            ticket, job, sink = self._waiting[0]
             if sink is not None and sink.wants_stop():  # cancelled while it waited: never runs
+                self._waiting.popleft()
                 ended.append((ticket, _unrun()))
                 continue
-            slot = _Slot(ticket, self._free.pop(0), job)
+            choice = self._choose(job)
+            if choice is None:
+                break  # no room yet: it waits for a running one to end
+            self._waiting.popleft()
+            self._free.remove(choice.seq)
+            slot = _Slot(ticket, choice.seq, job, keep=choice.keep)
             if sink is not None:
                 self._sinks[ticket] = sink
-            _begin(backend, slot, self._sink(slot))
+            _begin(backend, slot, self.memory, self._sink(slot))
             if self._ends(slot):
                 ended.append((ticket, self._end(slot)))
             else:
@@ -167,6 +196,24 @@ class BatchRun:
                 ended.append((slot.job, self._end(slot)))
         return ended
 
+    def _choose(self, job: BatchJob) -> SlotChoice | None:
+        """The slot ``job`` takes and what of it to keep, once there is room for it: idle
+        slots give back what they hold, least recently used first; None while the running
+        ones leave too little."""
+        if self.keep_slots:
+            choice = self.memory.pick(job.prompt, self._free, self.similarity)
+        else:
+            choice = SlotChoice(self._free[0], 0)
+        running = sum(s.cells for s in self._running)
+        idle = [seq for seq in self._free if seq != choice.seq]
+        for victim in [None, *self.memory.to_drop(idle)]:
+            if victim is not None:
+                self.backend.drop(victim)
+                self.memory.forget(victim)
+            if running + _cells(job) + self.memory.cells(idle) <= self.backend.n_ctx:
+                return choice
+        return None
+
     def _sink(self, slot: _Slot) -> SlotSink | None:
         return self._sinks.get(slot.job)
 
@@ -176,7 +223,7 @@ class BatchRun:
 
     def _end(self, slot: _Slot) -> BatchOutput:
         self._sinks.pop(slot.job, None)
-        return _finish(self.backend, slot, self._free)
+        return _finish(self.backend, slot, self._free, self.memory, keep=self.keep_slots)
 
     def close(self) -> None:
         self.backend.close_samplers()
@@ -222,10 +269,15 @@ def _cells(job: BatchJob) -> int:
     return len(job.prompt) + job.n_predict
 
 
-def _begin(backend: IBatchBackend, slot: _Slot, sink: SlotSink | None) -> None:
+def _begin(backend: IBatchBackend, slot: _Slot, memory: SlotMemory, sink: SlotSink | None) -> None:
     backend.start_sampling(slot.seq, slot.spec.sampling, slot.spec.constraint)
+    if slot.keep > 0 and not backend.keep(slot.seq, slot.keep):
+        slot.keep = 0  # the memory cannot keep a part (recurrent, a pruned window)
+    if slot.keep == 0 and memory.held[slot.seq]:
+        backend.drop(slot.seq)
+    memory.hold(slot.seq, slot.spec.prompt)
     t0 = time.perf_counter()
-    backend.prefill(slot.seq, slot.spec.prompt)
+    backend.prefill(slot.seq, slot.spec.prompt[slot.keep :], slot.keep)
     slot.prefill_s = time.perf_counter() - t0
     slot.started = time.perf_counter()
     if slot.spec.n_predict > 0:
@@ -251,11 +303,19 @@ def _take(backend: IBatchBackend, slot: _Slot, row: int, sink: SlotSink | None) 
         sink.token(token, delta.text, delta.reasoning, logprob)
 
 
-def _finish(backend: IBatchBackend, slot: _Slot, free: list[int]) -> BatchOutput:
+def _finish(
+    backend: IBatchBackend, slot: _Slot, free: list[int], memory: SlotMemory, *, keep: bool
+) -> BatchOutput:
+    """End ``slot``: with ``keep``, its slot keeps what it fed (the prompt and the reply but
+    its last token, sampled and never decoded); without, its KV is dropped."""
     for delta in (slot.splitter.feed(slot.utf8.decode(b"", final=True)), slot.splitter.finish()):
         slot.text.append(delta.text)
         slot.reasoning.append(delta.reasoning)
-    backend.drop(slot.seq)
+    if keep:
+        memory.hold(slot.seq, (*slot.spec.prompt, *slot.tokens[: slot.steps]))
+    else:
+        backend.drop(slot.seq)
+        memory.forget(slot.seq)
     free.append(slot.seq)
     free.sort()
     return BatchOutput(
@@ -267,4 +327,5 @@ def _finish(backend: IBatchBackend, slot: _Slot, free: list[int]) -> BatchOutput
         prefill_s=slot.prefill_s,
         decode_s=time.perf_counter() - slot.started,
         steps=slot.steps,
+        reused=slot.keep,
     )

@@ -10,6 +10,7 @@ from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.sampler import Sampler
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TokenLogprob
+from bmoe.domain.kv_reuse import swa_prefix_usable
 from bmoe.domain.sampling import SamplingParams
 from bmoe.errors import ConfigError
 
@@ -40,9 +41,14 @@ class LlamaBatchBackend:
         if not self.ctx.remove_from(0, seq):
             raise ConfigError("this model's memory cannot drop one sequence (recurrent state)")
 
-    def prefill(self, seq: int, tokens: Sequence[int]) -> None:
+    def keep(self, seq: int, n_keep: int) -> bool:
+        if not self.ctx.remove_from(n_keep, seq):
+            return False  # recurrent / hybrid memory: no partial removal
+        return swa_prefix_usable(n_keep, self.ctx.pos_min(seq), self.model.n_swa)
+
+    def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         self.on_step(1)
-        self.ctx.decode(tokens, 0, seq=seq)
+        self.ctx.decode(tokens, start_pos, seq=seq)
 
     def step(self, entries: Sequence[tuple[int, int, int]]) -> None:
         self.on_step(len(entries))

@@ -213,9 +213,9 @@ class LlamaContext:
         """Remove positions ``pos..end`` of sequence ``seq``; False when the memory refuses."""
         return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.ptr), seq, pos, -1))
 
-    def pos_min(self) -> int:
-        """Smallest position the memory still holds for the sequence (-1 when empty)."""
-        return int(llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(self.ptr), 0))
+    def pos_min(self, seq: int = 0) -> int:
+        """Smallest position the memory still holds for sequence ``seq`` (-1 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(self.ptr), seq))
 
     # -- compute ---------------------------------------------------------------------------
 

@@ -1,0 +1,122 @@
+"""Slots that keep their KV (``-np N``, ``Session.run_parallel``) on real sessions: two
+conversations served two at a time, turn after turn, each find their own slot again (the
+similarity rule) and prefill only what they added, across runs too (the server's worker
+starts a run per burst of requests), and answer as a fresh session serving the same
+requests with its slots emptied after each (tokens bit for bit), resident and streamed;
+a generate or a decision between runs takes the context and the next run starts empty."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+import pytest
+
+from bmoe.adapters.llama import ContextParams
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.streaming import StreamConfig
+from bmoe.runtime import Session, SessionConfig
+from bmoe.runtime.session import ParallelEntry
+
+TinyModel = Callable[[str], Path]
+PARAMS = ContextParams(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2, n_seq_max=2)
+SYSTEM = ChatMessage("system", "You are a coding agent. Tools: read_file, write_file, list_dir, run_tests.")
+ROUNDS = [{"a": "read main.py", "b": "list the files"}, {"a": "now edit it", "b": "and count them"}]
+
+
+@attrs.define
+class Collect:
+    results: list[RunResult] = attrs.Factory(list)
+
+    def progress(self, p: Progress) -> None:
+        pass
+
+    def wants_stop(self) -> bool:
+        return False
+
+    def done(self, result: RunResult) -> None:
+        self.results.append(result)
+
+    def failed(self, error: BaseException) -> None:
+        raise AssertionError(f"refused: {error}")
+
+
+def run_round(session: Session, entries: Sequence[ParallelEntry]) -> None:
+    """One run of ``run_parallel`` serving ``entries`` (what the server does per burst)."""
+    pending = list(entries)
+
+    def take(idle: bool) -> list[ParallelEntry]:
+        out, pending[:] = list(pending), []
+        return out
+
+    session.run_parallel(take)
+
+
+def conversation_rounds(session: Session) -> dict[str, list[RunResult]]:
+    """Each round's two requests, each carrying its conversation, in one run per round."""
+    histories = {"a": [SYSTEM], "b": [SYSTEM]}
+    results: dict[str, list[RunResult]] = {"a": [], "b": []}
+    for prompts in ROUNDS:
+        sinks = {who: Collect() for who in prompts}
+        entries = [
+            ParallelEntry(GenerateRequest(prompt, n_predict=6), sinks[who], history=list(histories[who]))
+            for who, prompt in prompts.items()
+        ]
+        run_round(session, entries)
+        for who, prompt in prompts.items():
+            result = sinks[who].results[0]
+            results[who].append(result)
+            histories[who] += [ChatMessage("user", prompt), ChatMessage("assistant", result.text)]
+    return results
+
+
+def config(path: Path, streamed: bool, similarity: float) -> SessionConfig:
+    stream = StreamConfig(enabled=streamed, cache_mb=2, governor="off")
+    return SessionConfig(
+        model_path=path, context=PARAMS, chat=True, stream=stream, slot_similarity=similarity
+    )
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss"])
+def test_each_conversation_finds_its_slot_again_and_prefills_only_what_it_added(
+    tiny_model_path: TinyModel, name: str, streamed: bool
+) -> None:
+    path = tiny_model_path(name)
+    with Session.open(config(path, streamed, 0.1)) as s:
+        kept = conversation_rounds(s)
+    with Session.open(config(path, streamed, 1.0)) as s:  # never a kept prefix: today's way
+        plain = conversation_rounds(s)
+    for who in "ab":
+        first, second = kept[who]
+        assert [r.tokens for r in kept[who]] == [r.tokens for r in plain[who]], who
+        assert first.n_prompt == plain[who][0].n_prompt  # the first turn: nothing its own held
+        whole = plain[who][1].n_prompt
+        # the second: its slot held its first turn and reply (but the reply's last token)
+        assert second.n_prompt < whole - first.n_past + len(first.tokens), (who, second, whole)
+
+
+def test_a_generate_between_runs_takes_the_context_and_the_next_run_starts_empty(
+    tiny_model_path: TinyModel,
+) -> None:
+    path = tiny_model_path("qwen3moe")
+    with Session.open(config(path, False, 0.1)) as s:
+        sink = Collect()
+        run_round(s, [ParallelEntry(GenerateRequest("read main.py", n_predict=6), sink, history=[SYSTEM])])
+        s.generate(GenerateRequest("something else", n_predict=4))
+        again = Collect()
+        history = [
+            SYSTEM,
+            ChatMessage("user", "read main.py"),
+            ChatMessage("assistant", sink.results[0].text),
+        ]
+        run_round(s, [ParallelEntry(GenerateRequest("now edit it", n_predict=6), again, history=history)])
+    with Session.open(config(path, False, 0.1)) as fresh:
+        reference = Collect()
+        run_round(
+            fresh, [ParallelEntry(GenerateRequest("now edit it", n_predict=6), reference, history=history)]
+        )
+    assert again.results[0].n_prompt == reference.results[0].n_prompt  # nothing kept
+    assert again.results[0].tokens == reference.results[0].tokens

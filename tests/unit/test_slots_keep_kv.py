@@ -1,0 +1,145 @@
+"""Slots that keep their KV (``-np N``): the slot choice (``SlotMemory.pick``, llama.cpp's
+similarity rule) and ``BatchRun(keep_slots=True)`` over a backend that models each
+sequence's memory as its tokens: a conversation that comes back to its slot prefills only
+what it added, and replies exactly as a fresh run; idle slots give their cells back, least
+recently used first, when a request needs room."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.generation import TokenChoice, TokenLogprob
+from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.slots import SlotChoice, SlotMemory
+from bmoe.service.batch_generation import BatchJob, BatchOutput, BatchRun
+
+EOG = 0
+
+
+def test_the_slot_sharing_the_longest_prefix_else_an_empty_one_else_the_least_recently_used() -> None:
+    memory = SlotMemory(3)
+    memory.hold(0, (1, 2, 3, 4))
+    memory.hold(1, (1, 2, 9))
+    assert memory.pick((1, 2, 3, 4, 5), [0, 1, 2]) == SlotChoice(0, 4)
+    assert memory.pick((1, 2, 3, 4), [0, 1, 2]) == SlotChoice(0, 3)  # its last token is prefilled
+    assert memory.pick((1, 2, 9, 9), [1, 2]) == SlotChoice(1, 3)
+    assert memory.pick((7, 7), [0, 1, 2]) == SlotChoice(2, 0)  # nothing shared: the empty one
+    assert memory.pick((7, 7), [0, 1]) == SlotChoice(0, 0)  # ... else the least recently used
+    long = (1, *range(100, 140))
+    assert memory.pick(long, [0, 1]).keep == 0  # 1 of 41 tokens shared: under the similarity
+    assert memory.to_drop([0, 1, 2]) == [0, 1]
+
+
+class TokenMemory:
+    """Each sequence's memory is its tokens; the next token is a pure function of them."""
+
+    def __init__(self, n_seq: int, n_ctx: int = 200) -> None:
+        self.n_seq, self.n_ctx = n_seq, n_ctx
+        self.seqs: dict[int, list[int]] = {}
+        self.prefilled: list[tuple[int, int, int]] = []  # (seq, start, n tokens)
+        self.rows: list[int] = []
+
+    def clear(self) -> None:
+        self.seqs.clear()
+
+    def drop(self, seq: int) -> None:
+        self.seqs.pop(seq, None)
+
+    def keep(self, seq: int, n_keep: int) -> bool:
+        del self.seqs.setdefault(seq, [])[n_keep:]
+        return True
+
+    def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
+        held = self.seqs.setdefault(seq, [])
+        assert start_pos == len(held), (seq, start_pos, held)
+        held.extend(tokens)
+        assert sum(len(t) for t in self.seqs.values()) <= self.n_ctx, "out of cells"
+        self.prefilled.append((seq, start_pos, len(tokens)))
+        self.rows = [seq]
+
+    def step(self, entries: Sequence[tuple[int, int, int]]) -> None:
+        for token, pos, seq in entries:
+            assert pos == len(self.seqs[seq])
+            self.seqs[seq].append(token)
+        assert sum(len(t) for t in self.seqs.values()) <= self.n_ctx, "out of cells"
+        self.rows = [seq for _, _, seq in entries]
+
+    def start_sampling(self, seq: int, params: SamplingParams, constraint: OutputConstraint | None) -> None:
+        pass
+
+    def sample(self, seq: int, row: int) -> int:
+        assert self.rows[row] == seq
+        context = self.seqs[seq]
+        return (sum(context) * 7 + len(context)) % 50 + 1
+
+    def token_logprob(self, row: int, token: int, top: int) -> TokenLogprob:
+        return TokenLogprob(TokenChoice(token, b"", 0.0))
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return b"x"
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def close_samplers(self) -> None:
+        pass
+
+
+def serve(run: BatchRun, jobs: list[BatchJob]) -> list[BatchOutput]:
+    tickets = [run.add(job) for job in jobs]
+    out: dict[int, BatchOutput] = {}
+    while not run.idle:
+        out.update(run.step())
+    return [out[t] for t in tickets]
+
+
+SYSTEM = tuple(range(60, 90))
+
+
+def test_a_conversation_coming_back_to_its_slot_prefills_only_what_it_added() -> None:
+    backend = TokenMemory(2)
+    run = BatchRun(backend, keep_slots=True)
+    a1 = BatchJob((*SYSTEM, 1, 2, 3), 5)
+    b1 = BatchJob((*SYSTEM, 4, 5), 5)
+    first = serve(run, [a1, b1])
+    a2 = BatchJob((*a1.prompt, *first[0].tokens, 6, 7), 5)  # the history, the reply, a new message
+    b2 = BatchJob((*b1.prompt, *first[1].tokens, 8), 5)
+    second = serve(run, [b2, a2])  # in the other order: each finds its own slot
+    assert [o.reused for o in second] == [
+        len(b1.prompt) + 4,
+        len(a1.prompt) + 4,
+    ]  # the reply's last token was never fed
+    fresh = serve(BatchRun(TokenMemory(2)), [b2, a2])
+    assert [o.tokens for o in second] == [o.tokens for o in fresh]
+    assert backend.prefilled[-2:] == [(1, len(b1.prompt) + 4, 2), (0, len(a1.prompt) + 4, 3)]
+
+
+def test_without_keep_slots_every_request_starts_empty() -> None:
+    backend = TokenMemory(2)
+    run = BatchRun(backend)
+    serve(run, [BatchJob((*SYSTEM, 1), 3)])
+    assert serve(run, [BatchJob((*SYSTEM, 1, 5), 3)])[0].reused == 0
+    assert backend.seqs == {}
+
+
+def test_the_memory_outlives_the_run_when_handed_to_the_next() -> None:
+    backend = TokenMemory(2)
+    first = BatchRun(backend, keep_slots=True)
+    out = serve(first, [BatchJob((*SYSTEM, 1), 3)])
+    again = BatchRun(backend, first.memory, keep_slots=True)
+    assert serve(again, [BatchJob((*SYSTEM, 1, *out[0].tokens, 9), 3)])[0].reused == len(SYSTEM) + 3
+
+
+@pytest.mark.parametrize("n_ctx", [80, 120])
+def test_idle_slots_give_their_cells_back_least_recently_used_first(n_ctx: int) -> None:
+    backend = TokenMemory(3, n_ctx)
+    run = BatchRun(backend, keep_slots=True)
+    serve(run, [BatchJob((*SYSTEM, 1), 5), BatchJob((*SYSTEM[:5], 2), 5)])  # 36 + 11 cells kept
+    other = BatchJob(tuple(range(1, 40)), 5)  # shares nothing: 44 cells
+    serve(run, [other])
+    held = [len(t) for t in run.memory.held]
+    assert sum(held) <= n_ctx and held[2] == 39 + 4
+    assert (held[0] == 0) == (n_ctx < 36 + 11 + 44)  # the least recently used gave its cells
