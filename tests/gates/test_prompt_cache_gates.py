@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, RunResult, TokenLogprob
 from bmoe.domain.streaming import StreamConfig
+from bmoe.domain.streaming.governor import MemoryReading
 from bmoe.runtime import Session, SessionConfig
 
 TinyModel = Callable[[str], Path]
@@ -113,3 +115,41 @@ def test_a_cache_at_its_limit_drops_whole_states_and_stays_within_it(tiny_model_
             cache.check_valid()
             assert cache.nbytes <= cache.limit_bytes
         assert cache.counters.evicted >= 3
+
+
+def test_under_memory_pressure_the_kept_conversations_give_their_room_back(
+    tiny_model_path: TinyModel,
+) -> None:
+    """The session's governor (``--cache-mb auto``) lowers the prompt cache's limit with the
+    expert cache's budget (whole states dropped) and gives the configured limit back when
+    memory is free again."""
+    path = tiny_model_path("qwen3moe")
+    stream = StreamConfig(enabled=True, cache_mb=2, governor="on")
+    with Session.open(
+        SessionConfig(model_path=path, context=PARAMS, chat=True, stream=stream, cache_ram_mb=64)
+    ) as s:
+        assert s.governor is not None and s.prompt_cache is not None
+        s.governor.close()  # driven by hand below, from scripted readings
+        for who in "abc":
+            ask(s, [ChatMessage("system", f"conversation {who}")], "hello")
+        assert len(s.prompt_cache) == 2
+        policy = s.governor.policy
+        policy.config = attrs.evolve(policy.config, floor_bytes=0, grow_after=1, cooldown=0)
+        s.governor.probe = Readings([10, 4000])  # type: ignore[assignment]
+        shrink = s.governor.step()
+        assert shrink is not None and shrink.shrinks
+        assert s.prompt_cache.limit_bytes is not None and s.prompt_cache.nbytes <= s.prompt_cache.limit_bytes
+        assert len(s.prompt_cache) < 2
+        grow = s.governor.step()
+        assert grow is not None and not grow.shrinks and s.prompt_cache.limit_bytes == 64 << 20
+
+
+class Readings:
+    """Scripted memory readings: the MiB free at each."""
+
+    def __init__(self, free_mib: list[int]) -> None:
+        self.free = list(free_mib)
+
+    def read(self) -> MemoryReading:
+        mib = self.free.pop(0) if len(self.free) > 1 else self.free[0]
+        return MemoryReading(room_bytes=mib << 20, usable_bytes=8 << 30, pressure_pct=None)

@@ -13,7 +13,7 @@ from test_session_engine_history import TinyTemplate, spell  # rootdir-relative,
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest
-from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes
+from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
 from bmoe.service.session_engine import EngineDefaults, SessionEngine
 from bmoe.testing.fake_backend import ScriptedGenerateBackend
 
@@ -140,3 +140,12 @@ def test_a_refused_state_is_forgotten_and_the_prompt_prefilled_whole() -> None:
         history=[SYSTEM, ChatMessage("user", "one"), ChatMessage("assistant", "ok")],
     )
     assert result.n_restored == 0 and len(cache) == 1  # the refused one was discarded, B kept
+
+
+def test_the_governor_s_shrink_lowers_the_limit_below_what_is_held_and_a_growth_gives_it_back() -> None:
+    cache = PromptCache(100)
+    for key in ([1], [2], [3]):
+        cache.store(key, blob(20))
+    assert follow_budget(cache, 100, before=1000, after=970) == 40  # 30 below 60 held: two go
+    assert cache.limit_bytes == 30 and len(cache) == 1
+    assert follow_budget(cache, 100, before=970, after=1000) == 0 and cache.limit_bytes == 100

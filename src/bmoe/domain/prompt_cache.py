@@ -20,10 +20,13 @@ Rules:
   half kept.
 
 Pure: the blobs are opaque here (the backend made them and only the backend reads them).
+Safe to share between threads (a lock guards the states): the memory governor's thread
+lowers the limit while a request may be using the cache.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -67,38 +70,45 @@ class PromptCache:
         self._states: OrderedDict[tuple[int, ...], KeptState] = OrderedDict()
         self._last_stored: tuple[int, ...] = ()
         self.counters = PromptCacheCounters()
+        self._lock = threading.RLock()
 
     @property
     def nbytes(self) -> int:
-        return sum(kept.nbytes for kept in self._states.values())
+        with self._lock:
+            return sum(kept.nbytes for kept in self._states.values())
 
     def __len__(self) -> int:
-        return len(self._states)
+        with self._lock:
+            return len(self._states)
 
     def kept(self) -> list[KeptState]:
         """The kept states, least recently used first."""
-        return list(self._states.values())
+        with self._lock:
+            return list(self._states.values())
 
     def lookup(self, prompt: Sequence[int], better_than: int = 0) -> KeptState | None:
         """The longest kept state ``prompt`` extends by at least one token and that keeps
         more than ``better_than`` tokens (what the context already holds), marked as just
         used; None where there is none."""
         prompt = tuple(prompt)
-        fits = [k for k in self._states.values() if better_than < len(k.tokens) < len(prompt)]
-        extended = [k for k in fits if prompt[: len(k.tokens)] == k.tokens]
-        best = max(extended, key=lambda k: len(k.tokens), default=None)
-        if best is not None:
-            self._states.move_to_end(best.tokens)
-        return best
+        with self._lock:
+            fits = [k for k in self._states.values() if better_than < len(k.tokens) < len(prompt)]
+            extended = [k for k in fits if prompt[: len(k.tokens)] == k.tokens]
+            best = max(extended, key=lambda k: len(k.tokens), default=None)
+            if best is not None:
+                self._states.move_to_end(best.tokens)
+            return best
 
     def restored(self, kept: KeptState) -> None:
         """``kept`` was restored: count it."""
-        self.counters.restored += 1
-        self.counters.tokens_restored += len(kept.tokens)
+        with self._lock:
+            self.counters.restored += 1
+            self.counters.tokens_restored += len(kept.tokens)
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether a state is kept for exactly ``tokens``."""
-        return tuple(tokens) in self._states
+        with self._lock:
+            return tuple(tokens) in self._states
 
     def store(self, tokens: Sequence[int], blob: StateBlob) -> bool:
         """Keep ``blob`` as the state after ``tokens`` (most recently used), dropping the
@@ -108,46 +118,62 @@ class PromptCache:
         if not key:
             raise ValueError("a kept state needs at least one token")
         state = KeptState(key, blob)
-        if self.limit_bytes is not None and state.nbytes > self.limit_bytes:
-            self.counters.refused += 1
-            return False
-        for old in [k for k in self._states if len(k) <= len(key) and key[: len(k)] == k]:
-            del self._states[old]
-            if old != key:
-                self.counters.superseded += 1
-        self._states[key] = state
-        self._last_stored = key
-        self.counters.stored += 1
-        self._fit()
-        return True
+        with self._lock:
+            if self.limit_bytes is not None and state.nbytes > self.limit_bytes:
+                self.counters.refused += 1
+                return False
+            for old in [k for k in self._states if len(k) <= len(key) and key[: len(k)] == k]:
+                del self._states[old]
+                if old != key:
+                    self.counters.superseded += 1
+            self._states[key] = state
+            self._last_stored = key
+            self.counters.stored += 1
+            self._fit()
+            return True
 
     def discard(self, tokens: Sequence[int]) -> None:
         """Forget the state kept for exactly ``tokens`` (e.g. it failed to load)."""
-        self._states.pop(tuple(tokens), None)
+        with self._lock:
+            self._states.pop(tuple(tokens), None)
 
     def set_limit(self, limit_bytes: int | None) -> int:
         """A new limit (memory pressure lowers it, freed memory gives it back); drops, least
         recently used first, what no longer fits. Returns the bytes given back."""
         if limit_bytes is not None and limit_bytes < 0:
             raise ValueError("the prompt cache's limit must be >= 0 bytes (None: no limit)")
-        before = self.nbytes
-        self.limit_bytes = limit_bytes
-        self._fit()
-        return before - self.nbytes
+        with self._lock:
+            before = self.nbytes
+            self.limit_bytes = limit_bytes
+            self._fit()
+            return before - self.nbytes
 
     def clear(self) -> None:
-        self._states.clear()
+        with self._lock:
+            self._states.clear()
 
     def _fit(self) -> None:
+        """Drop least recently used states until within the limit (the lock held)."""
         while self.limit_bytes is not None and self._states and self.nbytes > self.limit_bytes:
             self._states.popitem(last=False)
             self.counters.evicted += 1
 
     def check_valid(self) -> None:
         """Assert the invariants (for tests)."""
-        keys = list(self._states)
-        assert all(key == self._states[key].tokens and key for key in keys)
-        assert self.limit_bytes is None or self.nbytes <= self.limit_bytes
-        # the state stored last superseded its conversation's earlier ones
-        last = self._last_stored
-        assert not any(k != last and len(k) < len(last) and last[: len(k)] == k for k in keys)
+        with self._lock:
+            keys = list(self._states)
+            assert all(key == self._states[key].tokens and key for key in keys)
+            assert self.limit_bytes is None or self.nbytes <= self.limit_bytes
+            # the state stored last superseded its conversation's earlier ones
+            last = self._last_stored
+            assert not any(k != last and len(k) < len(last) and last[: len(k)] == k for k in keys)
+
+
+def follow_budget(cache: PromptCache, configured: int | None, before: int, after: int) -> int:
+    """The memory governor moved the expert cache's budget from ``before`` to ``after``
+    bytes: a shrink lowers the prompt cache's limit by as much below what it holds (its
+    states go before the expert cache feels the pressure twice), a growth gives back the
+    ``configured`` limit. Returns the bytes given back."""
+    if after < before:
+        return cache.set_limit(max(0, cache.nbytes - (before - after)))
+    return cache.set_limit(configured)

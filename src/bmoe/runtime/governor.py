@@ -46,6 +46,8 @@ class CacheGovernor:
         self.interval_s = interval_s
         self.on_change = on_change
         self.changes: list[BudgetChange] = []
+        # told of every change too, on this thread (the prompt cache gives its room back)
+        self.followers: list[OnChange] = []
         self._expected = control.counters().budget_bytes  # the budget as this governor left it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -63,6 +65,8 @@ class CacheGovernor:
         self._expected = change.after
         self.control.set_budget(change.after, wait=False)
         self.changes.append(change)
+        for follower in self.followers:
+            follower(change)
         if self.on_change is not None:
             self.on_change(change)
         return change

@@ -45,10 +45,10 @@ from bmoe.domain.decide.piece_policy import PieceMeter
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.placement import Placement, check_placement
-from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes
+from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
 from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotMemory
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
-from bmoe.domain.streaming.governor import GovernorConfig
+from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
 from bmoe.domain.threads import busy_machine_note
 from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
 from bmoe.domain.weight_layout import WeightLayout
@@ -352,6 +352,13 @@ class Session:
         ceil = stream.cache_ceil_mb * MIB if stream.cache_ceil_mb is not None else start
         floor = min(info.token_cycle_bytes, ceil)
         governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=ceil))
+        cache, configured = self.prompt_cache, cache_ram_bytes(self.config.cache_ram_mb)
+        if cache is not None:  # under pressure, the kept conversations give their room back too
+
+            def follow(change: BudgetChange) -> None:
+                follow_budget(cache, configured, change.before, change.after)
+
+            governor.followers.append(follow)
         governor.start()
         return governor
 
