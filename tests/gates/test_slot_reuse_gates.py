@@ -120,3 +120,67 @@ def test_a_generate_between_runs_takes_the_context_and_the_next_run_starts_empty
         )
     assert again.results[0].n_prompt == reference.results[0].n_prompt  # nothing kept
     assert again.results[0].tokens == reference.results[0].tokens
+
+
+@attrs.define
+class Paced:
+    """A sink that records at which step of the run each of its tokens came."""
+
+    clock: list[int]
+    at: list[int] = attrs.Factory(list)
+    results: list[RunResult] = attrs.Factory(list)
+
+    def progress(self, p: Progress) -> None:
+        self.at.append(self.clock[0])
+
+    def wants_stop(self) -> bool:
+        return False
+
+    def done(self, result: RunResult) -> None:
+        self.results.append(result)
+
+    def failed(self, error: BaseException) -> None:
+        raise AssertionError(f"refused: {error}")
+
+
+LONG = " ".join(f"line {i}: def f{i}(x): return x * {i}" for i in range(9))
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
+def test_a_long_prompt_joins_in_chunks_and_the_running_stream_is_never_left_out(
+    tiny_model_path: TinyModel, streamed: bool
+) -> None:
+    """A stream runs; a prompt of several hundred tokens joins (``-b`` 64 a step): the stream
+    gets a token at every step while the prompt is prefilled in chunks beside it, and both
+    replies are the tokens each gets alone."""
+    path = tiny_model_path("qwen3moe")
+    clock = [0]
+    stream, joiner = Paced(clock), Paced(clock)
+    runner = ParallelEntry(GenerateRequest("Tell a long story", n_predict=40), stream, history=[SYSTEM])
+    long = ParallelEntry(GenerateRequest(LONG, n_predict=4), joiner, history=[SYSTEM])
+    with Session.open(config(path, streamed, 0.1)) as s:
+        prefills: list[int] = []  # decodes of a prompt of their own: the stream left out
+        own = s.ctx.decode
+
+        def decode(tokens: Sequence[int], start_pos: int, **kw: object) -> None:
+            prefills.append(len(tokens))
+            own(tokens, start_pos, **kw)  # type: ignore[arg-type]
+
+        def take(idle: bool) -> list[ParallelEntry]:
+            clock[0] += 1
+            return {1: [runner], 4: [long]}.get(clock[0], [])
+
+        s.ctx.decode = decode  # type: ignore[method-assign]
+        s.run_parallel(take)
+        assert len(prefills) == 1  # the stream's own prompt; the long one joined in steps
+        n_long = s.model.tokenize_prompt(s.template.render([SYSTEM, ChatMessage("user", LONG)]))
+    assert len(n_long) > 3 * PARAMS.n_batch
+    joined = 4
+    during = [t for t in stream.at if joined <= t <= joiner.at[0]]
+    assert len(during) == joiner.at[0] - joined + 1, (stream.at, joiner.at)  # one a step
+    assert joiner.at[0] - joined >= len(n_long) // PARAMS.n_batch  # its prompt took several steps
+    for entry, sink in ((runner, stream), (long, joiner)):
+        with Session.open(config(path, streamed, 0.1)) as alone:
+            reference = Collect()
+            run_round(alone, [attrs.evolve(entry, sink=reference)])
+        assert sink.results[0].tokens == reference.results[0].tokens

@@ -46,7 +46,14 @@ class ScriptedBatch:
         self.next[seq] = tokens[0] + 1
         self.rows = [seq]
 
-    def step(self, entries: Sequence[tuple[int, int, int]]) -> None:
+    def step(
+        self,
+        entries: Sequence[tuple[int, int, int]],
+        outputs: Sequence[bool] | None = None,
+        *,
+        n_decode: int | None = None,
+    ) -> None:
+        assert outputs is None or all(outputs)
         self.steps.append(list(entries))
         self.rows = [seq for _, _, seq in entries]
 

@@ -42,8 +42,22 @@ class IBatchBackend(Protocol):
         """Compute ``tokens`` at positions ``start_pos...`` of ``seq``, logits for the last one."""
         ...
 
-    def step(self, entries: Sequence[tuple[int, int, int]]) -> None:
-        """One decode of ``(token, position, sequence)`` entries, logits for each."""
+    @property
+    def n_batch(self) -> int:
+        """The most tokens one decode holds."""
+        ...
+
+    def step(
+        self,
+        entries: Sequence[tuple[int, int, int]],
+        outputs: Sequence[bool] | None = None,
+        *,
+        n_decode: int | None = None,
+    ) -> None:
+        """One decode of ``(token, position, sequence)`` entries, logits for each (or for
+        those ``outputs`` flags; output row ``i`` is entry ``i``'s either way). ``n_decode``:
+        how many of them are decode tokens of running sequences (the rest: prompts joining;
+        None: all)."""
         ...
 
     def start_sampling(self, seq: int, params: SamplingParams, constraint: OutputConstraint | None) -> None:

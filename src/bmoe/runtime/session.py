@@ -586,7 +586,9 @@ class Session:
 
         def work(backend: LlamaBatchBackend) -> None:
             memory, self._slot_memory = self._slot_memory, None  # unknown if the run fails
-            run = BatchRun(backend, memory, keep_slots=True, similarity=self.config.slot_similarity)
+            run = BatchRun(
+                backend, memory, keep_slots=True, similarity=self.config.slot_similarity, chunked=True
+            )
             live: dict[int, tuple[ParallelEntry, BatchJob]] = {}
             try:
                 while True:

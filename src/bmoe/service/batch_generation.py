@@ -72,6 +72,7 @@ class _Slot:
     seq: int
     spec: BatchJob
     keep: int = 0  # prompt tokens the slot held already
+    fed: int = 0  # prompt tokens in its memory (a joining slot's grow chunk by chunk)
     tokens: list[int] = attrs.field(factory=list)
     logprobs: list[TokenLogprob] = attrs.field(factory=list)
     text: list[str] = attrs.field(factory=list)
@@ -92,6 +93,11 @@ class _Slot:
     @property
     def done(self) -> bool:
         return self.eog or len(self.tokens) >= self.spec.n_predict
+
+    @property
+    def next_pos(self) -> int:
+        """The position of the token it feeds next (its last sampled one)."""
+        return len(self.spec.prompt) + len(self.tokens) - 1
 
 
 OnToken = Callable[[int, int], None]  # (job index, token)
@@ -121,14 +127,20 @@ class BatchRun:
         *,
         keep_slots: bool = False,
         similarity: float = DEFAULT_SIMILARITY,
+        chunked: bool = False,
     ) -> None:
         """``memory``: what the slots hold from an earlier run on the same memory (None:
         nothing; the memory is cleared). ``keep_slots``: slots keep their KV after their
         request and are chosen by ``similarity`` (else each request starts empty and its
-        slot is emptied when it ends)."""
+        slot is emptied when it ends). ``chunked``: a prompt that joins while sequences run
+        is prefilled in chunks that share their steps (at most ``backend.n_batch`` tokens a
+        step, the running sequences' first), so their tokens keep coming while it joins;
+        else it is prefilled in a decode of its own before the next step."""
         self.backend = backend
         self.keep_slots = keep_slots
         self.similarity = similarity
+        self.chunked = chunked
+        self._joining: list[_Slot] = []
         if memory is None or memory.n_seq != backend.n_seq:
             memory = SlotMemory(backend.n_seq)
             backend.clear()
@@ -141,11 +153,12 @@ class BatchRun:
 
     @property
     def idle(self) -> bool:
-        return not self._waiting and not self._running
+        return not self._waiting and not self._running and not self._joining
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Sequences in a slot: generating, or their prompt joining."""
+        return len(self._running) + len(self._joining)
 
     def add(self, job: BatchJob, sink: SlotSink | None = None) -> int:
         """Queue ``job``; its ticket. Raises ``ContextOverflowError`` (nothing queued) when
@@ -179,21 +192,63 @@ class BatchRun:
             slot = _Slot(ticket, choice.seq, job, keep=choice.keep)
             if sink is not None:
                 self._sinks[ticket] = sink
-            _begin(backend, slot, self.memory, self._sink(slot))
+            _claim(backend, slot, self.memory)
+            if self.chunked and (self._running or self._joining):
+                self._joining.append(slot)  # prefilled in chunks beside the running ones
+                continue
+            _prefill(backend, slot, self._sink(slot))
             if self._ends(slot):
                 ended.append((ticket, self._end(slot)))
             else:
                 self._running.append(slot)
-        if self._running:
-            backend.step(
-                [(s.tokens[-1], len(s.spec.prompt) + len(s.tokens) - 1, s.seq) for s in self._running]
-            )
-            for row, slot in enumerate(self._running):
-                slot.steps += 1
+        for slot in [s for s in self._joining if self._cancelled(s)]:  # while it joined
+            self._joining.remove(slot)
+            ended.append((slot.job, self._end(slot)))
+        if self._running or self._joining:
+            ended += self._step()
+        return ended
+
+    def _step(self) -> list[tuple[int, BatchOutput]]:
+        """One decode: a token of every running sequence, then as much of the joining
+        prompts as the step's room holds (``n_batch``); the sequences whose prompt is in
+        then draw their first token and run."""
+        backend = self.backend
+        entries = [(s.tokens[-1], s.next_pos, s.seq) for s in self._running]
+        outputs = [True] * len(entries)
+        room = max(1, backend.n_batch - len(entries)) if self._joining else 0
+        joined: list[tuple[_Slot, int]] = []
+        now = time.perf_counter()
+        for slot in list(self._joining):
+            prompt, take = slot.spec.prompt, min(room, len(slot.spec.prompt) - slot.fed)
+            if take <= 0:
+                break
+            if slot.fed == slot.keep:
+                slot.started = now  # its prefill starts
+            entries += [(prompt[p], p, slot.seq) for p in range(slot.fed, slot.fed + take)]
+            outputs += [False] * take
+            slot.fed += take
+            room -= take
+            if slot.fed == len(prompt):
+                outputs[-1] = True
+                joined.append((slot, len(entries) - 1))
+        backend.step(entries, outputs, n_decode=len(self._running))
+        ended: list[tuple[int, BatchOutput]] = []
+        for row, slot in enumerate(self._running):
+            slot.steps += 1
+            _take(backend, slot, row, self._sink(slot))
+        for slot in [s for s in self._running if self._ends(s)]:
+            self._running.remove(slot)
+            ended.append((slot.job, self._end(slot)))
+        for slot, row in joined:
+            self._joining.remove(slot)
+            slot.prefill_s = time.perf_counter() - slot.started
+            slot.started = time.perf_counter()
+            if slot.spec.n_predict > 0:
                 _take(backend, slot, row, self._sink(slot))
-            for slot in [s for s in self._running if self._ends(s)]:
-                self._running.remove(slot)
+            if self._ends(slot):
                 ended.append((slot.job, self._end(slot)))
+            else:
+                self._running.append(slot)
         return ended
 
     def _choose(self, job: BatchJob) -> SlotChoice | None:
@@ -204,7 +259,7 @@ class BatchRun:
             choice = self.memory.pick(job.prompt, self._free, self.similarity)
         else:
             choice = SlotChoice(self._free[0], 0)
-        running = sum(s.cells for s in self._running)
+        running = sum(s.cells for s in (*self._running, *self._joining))
         idle = [seq for seq in self._free if seq != choice.seq]
         for victim in [None, *self.memory.to_drop(idle)]:
             if victim is not None:
@@ -216,6 +271,10 @@ class BatchRun:
 
     def _sink(self, slot: _Slot) -> SlotSink | None:
         return self._sinks.get(slot.job)
+
+    def _cancelled(self, slot: _Slot) -> bool:
+        sink = self._sinks.get(slot.job)
+        return sink is not None and sink.wants_stop()
 
     def _ends(self, slot: _Slot) -> bool:
         sink = self._sinks.get(slot.job)
@@ -269,15 +328,22 @@ def _cells(job: BatchJob) -> int:
     return len(job.prompt) + job.n_predict
 
 
-def _begin(backend: IBatchBackend, slot: _Slot, memory: SlotMemory, sink: SlotSink | None) -> None:
+def _claim(backend: IBatchBackend, slot: _Slot, memory: SlotMemory) -> None:
+    """The slot's sampler, and its memory cut to the prefix it keeps."""
     backend.start_sampling(slot.seq, slot.spec.sampling, slot.spec.constraint)
     if slot.keep > 0 and not backend.keep(slot.seq, slot.keep):
         slot.keep = 0  # the memory cannot keep a part (recurrent, a pruned window)
     if slot.keep == 0 and memory.held[slot.seq]:
         backend.drop(slot.seq)
     memory.hold(slot.seq, slot.spec.prompt)
+    slot.fed = slot.keep
+
+
+def _prefill(backend: IBatchBackend, slot: _Slot, sink: SlotSink | None) -> None:
+    """Prefill the rest of the slot's prompt in a decode of its own, and draw its first token."""
     t0 = time.perf_counter()
     backend.prefill(slot.seq, slot.spec.prompt[slot.keep :], slot.keep)
+    slot.fed = len(slot.spec.prompt)
     slot.prefill_s = time.perf_counter() - t0
     slot.started = time.perf_counter()
     if slot.spec.n_predict > 0:
@@ -312,7 +378,7 @@ def _finish(
         slot.text.append(delta.text)
         slot.reasoning.append(delta.reasoning)
     if keep:
-        memory.hold(slot.seq, (*slot.spec.prompt, *slot.tokens[: slot.steps]))
+        memory.hold(slot.seq, (*slot.spec.prompt[: slot.fed], *slot.tokens[: slot.steps]))
     else:
         backend.drop(slot.seq)
         memory.forget(slot.seq)

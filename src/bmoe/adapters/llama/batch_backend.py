@@ -17,8 +17,10 @@ from bmoe.errors import ConfigError
 
 class LlamaBatchBackend:
     """Borrows the session's model and context (created with ``n_seq_max`` sequences);
-    owns one sampler per sequence. ``on_step(n)`` runs before each decode: ``n`` tokens of
-    ``n`` sequences (1 for a prefill), so that a streamed session counts the step as decode."""
+    owns one sampler per sequence. ``on_step(n)`` runs before each decode: ``n`` decode tokens
+    of ``n`` sequences (1 for a prefill), so that a streamed session counts a step of ``n``
+    tokens as decode (a step that also holds a joining prompt's chunk is more tokens: a
+    prefill's, to the streamer)."""
 
     def __init__(self, model: LlamaModel, ctx: LlamaContext, on_step: Callable[[int], None]) -> None:
         self.model = model
@@ -50,9 +52,19 @@ class LlamaBatchBackend:
         self.on_step(1)
         self.ctx.decode(tokens, start_pos, seq=seq)
 
-    def step(self, entries: Sequence[tuple[int, int, int]]) -> None:
-        self.on_step(len(entries))
-        self.ctx.decode_step(entries)
+    @property
+    def n_batch(self) -> int:
+        return self.ctx.params.n_batch
+
+    def step(
+        self,
+        entries: Sequence[tuple[int, int, int]],
+        outputs: Sequence[bool] | None = None,
+        *,
+        n_decode: int | None = None,
+    ) -> None:
+        self.on_step(len(entries) if n_decode is None else max(1, n_decode))
+        self.ctx.decode_step(entries, outputs)
 
     def start_sampling(self, seq: int, params: SamplingParams, constraint: OutputConstraint | None) -> None:
         old = self._samplers.pop(seq, None)

@@ -250,9 +250,14 @@ class LlamaContext:
             self._decode_batch()
         self.feeding = (len(tokens), len(tokens))
 
-    def decode_step(self, entries: Sequence[tuple[int, int, int]]) -> None:
-        """One ``llama_decode`` of one token per sequence: ``(token, position, sequence)``
-        each, logits for every one (output row ``i`` is entry ``i``'s). At most ``n_batch``."""
+    def decode_step(
+        self, entries: Sequence[tuple[int, int, int]], outputs: Sequence[bool] | None = None
+    ) -> None:
+        """One ``llama_decode`` of ``(token, position, sequence)`` entries (one token per
+        running sequence, and chunks of joining prompts), logits for every one or for those
+        ``outputs`` flags (output row ``i`` is entry ``i``'s). At most ``n_batch``."""
+        if outputs is not None and len(outputs) != len(entries):
+            raise ConfigError("one output flag per entry")
         if not 1 <= len(entries) <= self.params.n_batch:
             raise ConfigError(f"a step holds 1 to {self.params.n_batch} tokens, not {len(entries)}")
         batch = self._batch
@@ -263,7 +268,7 @@ class LlamaContext:
             batch.pos[i] = pos
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seq
-            batch.logits[i] = True
+            batch.logits[i] = True if outputs is None else outputs[i]
         batch.n_tokens = len(entries)
         self._decode_batch()
 

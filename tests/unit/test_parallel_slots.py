@@ -38,6 +38,9 @@ class TokenMemory:
 
     def __init__(self, n_seq: int, n_ctx: int = 200) -> None:
         self.n_seq, self.n_ctx = n_seq, n_ctx
+        self.n_batch = 16
+        self.steps: list[tuple[int, int | None]] = []  # (tokens, decode tokens) of each step
+        self.outputs: list[bool] = []
         self.seqs: dict[int, list[int]] = {}
         self.prefilled: list[tuple[int, int, int]] = []  # (seq, start, n tokens)
         self.rows: list[int] = []
@@ -60,10 +63,20 @@ class TokenMemory:
         self.prefilled.append((seq, start_pos, len(tokens)))
         self.rows = [seq]
 
-    def step(self, entries: Sequence[tuple[int, int, int]]) -> None:
+    def step(
+        self,
+        entries: Sequence[tuple[int, int, int]],
+        outputs: Sequence[bool] | None = None,
+        *,
+        n_decode: int | None = None,
+    ) -> None:
+        assert len(entries) <= self.n_batch
+        self.steps.append((len(entries), n_decode))
+        self.outputs = list(outputs) if outputs is not None else [True] * len(entries)
         for token, pos, seq in entries:
-            assert pos == len(self.seqs[seq])
-            self.seqs[seq].append(token)
+            held = self.seqs.setdefault(seq, [])
+            assert pos == len(held), (seq, pos, len(held))
+            held.append(token)
         assert sum(len(t) for t in self.seqs.values()) <= self.n_ctx, "out of cells"
         self.rows = [seq for _, _, seq in entries]
 
@@ -71,7 +84,7 @@ class TokenMemory:
         pass
 
     def sample(self, seq: int, row: int) -> int:
-        assert self.rows[row] == seq
+        assert self.rows[row] == seq and (row == -1 or self.outputs[row]), "no logits there"
         context = self.seqs[seq]
         return (sum(context) * 7 + len(context)) % 50 + 1
 
@@ -143,3 +156,46 @@ def test_idle_slots_give_their_cells_back_least_recently_used_first(n_ctx: int) 
     held = [len(t) for t in run.memory.held]
     assert sum(held) <= n_ctx and held[2] == 39 + 4
     assert (held[0] == 0) == (n_ctx < 36 + 11 + 44)  # the least recently used gave its cells
+
+
+class Counting:
+    """A sink that counts the steps between its tokens."""
+
+    def __init__(self, run: BatchRun) -> None:
+        self.run = run
+        self.at: list[int] = []
+
+    def token(self, token: int, text: str, reasoning: str, logprob: TokenLogprob | None) -> None:
+        self.at.append(len(self.backend_steps()))
+
+    def backend_steps(self) -> list[tuple[int, int | None]]:
+        backend = self.run.backend
+        assert isinstance(backend, TokenMemory)
+        return backend.steps
+
+    def wants_stop(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_a_long_prompt_joins_in_chunks_while_the_running_stream_keeps_its_pace(chunked: bool) -> None:
+    backend = TokenMemory(2, n_ctx=400)
+    run = BatchRun(backend, keep_slots=True, chunked=chunked)
+    streaming, joining = Counting(run), Counting(run)
+    long = BatchJob(tuple(range(1, 51)), 4)
+    run.add(BatchJob((*SYSTEM, 1), 12), streaming)
+    out: dict[int, BatchOutput] = {}
+    for _ in range(3):
+        out.update(run.step())
+    ticket = run.add(long, joining)
+    while not run.idle:
+        out.update(run.step())
+    gaps = [b - a for a, b in zip(streaming.at, streaming.at[1:], strict=False)]
+    if chunked:  # never left out: a token every step; the prompt in ceil(50 / 15) steps
+        assert max(gaps) == 1
+        assert joining.at[0] == 3 + 4  # added after step 3: 15 + 15 + 15 + 5 tokens
+        assert [n for n, d in backend.steps[3:7]] == [16, 16, 16, 6] and backend.steps[3][1] == 1
+    else:  # the prompt's own decode: the stream waits for it (a prefill is not a step here)
+        assert max(gaps) == 1 and len(backend.prefilled) == 2
+    fresh = serve(BatchRun(TokenMemory(1, n_ctx=400)), [long])
+    assert out[ticket].tokens == fresh[0].tokens  # the same reply, chunked or not
