@@ -184,3 +184,41 @@ def test_a_long_prompt_joins_in_chunks_and_the_running_stream_is_never_left_out(
             reference = Collect()
             run_round(alone, [attrs.evolve(entry, sink=reference)])
         assert sink.results[0].tokens == reference.results[0].tokens
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
+def test_more_conversations_than_slots_come_back_through_the_prompt_cache(
+    tiny_model_path: TinyModel, streamed: bool
+) -> None:
+    """Three conversations on two slots, two rounds: a conversation whose slot was taken
+    restores its state from the prompt cache into whichever slot it gets, and prefills only
+    what it added; the tokens are those of the same session without the cache."""
+    path = tiny_model_path("qwen3moe")
+    prompts = [{c: f"task {c}: read file {c}.py" for c in "abc"}, {c: f"now fix {c}" for c in "abc"}]
+
+    def rounds(cache_mb: int) -> tuple[dict[str, list[RunResult]], int]:
+        with Session.open(attrs.evolve(config(path, streamed, 0.1), cache_ram_mb=cache_mb)) as s:
+            histories = {c: [SYSTEM] for c in "abc"}
+            results: dict[str, list[RunResult]] = {c: [] for c in "abc"}
+            for round_prompts in prompts:
+                sinks = {c: Collect() for c in "abc"}
+                entries = [
+                    ParallelEntry(GenerateRequest(p, n_predict=6), sinks[c], history=list(histories[c]))
+                    for c, p in round_prompts.items()
+                ]
+                run_round(s, entries)
+                for c, p in round_prompts.items():
+                    result = sinks[c].results[0]
+                    results[c].append(result)
+                    histories[c] += [ChatMessage("user", p), ChatMessage("assistant", result.text)]
+            restored = s.prompt_cache.counters.restored if s.prompt_cache is not None else 0
+        return results, restored
+
+    cached, restored = rounds(64)
+    plain, none = rounds(0)
+    assert restored >= 1 and none == 0
+    for c in "abc":
+        assert [r.tokens for r in cached[c]] == [r.tokens for r in plain[c]], c
+    second = [cached[c][1] for c in "abc"]
+    assert sum(r.n_restored > 0 for r in second) == restored
+    assert all(r.n_prompt < plain[c][1].n_prompt for c, r in zip("abc", second, strict=True))

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TokenChoice, TokenLogprob
+from bmoe.domain.prompt_cache import PromptCache
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.slots import SlotChoice, SlotMemory
 from bmoe.service.batch_generation import BatchJob, BatchOutput, BatchRun
@@ -41,6 +43,7 @@ class TokenMemory:
         self.n_batch = 16
         self.steps: list[tuple[int, int | None]] = []  # (tokens, decode tokens) of each step
         self.outputs: list[bool] = []
+        self.loaded: list[int] = []  # the sequences a kept state was put into
         self.seqs: dict[int, list[int]] = {}
         self.prefilled: list[tuple[int, int, int]] = []  # (seq, start, n tokens)
         self.rows: list[int] = []
@@ -50,6 +53,15 @@ class TokenMemory:
 
     def drop(self, seq: int) -> None:
         self.seqs.pop(seq, None)
+
+    def save_state(self, seq: int) -> np.ndarray | None:
+        held = self.seqs.get(seq, [])
+        return np.array(held, dtype=np.int64).view(np.uint8) if held else None
+
+    def load_state(self, seq: int, blob: np.ndarray) -> bool:
+        self.seqs[seq] = [int(t) for t in blob.view(np.int64)]
+        self.loaded.append(seq)
+        return True
 
     def keep(self, seq: int, n_keep: int) -> bool:
         del self.seqs.setdefault(seq, [])[n_keep:]
@@ -199,3 +211,21 @@ def test_a_long_prompt_joins_in_chunks_while_the_running_stream_keeps_its_pace(c
         assert max(gaps) == 1 and len(backend.prefilled) == 2
     fresh = serve(BatchRun(TokenMemory(1, n_ctx=400)), [long])
     assert out[ticket].tokens == fresh[0].tokens  # the same reply, chunked or not
+
+
+@pytest.mark.parametrize("n_seq", [1, 2])
+def test_more_conversations_than_slots_come_back_through_the_prompt_cache(n_seq: int) -> None:
+    backend = TokenMemory(n_seq, n_ctx=400)
+    cache = PromptCache(None)
+    run = BatchRun(backend, keep_slots=True, prompt_cache=cache)
+    firsts = [BatchJob((*SYSTEM, 10 + c, 20 + c), 4) for c in range(3)]  # three conversations
+    out = serve(run, firsts)
+    seconds = [
+        BatchJob((*j.prompt, *o.tokens, 30 + c), 4) for c, (j, o) in enumerate(zip(firsts, out, strict=True))
+    ]
+    again = serve(run, seconds)
+    fresh = serve(BatchRun(TokenMemory(1, n_ctx=400)), seconds)
+    assert [o.tokens for o in again] == [o.tokens for o in fresh]
+    assert all(o.reused == len(j.prompt) + 3 for o, j in zip(again, firsts, strict=True))  # each its own
+    assert sum(o.restored > 0 for o in again) >= 3 - (n_seq - 1)  # its slot still held it, or the cache did
+    assert len(backend.loaded) == cache.counters.restored

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.domain.generation import TokenLogprob
 from bmoe.domain.sampling import SamplingParams
 
@@ -40,6 +41,15 @@ class IBatchBackend(Protocol):
 
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         """Compute ``tokens`` at positions ``start_pos...`` of ``seq``, logits for the last one."""
+        ...
+
+    def save_state(self, seq: int) -> StateBlob | None:
+        """A copy of sequence ``seq``'s whole state, or None when the engine copies nothing."""
+        ...
+
+    def load_state(self, seq: int, blob: StateBlob) -> bool:
+        """Put a state ``save_state`` made (of any sequence) into ``seq``, the others
+        untouched; False, and ``seq`` empty, when the engine refuses it."""
         ...
 
     @property

@@ -587,7 +587,12 @@ class Session:
         def work(backend: LlamaBatchBackend) -> None:
             memory, self._slot_memory = self._slot_memory, None  # unknown if the run fails
             run = BatchRun(
-                backend, memory, keep_slots=True, similarity=self.config.slot_similarity, chunked=True
+                backend,
+                memory,
+                keep_slots=True,
+                similarity=self.config.slot_similarity,
+                chunked=True,
+                prompt_cache=self.prompt_cache,
             )
             live: dict[int, tuple[ParallelEntry, BatchJob]] = {}
             try:
@@ -683,6 +688,7 @@ class Session:
             reasoning=reasoning,
             tokens=out.tokens,
             n_prompt=len(job.prompt) - out.reused,
+            n_restored=out.restored,
             n_past=len(job.prompt) + len(out.tokens),
             prefill_s=out.prefill_s,
             decode_s=out.decode_s,

@@ -32,6 +32,7 @@ import attrs
 
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TokenLogprob
+from bmoe.domain.prompt_cache import PromptCache
 from bmoe.domain.reasoning import ReasoningSplitter
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotChoice, SlotMemory
@@ -64,6 +65,7 @@ class BatchOutput:
     decode_s: float
     steps: int  # decode steps this job took part in
     reused: int = 0  # prompt tokens its slot already held (not prefilled)
+    restored: int = 0  # of ``reused``, those a state from the prompt cache held
 
 
 @attrs.define
@@ -72,6 +74,7 @@ class _Slot:
     seq: int
     spec: BatchJob
     keep: int = 0  # prompt tokens the slot held already
+    restored: int = 0  # of ``keep``, the tokens a state from the prompt cache held
     fed: int = 0  # prompt tokens in its memory (a joining slot's grow chunk by chunk)
     tokens: list[int] = attrs.field(factory=list)
     logprobs: list[TokenLogprob] = attrs.field(factory=list)
@@ -128,6 +131,7 @@ class BatchRun:
         keep_slots: bool = False,
         similarity: float = DEFAULT_SIMILARITY,
         chunked: bool = False,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         """``memory``: what the slots hold from an earlier run on the same memory (None:
         nothing; the memory is cleared). ``keep_slots``: slots keep their KV after their
@@ -135,8 +139,12 @@ class BatchRun:
         slot is emptied when it ends). ``chunked``: a prompt that joins while sequences run
         is prefilled in chunks that share their steps (at most ``backend.n_batch`` tokens a
         step, the running sequences' first), so their tokens keep coming while it joins;
-        else it is prefilled in a decode of its own before the next step."""
+        else it is prefilled in a decode of its own before the next step. ``prompt_cache``
+        (with ``keep_slots``): a slot about to lose what it holds (its cells given back, or
+        taken by another conversation) keeps its state there first, and a request whose
+        prompt extends a kept state more than its slot does restores it into the slot."""
         self.backend = backend
+        self.prompt_cache = prompt_cache if keep_slots else None
         self.keep_slots = keep_slots
         self.similarity = similarity
         self.chunked = chunked
@@ -192,6 +200,7 @@ class BatchRun:
             slot = _Slot(ticket, choice.seq, job, keep=choice.keep)
             if sink is not None:
                 self._sinks[ticket] = sink
+            self._prepare(slot)
             _claim(backend, slot, self.memory)
             if self.chunked and (self._running or self._joining):
                 self._joining.append(slot)  # prefilled in chunks beside the running ones
@@ -263,6 +272,7 @@ class BatchRun:
         idle = [seq for seq in self._free if seq != choice.seq]
         for victim in [None, *self.memory.to_drop(idle)]:
             if victim is not None:
+                self._keep_state(victim)
                 self.backend.drop(victim)
                 self.memory.forget(victim)
             if running + _cells(job) + self.memory.cells(idle) <= self.backend.n_ctx:
@@ -271,6 +281,36 @@ class BatchRun:
 
     def _sink(self, slot: _Slot) -> SlotSink | None:
         return self._sinks.get(slot.job)
+
+    def _keep_state(self, seq: int) -> None:
+        """Keep what ``seq`` holds in the prompt cache (if any, and not kept already)."""
+        held, cache = self.memory.held[seq], self.prompt_cache
+        if cache is None or not held or cache.holds(held):
+            return
+        blob = self.backend.save_state(seq)
+        if blob is not None:
+            cache.store(held, blob)
+
+    def _prepare(self, slot: _Slot) -> None:
+        """Before ``slot`` starts, with a prompt cache: what the slot holds goes to the cache
+        if the slot is to lose some of it, and a kept state the prompt extends further than
+        the slot holds goes into the slot."""
+        cache = self.prompt_cache
+        if cache is None:
+            return
+        if slot.keep < len(self.memory.held[slot.seq]):
+            self._keep_state(slot.seq)
+        kept = cache.lookup(slot.spec.prompt, better_than=slot.keep)
+        if kept is None:
+            return
+        if self.backend.load_state(slot.seq, kept.blob):
+            cache.restored(kept)
+            self.memory.hold(slot.seq, kept.tokens)
+            slot.keep = slot.restored = len(kept.tokens)
+        else:  # refused: the slot is empty now
+            cache.discard(kept.tokens)
+            self.memory.forget(slot.seq)
+            slot.keep = 0
 
     def _cancelled(self, slot: _Slot) -> bool:
         sink = self._sinks.get(slot.job)
@@ -394,4 +434,5 @@ def _finish(
         decode_s=time.perf_counter() - slot.started,
         steps=slot.steps,
         reused=slot.keep,
+        restored=slot.restored,
     )

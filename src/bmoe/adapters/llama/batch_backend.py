@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.decide_backend import load_into_seq, save_seq_state
 from bmoe.adapters.llama.generate_backend import constrained_sampler, token_logprob
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.sampler import Sampler
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.domain.generation import TokenLogprob
 from bmoe.domain.kv_reuse import swa_prefix_usable
 from bmoe.domain.sampling import SamplingParams
@@ -51,6 +53,12 @@ class LlamaBatchBackend:
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         self.on_step(1)
         self.ctx.decode(tokens, start_pos, seq=seq)
+
+    def save_state(self, seq: int) -> StateBlob | None:
+        return save_seq_state(self.ctx, seq)
+
+    def load_state(self, seq: int, blob: StateBlob) -> bool:
+        return load_into_seq(self.ctx, blob, seq)
 
     @property
     def n_batch(self) -> int:

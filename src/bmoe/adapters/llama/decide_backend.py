@@ -28,13 +28,14 @@ def _bytes_ptr(blob: npt.NDArray[np.uint8]) -> ctypes._Pointer[ctypes.c_uint8]:
     return blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-def save_seq_state(ctx: LlamaContext) -> StateBlob | None:
-    """A read-only copy of sequence 0's whole state, or None when llama.cpp copies nothing."""
-    size = int(llama_cpp.llama_state_seq_get_size(ctx.ptr, SEQ_ID))
+def save_seq_state(ctx: LlamaContext, seq: int = SEQ_ID) -> StateBlob | None:
+    """A read-only copy of sequence ``seq``'s whole state, or None when llama.cpp copies
+    nothing."""
+    size = int(llama_cpp.llama_state_seq_get_size(ctx.ptr, seq))
     if size <= 0:
         return None
     blob = np.empty(size, dtype=np.uint8)
-    written = int(llama_cpp.llama_state_seq_get_data(ctx.ptr, _bytes_ptr(blob), size, SEQ_ID))
+    written = int(llama_cpp.llama_state_seq_get_data(ctx.ptr, _bytes_ptr(blob), size, seq))
     if written <= 0:
         return None
     blob = blob[:written]
@@ -56,6 +57,19 @@ def load_seq_state(ctx: LlamaContext, blob: StateBlob) -> bool:
         read = int(llama_cpp.llama_state_seq_set_data(ctx.ptr, _bytes_ptr(data), data.size, SEQ_ID))
     if read == 0:
         ctx.clear()  # llama.cpp 0.3.36 removes a half-read state itself; the contract must not depend on it
+        return False
+    return True
+
+
+def load_into_seq(ctx: LlamaContext, blob: StateBlob, seq: int) -> bool:
+    """Put ``blob`` (one sequence's saved state) into sequence ``seq``, the other sequences
+    untouched (``set_data`` removes ``seq`` first); False (``seq`` emptied) when refused."""
+    data = np.ascontiguousarray(blob, dtype=np.uint8)
+    read = 0
+    if data.size:
+        read = int(llama_cpp.llama_state_seq_set_data(ctx.ptr, _bytes_ptr(data), data.size, seq))
+    if read == 0:
+        ctx.remove_from(0, seq)
         return False
     return True
 
