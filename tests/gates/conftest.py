@@ -1,7 +1,7 @@
 """Shared fixtures of the gate tests: the tiny generated models.
 
 Models come from :func:`bmoe.testing.fixtures.fixture_path`, i.e. the user
-cache (``$BMOE_FIXTURE_DIR`` or ``~/.cache/bmoe/fixtures``), so a rerun does
+cache (``fixtures/`` under bmoe's cache root, docs/files.md), so a rerun does
 not rebuild them.
 """
 

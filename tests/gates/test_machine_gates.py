@@ -80,7 +80,7 @@ def test_the_verdict_is_cached_per_machine_and_llama_cpp(
 ) -> None:
     monkeypatch.setenv("BMOE_CACHE_DIR", str(tmp_path))
     first = cpu_features.probe_amx()
-    assert (tmp_path / cpu_features.CACHE_FILE).is_file()
+    assert (tmp_path / "cpu-probe.json").is_file()
 
     def no_second_probe(*_: object, **__: object) -> None:
         raise AssertionError("probed again despite the cache")

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bmoe.adapters.cache_dirs import profile_dir
 from bmoe.adapters.llama import ContextParams
-from bmoe.adapters.usage_profile_file import model_key, profile_dir
+from bmoe.adapters.usage_profile_file import model_key
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import StreamConfig, StreamCounters

@@ -11,7 +11,6 @@ import pytest
 
 from bmoe.adapters.usage_profile_file import (
     model_key,
-    profile_dir,
     profile_path,
     read_profile,
     update_profile,
@@ -130,9 +129,6 @@ def test_auto_lives_under_the_profile_dir(tmp_path: Path, monkeypatch: pytest.Mo
     assert profile_path("auto", KEY) == tmp_path / f"{KEY}.json"
     assert profile_path("off", KEY) is None
     assert profile_path("mine.json", KEY) == Path("mine.json")
-    monkeypatch.delenv("BMOE_PROFILE_DIR")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert profile_dir() == tmp_path / "cache" / "bmoe" / "profiles"
 
 
 def test_reading_no_file_is_no_profile_and_a_bad_one_is_refused(tmp_path: Path) -> None:

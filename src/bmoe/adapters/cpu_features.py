@@ -5,8 +5,8 @@ tile state and executes ``bmoe.cext.cpu_probe.run_amx_tiles`` (configure, load, 
 tile product, store, release, compare). A child that exits 0 proves AMX works; one that
 dies of a signal (SIGILL, SIGSEGV) or computes a wrong product proves it does not, and
 the parent lives on. The verdict is cached per machine and llama.cpp version in
-``$BMOE_CACHE_DIR`` (else ``$XDG_CACHE_HOME/bmoe``, else ``~/.cache/bmoe``), file
-``cpu-probe.json``: a probe costs one short process, once.
+``cpu-probe.json`` under bmoe's cache root (:mod:`bmoe.adapters.cache_dirs`): a probe costs
+one short process, once.
 
 Where the child cannot run at all (no ``fork``/``exec``, a timeout), the verdict is "not
 usable" and says so: refusing AMX costs some speed, using a faulting AMX costs the process.
@@ -23,24 +23,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bmoe.adapters.cache_dirs import probe_verdict_file
 from bmoe.domain.cpu_features import AmxVerdict
 
 PROBE_VERSION = 1
-CACHE_FILE = "cpu-probe.json"
 _TIMEOUT_S = 60.0
 # the child's exit codes (besides 0: the tiles ran and multiplied right)
 _EXIT_NO_PERMISSION = 3
 _EXIT_WRONG = 4
 _EXIT_UNSUPPORTED = 5
-
-
-def cache_dir() -> Path:
-    """``$BMOE_CACHE_DIR``, else ``$XDG_CACHE_HOME/bmoe``, else ``~/.cache/bmoe``."""
-    if env := os.environ.get("BMOE_CACHE_DIR"):
-        return Path(env)
-    if xdg := os.environ.get("XDG_CACHE_HOME"):
-        return Path(xdg) / "bmoe"
-    return Path.home() / ".cache" / "bmoe"
 
 
 def _cpu_text() -> str:
@@ -126,7 +117,7 @@ def run_probe(timeout_s: float = _TIMEOUT_S, *, ask_permission: bool = True) -> 
 def probe_amx(*, cached: bool = True) -> AmxVerdict:
     """The verdict for this machine: from the cache where this machine's key has one, else
     probed now and cached (a cache that cannot be written only costs a probe next time)."""
-    path = cache_dir() / CACHE_FILE
+    path = probe_verdict_file()
     key = machine_key()
     if cached:
         try:

@@ -7,7 +7,7 @@ reading and merging them safely.
   header but other weights (two seeds of one shape) do not share one. Reading it costs a few
   milliseconds.
 - **Where**: ``--profile auto`` is ``<dir>/<key>.json`` with ``<dir>`` ``$BMOE_PROFILE_DIR``,
-  else ``$XDG_CACHE_HOME/bmoe/profiles``, else ``~/.cache/bmoe/profiles``; ``--profile
+  else ``profiles/`` under bmoe's cache root (:mod:`bmoe.adapters.cache_dirs`); ``--profile
   FILE`` is that file.
 - **Reading**: a missing file is no profile; a corrupt, truncated, foreign or other-version
   one is ignored with the reason (``ProfileRejected``), never trusted.
@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bmoe.adapters.cache_dirs import profile_dir
 from bmoe.domain.streaming.usage_profile import (
     ProfileRejected,
     UsageProfile,
@@ -53,15 +54,6 @@ def model_key(paths: Sequence[Path]) -> str:
                     f.seek(HEAD_BYTES + (size - HEAD_BYTES - SAMPLE_BYTES) * i // max(1, SAMPLES - 1))
                     digest.update(f.read(SAMPLE_BYTES))
     return digest.hexdigest()[:KEY_HEX]
-
-
-def profile_dir() -> Path:
-    """Where ``--profile auto`` keeps profiles."""
-    explicit = os.environ.get("BMOE_PROFILE_DIR")
-    if explicit:
-        return Path(explicit)
-    cache = os.environ.get("XDG_CACHE_HOME")
-    return (Path(cache) if cache else Path.home() / ".cache") / "bmoe" / "profiles"
 
 
 def profile_path(setting: str, key: str) -> Path | None:

@@ -2,10 +2,10 @@
 
 The shape is the generator's default (2048 hidden, 768 expert width, 128 experts, top-8,
 Q4_0: about 0.35 GB per layer); the size sets the number of layers, so a token reads the
-same per layer whatever the size. Files live in ``$BMOE_BENCH_DIR`` (else
-``~/.cache/bmoe/bench``), named by their shape, seed and generator version; a model is
-written to a temporary name and renamed into place, so an interrupted run leaves no
-half-written model behind.
+same per layer whatever the size. Files live in ``$BMOE_BENCH_DIR`` (else ``bench/`` under
+bmoe's cache root: :mod:`bmoe.adapters.cache_dirs`), named by their shape, seed and
+generator version; a model is written to a temporary name and renamed into place, so an
+interrupted run leaves no half-written model behind.
 """
 
 from __future__ import annotations
@@ -17,16 +17,11 @@ from pathlib import Path
 
 import attrs
 
+from bmoe.adapters.cache_dirs import bench_dir
 from bmoe.tinymodel.spec import GENERATOR_VERSION
 from bmoe.tinymodel.synthetic import SyntheticShape, plan_tensors, write_synthetic
 
-ENV_BENCH_DIR = "BMOE_BENCH_DIR"
 GB = 1e9
-
-
-def bench_dir() -> Path:
-    configured = os.environ.get(ENV_BENCH_DIR)
-    return Path(configured) if configured else Path.home() / ".cache" / "bmoe" / "bench"
 
 
 def file_bytes(shape: SyntheticShape, seed: int = 0) -> int:

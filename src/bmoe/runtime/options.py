@@ -275,8 +275,9 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="FILE|auto|off",
         help="the usage profile: warm the cache at start with the experts earlier runs routed most, read "
-        "in the background, and learn into it (auto, the default: one file per model under "
-        "~/.cache/bmoe/profiles or $BMOE_PROFILE_DIR; off; or a file)",
+        "in the background, and learn into it (auto, the default: one file per model in profiles/ "
+        "under bmoe's cache root, ~/.cache/bmoe unless $BMOE_CACHE_DIR or $XDG_CACHE_HOME moves it, "
+        "or in $BMOE_PROFILE_DIR: docs/files.md; off; or a file)",
     )
     m.add_argument(
         "--profile-share",

@@ -10,8 +10,8 @@ runs without ``-m``) and the machinery that writes it, which the test fixtures o
 - :mod:`~bmoe.tinymodel.tokenizer` (with :mod:`~bmoe.tinymodel.corpus`): the byte-level BPE tokenizer;
 - :mod:`~bmoe.tinymodel.template`: the ChatML chat template;
 - :mod:`~bmoe.tinymodel.writer`: a spec to GGUF file(s);
-- :mod:`~bmoe.tinymodel.cache`: build once per machine, under ``$BMOE_FIXTURE_DIR`` or
-  ``~/.cache/bmoe/fixtures``.
+- :mod:`~bmoe.tinymodel.cache`: build once per machine, under ``fixtures/`` of bmoe's cache
+  root (:mod:`bmoe.adapters.cache_dirs`; ``$BMOE_FIXTURE_DIR`` moves it).
 """
 
 from __future__ import annotations

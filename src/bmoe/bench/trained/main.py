@@ -322,7 +322,7 @@ def chosen_dims(args: argparse.Namespace) -> TrainedDims:
 
 def cached_trained_path(dims: TrainedDims, seed: int, width: int) -> Path:
     """Where the bench keeps the bench-scale trained model of this shape and seed."""
-    from bmoe.bench.model import bench_dir
+    from bmoe.adapters.cache_dirs import bench_dir
 
     return bench_dir() / trained_model_name(dims, seed, width)
 
