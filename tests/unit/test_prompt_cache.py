@@ -26,11 +26,16 @@ def test_the_longest_kept_prefix_leaving_one_token_to_prefill() -> None:
     cache = PromptCache(None)
     cache.store([1, 2], blob(4))
     cache.store([7, 8, 9], blob(4))
-    assert cache.lookup([1, 2, 3]).tokens == (1, 2)
-    assert cache.lookup([1, 2]) is None  # the last token must be prefilled: no logits kept
+    found = cache.lookup([1, 2, 3])
+    assert found is not None and (found.kept.tokens, found.shared, found.cut) == ((1, 2), 2, False)
+    found = cache.lookup([1, 2])  # the last token must be prefilled (its logits): cut back
+    assert found is not None and found.shared == 1 and found.cut
+    assert cache.lookup([1, 2], whole=True) is None  # ... which a recurrent memory cannot
     assert cache.lookup([1, 2, 3], better_than=2) is None  # keeps no more than the context
-    assert cache.lookup([7, 8, 9, 1]).tokens == (7, 8, 9)
-    assert cache.lookup([7, 8]) is None
+    found = cache.lookup([7, 8, 9, 1])
+    assert found is not None and (found.kept.tokens, found.shared) == ((7, 8, 9), 3)
+    found = cache.lookup([7, 8, 5])  # shares two tokens: restored, then cut back to them
+    assert found is not None and (found.kept.tokens, found.shared, found.cut) == ((7, 8, 9), 2, True)
 
 
 def test_a_conversation_keeps_one_state_its_latest() -> None:
@@ -79,12 +84,12 @@ def test_any_sequence_of_operations_keeps_the_invariants(ops: list[tuple[str, li
         if op == "store":
             cache.store(tokens, blob(n))
         elif op == "lookup":
-            kept = cache.lookup(tokens, better_than=n % 3)
-            if kept is not None:
-                assert (
-                    n % 3 < len(kept.tokens) < len(tokens)
-                    and tuple(tokens[: len(kept.tokens)]) == kept.tokens
-                )
+            found = cache.lookup(tokens, better_than=n % 3)
+            if found is not None:
+                shared = found.shared
+                assert n % 3 < shared < len(tokens) and shared <= len(found.kept.tokens)
+                assert tuple(tokens[:shared]) == found.kept.tokens[:shared]
+                assert found.cut == (shared < len(found.kept.tokens))
         else:
             cache.set_limit(n)
         cache.check_valid()

@@ -9,9 +9,13 @@ tokens it holds; a later request whose prompt extends kept tokens restores that 
 
 Rules:
 
-- **Which state**: the longest kept state whose tokens the prompt extends, leaving at least
-  the prompt's last token to prefill (its logits are what the reply is sampled from); used
-  only where it keeps more than the context already does.
+- **Which state**: the kept state sharing the longest prefix with the prompt, that prefix
+  leaving at least the prompt's last token to prefill (its logits are what the reply is
+  sampled from); used only where it keeps more than the context already does. A state
+  usually shares less than all its tokens: a chat template renders an earlier reply other
+  than the tokens generated (a thinking block dropped, an end token added), so the state is
+  restored and then cut back to the shared prefix (a memory that cannot be cut, recurrent
+  state, uses only a state the prompt extends whole).
 - **One state per conversation**: keeping a state drops the kept ones whose tokens are a
   prefix of its own (the same conversation, earlier); they are superseded.
 - **Room**: at most ``limit_bytes`` (None: no limit); the least recently used states go
@@ -33,6 +37,7 @@ from collections.abc import Sequence
 import attrs
 
 from bmoe.domain.decide.prefix_cache import KeptState, StateBlob
+from bmoe.domain.kv_reuse import common_prefix_len
 
 MIB = 1024 * 1024
 DEFAULT_CACHE_RAM_MIB = 512
@@ -58,6 +63,18 @@ class PromptCacheCounters:
     evicted: int = 0  # states dropped for room (the limit, or a lower one)
     superseded: int = 0  # states dropped because a longer state of their conversation came
     refused: int = 0  # states bigger than the limit alone: not kept
+
+
+@attrs.frozen
+class Restore:
+    """Restore ``kept``, then keep its first ``shared`` tokens (all of them, or cut back)."""
+
+    kept: KeptState
+    shared: int
+
+    @property
+    def cut(self) -> bool:
+        return self.shared < len(self.kept.tokens)
 
 
 class PromptCache:
@@ -86,24 +103,29 @@ class PromptCache:
         with self._lock:
             return list(self._states.values())
 
-    def lookup(self, prompt: Sequence[int], better_than: int = 0) -> KeptState | None:
-        """The longest kept state ``prompt`` extends by at least one token and that keeps
-        more than ``better_than`` tokens (what the context already holds), marked as just
-        used; None where there is none."""
+    def lookup(self, prompt: Sequence[int], better_than: int = 0, *, whole: bool = False) -> Restore | None:
+        """The kept state sharing the longest prefix with ``prompt`` (at most all but its
+        last token) when that prefix is longer than ``better_than`` (what the context
+        already holds), marked as just used; None where there is none. ``whole``: only
+        states the prompt extends whole (a memory that cannot be cut back)."""
         prompt = tuple(prompt)
+        best: Restore | None = None
         with self._lock:
-            fits = [k for k in self._states.values() if better_than < len(k.tokens) < len(prompt)]
-            extended = [k for k in fits if prompt[: len(k.tokens)] == k.tokens]
-            best = max(extended, key=lambda k: len(k.tokens), default=None)
+            for kept in self._states.values():
+                shared = min(common_prefix_len(kept.tokens, prompt), len(prompt) - 1)
+                if whole and shared < len(kept.tokens):
+                    continue
+                if shared > better_than and (best is None or shared > best.shared):
+                    best = Restore(kept, shared)
             if best is not None:
-                self._states.move_to_end(best.tokens)
+                self._states.move_to_end(best.kept.tokens)
             return best
 
-    def restored(self, kept: KeptState) -> None:
-        """``kept`` was restored: count it."""
+    def restored(self, restore: Restore) -> None:
+        """``restore`` was carried out: count it."""
         with self._lock:
             self.counters.restored += 1
-            self.counters.tokens_restored += len(kept.tokens)
+            self.counters.tokens_restored += restore.shared
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether a state is kept for exactly ``tokens``."""

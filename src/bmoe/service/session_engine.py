@@ -18,7 +18,7 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.kv_reuse import plan_reuse
-from bmoe.domain.prompt_cache import PromptCache
+from bmoe.domain.prompt_cache import PromptCache, Restore
 from bmoe.domain.reasoning import Delta, ReasoningSplitter
 from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
 from bmoe.errors import (
@@ -321,15 +321,18 @@ class SessionEngine:
     def _prefill(self, turn: _Turn, clear: bool) -> None:
         keep = 0 if clear else plan_reuse(self.kv_tokens, turn.prompt).keep
         cache = self.prompt_cache
-        kept = None if cache is None or clear else cache.lookup(turn.prompt, better_than=keep)
+        found = None if cache is None or clear else cache.lookup(turn.prompt, better_than=keep)
         if keep < len(self.kv_tokens):
             self._keep_state()  # the context is about to lose tokens: its state goes to the cache
-        if kept is not None and cache is not None:
-            if self.backend.load_state(kept.blob):  # the conversation came back
-                keep = turn.restored = len(kept.tokens)
-                cache.restored(kept)
+        if found is not None and cache is not None:
+            restored = self._restore(found)
+            if not restored and found.cut:  # cannot be cut back: a state the prompt extends whole
+                found = cache.lookup(turn.prompt, whole=True)
+                restored = found is not None and self._restore(found)
+            if restored and found is not None:  # the conversation came back
+                keep = turn.restored = found.shared
+                cache.restored(found)
             else:  # refused (the context is empty now): prefill it all
-                cache.discard(kept.tokens)
                 keep = 0
         elif keep == 0 or (keep < len(self.kv_tokens) and not self.backend.keep_prefix(keep)):
             self.backend.reset()  # nothing reusable (or the memory holds other work): start empty
@@ -340,6 +343,18 @@ class SessionEngine:
         self.backend.feed(turn.prompt[keep:], keep)
         turn.prefill_s = time.perf_counter() - t0
         self.kv_tokens = list(turn.prompt)
+
+    def _restore(self, found: Restore) -> bool:
+        """Load ``found``'s state and cut it back to what the prompt shares; False (the
+        context empty, a refused state forgotten) when the backend cannot."""
+        assert self.prompt_cache is not None
+        if not self.backend.load_state(found.kept.blob):
+            self.prompt_cache.discard(found.kept.tokens)
+            return False
+        if found.cut and not self.backend.keep_prefix(found.shared):
+            self.backend.reset()  # recurrent memory: only a state the prompt extends whole
+            return False
+        return True
 
     def _keep_state(self) -> None:
         """Save the context's state in the prompt cache (if there is one, and the state is

@@ -1,0 +1,195 @@
+"""An agent's transcript, turn by turn: what each turn prefills, reads and waits for.
+
+Two conversations take turns (an agent and its subagent, two editor windows): each starts
+with the same long system prompt and tool list, and every turn adds a tool result of about
+``--tool-tokens`` tokens and generates ``--gen`` tokens. Served four ways on one model:
+
+- ``np1``: one context (``-np 1``), every request carrying its conversation, no prompt cache:
+  a conversation that comes back finds the other one's KV and prefills its whole history;
+- ``np1-cache``: the same with the prompt cache (``--cache-ram``): it restores its own state;
+- ``np2-plain``: two slots (``-np 2``), both conversations' turns sent together, slots that
+  never reuse a prefix (``--slot-prompt-similarity 1``: today's way before slots kept KV);
+- ``np2``: two slots that keep their KV (the default).
+
+Reported per turn: tokens prefilled, tokens restored from the prompt cache, MiB of experts
+read during the prefill (streamed), and the time to the first token; a markdown table on
+stdout. Time figures move with the machine: run nothing else meanwhile.
+
+    python scripts/bench_agent_turns.py -m model.gguf --cache-mb 1536 --modes np1,np1-cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+
+from bmoe.adapters.llama import ContextParams
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.streaming import MIB, StreamConfig
+from bmoe.runtime import Session, SessionConfig
+from bmoe.runtime.session import ParallelEntry
+from bmoe.tinymodel import default_model_path
+
+MODES = ("np1", "np1-cache", "np2-plain", "np2")
+CODE = "def handler_{i}(request):\n    value = request.get('field_{i}', {i})\n    return value * {j} + {i}\n"
+
+
+def filler(tokens: int, tokenize: Callable[[str], list[int]], seed: int) -> str:
+    """Code-like text of about ``tokens`` tokens (a tool list, a file read)."""
+    out: list[str] = []
+    i = seed
+    while len(tokenize("".join(out))) < tokens:
+        out.append(CODE.format(i=i, j=i % 7 + 1))
+        i += 1
+    return "".join(out)
+
+
+@attrs.define
+class Turn:
+    mode: str
+    who: str
+    turn: int
+    prompt_tokens: int
+    prefilled: int
+    restored: int
+    read_mib: float
+    first_token_s: float
+
+
+@attrs.define
+class Sink:
+    """A parallel request's result, and when its first token came."""
+
+    t0: float
+    first: float = 0.0
+    results: list[RunResult] = attrs.Factory(list)
+
+    def progress(self, p: Progress) -> None:
+        if not self.first:
+            self.first = time.perf_counter() - self.t0
+
+    def wants_stop(self) -> bool:
+        return False
+
+    def done(self, result: RunResult) -> None:
+        self.results.append(result)
+
+    def failed(self, error: BaseException) -> None:
+        raise error
+
+
+def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[str]) -> list[Turn]:
+    parallel = mode.startswith("np2")
+    context = ContextParams(
+        n_ctx=args.ctx,
+        n_batch=args.batch,
+        n_ubatch=args.batch,
+        n_threads=args.threads,
+        n_seq_max=2 if parallel else 1,
+    )
+    stream = StreamConfig(enabled=args.cache_mb is not None, cache_mb=args.cache_mb, governor="off")
+    config = SessionConfig(
+        model_path=args.model,
+        context=context,
+        chat=True,
+        think=False,
+        stream=stream,
+        cache_ram_mb=512 if mode == "np1-cache" else 0,
+        slot_similarity=1.0 if mode == "np2-plain" else 0.1,
+    )
+    turns: list[Turn] = []
+    histories = {who: [ChatMessage("system", system)] for who in "ab"}
+    with Session.open(config) as s:
+        for t in range(args.turns):
+            prompts = {who: f"Tool result ({who}, turn {t}):\n{tools[2 * t + (who == 'b')]}" for who in "ab"}
+            before = s.streaming.counters() if s.streaming is not None else None
+            if parallel:
+                sinks = {who: Sink(time.perf_counter()) for who in "ab"}
+                entries = [
+                    ParallelEntry(
+                        GenerateRequest(p, n_predict=args.gen), sinks[w], history=list(histories[w])
+                    )
+                    for w, p in prompts.items()
+                ]
+                pending = list(entries)
+
+                def take(idle: bool, pending: list[ParallelEntry] = pending) -> list[ParallelEntry]:
+                    out, pending[:] = list(pending), []
+                    return out
+
+                s.run_parallel(take)
+                read = (s.streaming.counters() - before).bytes_read / MIB if s.streaming and before else 0.0
+                for who in "ab":
+                    r = sinks[who].results[0]
+                    turns.append(
+                        Turn(
+                            mode,
+                            who,
+                            t,
+                            r.n_past - len(r.tokens),
+                            r.n_prompt,
+                            r.n_restored,
+                            read / 2,
+                            sinks[who].first,
+                        )
+                    )
+                    histories[who] += [ChatMessage("user", prompts[who]), ChatMessage("assistant", r.text)]
+                continue
+            for who in "ab":
+                r = s.generate(
+                    GenerateRequest(prompts[who], n_predict=args.gen, clear_kv=False), history=histories[who]
+                )
+                read = r.stream.prefill.bytes_read / MIB if r.stream is not None else 0.0
+                turns.append(
+                    Turn(mode, who, t, r.n_past - len(r.tokens), r.n_prompt, r.n_restored, read, r.prefill_s)
+                )
+                histories[who] += [ChatMessage("user", prompts[who]), ChatMessage("assistant", r.text)]
+    return turns
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", type=Path, default=None, help="GGUF (default: the built-in tiny model)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma separated, of {', '.join(MODES)}")
+    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--system-tokens", type=int, default=3000)
+    p.add_argument("--tool-tokens", type=int, default=200)
+    p.add_argument("--gen", type=int, default=64)
+    p.add_argument("--ctx", type=int, default=16384)
+    p.add_argument("-b", "--batch", type=int, default=512)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument(
+        "--cache-mb", type=int, default=None, help="stream the experts with this cache (default: resident)"
+    )
+    args = p.parse_args()
+    args.model = args.model or default_model_path()
+    with Session.open(SessionConfig(model_path=args.model)) as s:
+        tokenize = s.model.tokenize_prompt
+        system = "You are a coding agent. Tools:\n" + filler(args.system_tokens, tokenize, 0)
+        tools = [filler(args.tool_tokens, tokenize, 1000 * (k + 1)) for k in range(2 * args.turns)]
+    rows: list[Turn] = []
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            raise SystemExit(f"unknown mode {mode!r}: {', '.join(MODES)}")
+        rows += run_mode(mode, args, system, tools)
+    how = "resident" if args.cache_mb is None else f"streamed, cache {args.cache_mb} MiB"
+    print(
+        f"model {args.model.name}, {how}, system {args.system_tokens} tokens, tool results "
+        f"{args.tool_tokens}, {args.gen} generated, -b {args.batch}\n"
+    )
+    print("| mode | conversation | turn | prompt tokens | prefilled | restored | MiB read | first token s |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(
+            f"| {r.mode} | {r.who} | {r.turn} | {r.prompt_tokens} | {r.prefilled} | {r.restored} | "
+            f"{r.read_mib:.1f} | {r.first_token_s:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
