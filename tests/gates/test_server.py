@@ -32,7 +32,7 @@ from bmoe.domain.decide import DecideRequest
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.runtime import Session, SessionConfig
 from bmoe.serve.app import build_app
-from bmoe.serve.flags import build_parser, session_config
+from bmoe.serve.flags import build_parser, http_options, session_config
 from bmoe.serve.main import listen, open_served
 from bmoe.serve.service import ServedSession
 from bmoe.testing.fixtures import THINK_ANSWER, THINK_REASONING
@@ -57,9 +57,12 @@ class Running:
 @contextlib.contextmanager
 def serving(model: Path, *flags: str) -> Iterator[Running]:
     """A server on ``model`` with ``flags`` (``python -m bmoe.serve``'s), in this process."""
-    served = open_served(build_parser().parse_args(["-m", str(model), *flags]))
+    args = build_parser().parse_args(["-m", str(model), *flags])
+    served = open_served(args)
     sock = listen("127.0.0.1", 0)
-    config = uvicorn.Config(build_app(served), log_level="warning", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        build_app(served, http_options(args)), log_level="warning", timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -5,6 +5,9 @@
   ``"stream": true``, as server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``);
 - ``POST /v1/decide``: bmoe's decisions;
 - ``GET /`` (the web page), ``GET /v1/bmoe/metrics`` (the live engine feed): ``page``.
+- the Responses API (``responses_routes``), Anthropic's Messages API (``messages_routes``)
+  and llama.cpp's service endpoints (``service_routes``);
+- all of it behind ``guards`` (the API key, the body limit).
 
 Each request's work is queued on the session's worker; the handler waits for it without
 blocking the event loop. A client that goes away cancels its request (queued or running).
@@ -29,6 +32,8 @@ from bmoe.serve import api_responses as api
 from bmoe.serve.api_requests import parse_chat_completion, parse_completion, parse_decide
 from bmoe.serve.api_responses import Envelope, Json
 from bmoe.serve.errors import api_error
+from bmoe.serve.flags import HttpOptions
+from bmoe.serve.guards import MIB, Guards, default_max_body
 from bmoe.serve.http_jobs import (
     Done,
     Pieces,
@@ -47,11 +52,13 @@ from bmoe.serve.page import page_routes
 from bmoe.serve.response_store import ResponseStore
 from bmoe.serve.responses_routes import responses_routes
 from bmoe.serve.service import ServedSession, new_id
+from bmoe.serve.service_routes import service_routes
 from bmoe.serve.worker import Job
 
 
-def build_app(served: ServedSession) -> Starlette:
-    """The ASGI application serving ``served``."""
+def build_app(served: ServedSession, options: HttpOptions | None = None) -> Guards:
+    """The ASGI application serving ``served``, behind its key check and body limit."""
+    options = options or HttpOptions()
 
     def envelope(prefix: str) -> Envelope:
         return Envelope(id=new_id(prefix), created=int(time.time()), model=served.model_id)
@@ -93,9 +100,13 @@ def build_app(served: ServedSession) -> Starlette:
         Route("/v1/decide", answering_errors(decide), methods=["POST"]),
         *responses_routes(served, ResponseStore()),
         *messages_routes(served),
+        *service_routes(served, metrics=options.metrics),
         *page_routes(served),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    mb = options.max_body_mb
+    max_body = default_max_body(served.session.n_ctx) if mb is None else max(1, int(mb * MIB))
+    return Guards(app, api_keys=options.api_keys, max_body=max_body)
 
 
 async def _answer(

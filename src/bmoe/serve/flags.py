@@ -14,6 +14,7 @@ from pathlib import Path
 import attrs
 
 from bmoe.domain.sampling import SamplingParams
+from bmoe.errors import ConfigError
 from bmoe.runtime import SessionConfig
 from bmoe.runtime.options import (
     add_context_options,
@@ -75,10 +76,67 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level (default: info: one access line per request)",
     )
+    h = p.add_argument_group("HTTP: keys, limits, service endpoints")
+    h.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a key every request but /health must present (Authorization: Bearer KEY or x-api-key: KEY); "
+        "repeatable (llama.cpp's flag)",
+    )
+    h.add_argument(
+        "--api-key-file", type=Path, metavar="FILE", help="read keys from FILE, one a line (llama.cpp's flag)"
+    )
+    h.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="largest request body, in MiB; a larger one is answered 413 unread "
+        "(default: 32 bytes per context token, at least 8)",
+    )
+    h.add_argument(
+        "--metrics", action="store_true", help="serve GET /metrics (Prometheus text format, as llama.cpp's)"
+    )
     add_stream_options(p)
     d = p.add_argument_group("decisions (docs/decide.md)")
     add_decide_options(d, "accept POST /v1/decide")
     return p
+
+
+@attrs.frozen
+class HttpOptions:
+    """The HTTP side's settings: the API keys (none: no key needed), the largest body
+    (``None``: derived from the context) and whether ``/metrics`` is served."""
+
+    api_keys: tuple[str, ...] = ()
+    max_body_mb: float | None = None
+    metrics: bool = False
+
+
+def read_api_keys(path: Path) -> list[str]:
+    """The keys of an ``--api-key-file``: one a line, blank lines and ``#`` comments skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --api-key-file {path}: {exc.strerror or exc}") from None
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def http_options(args: argparse.Namespace) -> HttpOptions:
+    """What the parsed flags say of the HTTP side (``ConfigError``: a key file unread,
+    a limit not positive)."""
+    keys = [k.strip() for k in args.api_key]
+    if any(not k for k in keys):
+        raise ConfigError("--api-key must not be empty")
+    if args.api_key_file is not None:
+        keys += read_api_keys(args.api_key_file)
+        if not keys:
+            raise ConfigError(f"--api-key-file {args.api_key_file} holds no key")
+    if args.max_body_mb is not None and not args.max_body_mb > 0:
+        raise ConfigError("--max-body-mb must be > 0")
+    return HttpOptions(api_keys=tuple(keys), max_body_mb=args.max_body_mb, metrics=args.metrics)
 
 
 def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
@@ -96,6 +154,8 @@ def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
         stream=stream_config(args),
         placement=placement_config(args),
         chat_template=chat_template_text(args),
+        cache_ram_mb=args.cache_ram,
+        slot_similarity=args.slot_prompt_similarity,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import socket
 import sys
 import time
@@ -14,7 +15,7 @@ from bmoe.errors import BmoeError
 from bmoe.runtime import Session
 from bmoe.runtime.options import chosen_model, list_devices
 from bmoe.serve.api_responses import ModelCard
-from bmoe.serve.flags import build_parser, model_id, serve_defaults, session_config
+from bmoe.serve.flags import build_parser, http_options, model_id, serve_defaults, session_config
 from bmoe.serve.service import ServedSession
 
 
@@ -45,6 +46,13 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _default_model() -> Path:
@@ -82,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     try:
+        options = http_options(args)
         served = open_served(args)
     except BmoeError as exc:
         print(f"bmoe.serve: error: {exc}", file=sys.stderr)
@@ -99,10 +108,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bmoe.serve: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
             return 1
         with sock:
-            config = uvicorn.Config(build_app(served), log_level=args.log_level, timeout_graceful_shutdown=10)
+            config = uvicorn.Config(
+                build_app(served, options), log_level=args.log_level, timeout_graceful_shutdown=10
+            )
             server = uvicorn.Server(config)
             host, port = sock.getsockname()[:2]
             url = f"http://{host}:{port}/v1"
+            if not options.api_keys and not _loopback(host):
+                print(
+                    f"bmoe.serve: warning: listening on {host} without --api-key: whoever reaches this "
+                    "port uses the model",
+                    file=sys.stderr,
+                )
             print(f"bmoe.serve: serving '{served.model_id}' on {url}", file=sys.stderr)
             print(f"bmoe.serve: chat and engine view: http://{host}:{port}/", file=sys.stderr, flush=True)
             with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on

@@ -31,6 +31,7 @@ from bmoe.serve.live import Kind
 from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request, fill_context
 from bmoe.serve.monitor import EngineMonitor
 from bmoe.serve.neutral import ChatRequest, Delta, Outcome
+from bmoe.serve.prometheus import ServedTotals
 from bmoe.serve.reply import ReplyStream
 from bmoe.serve.worker import Job, SessionWorker
 
@@ -53,6 +54,7 @@ class ServedSession:
         self.defaults = defaults or ServeDefaults()
         self.worker = SessionWorker(self._cancel)
         self.monitor = EngineMonitor(lambda: session.feeding)
+        self.totals = ServedTotals()  # since the server started: GET /metrics
         # parallel sequences (-np N > 1): generations go to a batch run on the worker
         self.parallel = session.n_seq
         self._inbox: list[ParallelEntry] = []
@@ -124,7 +126,7 @@ class ServedSession:
         except BmoeError as exc:
             job.settle(error=exc)
             return job
-        sink = _Sequence(job, reply, self.monitor, lambda: self._closing)
+        sink = _Sequence(job, reply, self.monitor, self.totals, lambda: self._closing)
         with self._inbox_lock:
             if self._closing:
                 job.settle(error=ServerClosedError("the server is shutting down"))
@@ -225,11 +227,13 @@ class ServedSession:
 
         def on_progress(p: Progress) -> None:
             self.monitor.token(p)
+            self.totals.token(p)
             reply.progress(p)
 
         result = self.session.generate(request, on_progress, job.began, history=history, chat=chat)
         if result.cancelled:
             raise RequestCancelledError("the request was cancelled")
+        self.totals.finished(result)
         return reply.finish(result)
 
 
@@ -242,12 +246,18 @@ class _Sequence:
     monitor); a cancel, a stop string or the server closing ends it; its job is settled."""
 
     def __init__(
-        self, job: Job[Outcome], reply: ReplyStream, monitor: EngineMonitor, closing: Callable[[], bool]
+        self,
+        job: Job[Outcome],
+        reply: ReplyStream,
+        monitor: EngineMonitor,
+        totals: ServedTotals,
+        closing: Callable[[], bool],
     ) -> None:
-        self.job, self.reply, self.monitor, self.closing = job, reply, monitor, closing
+        self.job, self.reply, self.monitor, self.totals, self.closing = job, reply, monitor, totals, closing
 
     def progress(self, p: Progress) -> None:
         self.monitor.token(p)
+        self.totals.token(p)
         self.reply.progress(p)
 
     def wants_stop(self) -> bool:
@@ -257,6 +267,7 @@ class _Sequence:
         if self.job.cancel_asked or self.closing():
             self.job.settle(error=RequestCancelledError("the request was cancelled"))
             return
+        self.totals.finished(result)
         try:
             self.job.settle(self.reply.finish(result))
         except BaseException as exc:
