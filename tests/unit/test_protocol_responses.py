@@ -110,7 +110,7 @@ EXPECTED_LINES = {
     ),
     DONE: (
         b'BMOE_DONE {"id":"a","cancelled":false,"tokens":48,"tok_s":5.25,"prefill_s":1.5,"prefill_tps":40.0,'
-        b'"load_s":12.5,"n_prompt":60,"n_past":108,"cache_hit_pct":76.0,"read_mib":10822.0,"io_s_tok":0.0625,'
+        b'"load_s":12.5,"n_prompt":60,"n_past":108,"n_restored":0,"cache_hit_pct":76.0,"read_mib":10822.0,"io_s_tok":0.0625,'
         b'"compute_s_tok":0.125,"mgmt_s_tok":0.0078125,"stall_s_tok":0.0,"cache_resident_mib":3998.0,'
         b'"cache_budget_mib":4000.0,"prefill_read_mib":512.0,"prefill_io_s":0.75,"prefill_stall_s":0.25,"text":"Hi\\n\\"there\\"",'
         b'"reasoning":"hm","tool_calls":[],"logprobs":[]}\n'
@@ -134,9 +134,9 @@ PROTOCOL_KEYS = {
     "BMOE_BEGIN": "id",
     "BMOE_PROGRESS": """step steps wall_ms io_ms compute_ms mgmt_ms stall_ms read_mb cache_hit_pct
         delta_text delta_reasoning cache_resident_mib cache_budget_mib budget_changes""",
-    "BMOE_DONE": """id cancelled tokens tok_s prefill_s prefill_tps load_s n_prompt n_past cache_hit_pct
-        read_mib io_s_tok compute_s_tok mgmt_s_tok stall_s_tok cache_resident_mib cache_budget_mib
-        prefill_read_mib prefill_io_s prefill_stall_s text reasoning tool_calls logprobs""",
+    "BMOE_DONE": """id cancelled tokens tok_s prefill_s prefill_tps load_s n_prompt n_past n_restored
+        cache_hit_pct read_mib io_s_tok compute_s_tok mgmt_s_tok stall_s_tok cache_resident_mib
+        cache_budget_mib prefill_read_mib prefill_io_s prefill_stall_s text reasoning tool_calls logprobs""",
     "BMOE_DECIDE": """id cancelled best choice_logp n_tokens n_reused n_prefilled restore_s store_s prefill_s
         prefill_tps prefill_read_mib prefill_io_s prefill_stall_s prefix_state_mib choice_p_renorm
         prefix_plan""",

@@ -289,6 +289,7 @@ def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
         "load_s": load_s,
         "n_prompt": result.n_prompt,
         "n_past": result.n_past,
+        "n_restored": result.n_restored,
         "text": result.text,
         "reasoning": result.reasoning,
         "tool_calls": tuple(

@@ -133,6 +133,7 @@ def run_summary(result: RunResult, load_s: float) -> dict[str, float | int | boo
         "load_s": load_s,
         "n_prompt": result.n_prompt,
         "n_past": result.n_past,
+        "n_restored": result.n_restored,
     }
     r = result.stream
     streamed = {

@@ -21,6 +21,8 @@ def timing_line(result: RunResult, load_s: float) -> str:
         f"timing: load {load_s:.2f} s, prefill {result.n_prompt} tokens in {result.prefill_s:.3f} s "
         f"({result.prefill_tps:.1f} tok/s)"
     )
+    if result.n_restored:
+        line += f"; {result.n_restored} restored from the prompt cache"
     if result.stream is not None:
         p = result.stream.prefill
         line += f"; prefill read {p.read_mib:.1f} MiB, waited {p.stall_s:.3f} s for reads"

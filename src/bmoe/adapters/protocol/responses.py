@@ -152,7 +152,9 @@ class Done:
     - ``prefill_s``, ``prefill_tps``: the prompt phase's time and rate.
     - ``load_s``: the model's load time (the same as ``BMOE_READY``'s).
     - ``n_prompt``: tokens actually prefilled this turn (a continued chat reuses the rest);
-      ``n_past``: the context length after the turn, prompt and generated tokens.
+      ``n_past``: the context length after the turn, prompt and generated tokens;
+      ``n_restored``: of the prompt's tokens not prefilled, those a state kept in the
+      prompt cache held (``--cache-ram``; 0 without one).
     - ``cache_hit_pct``: expert cache hit rate, 0 to 100.
     - ``read_mib``: MiB read from the model file while decoding; ``io_s_tok``,
       ``compute_s_tok``, ``mgmt_s_tok``, ``stall_s_tok``: per-token seconds of reading,
@@ -176,6 +178,7 @@ class Done:
     load_s: float = attrs.field(converter=as_float)
     n_prompt: int = attrs.field(converter=as_int)
     n_past: int = attrs.field(converter=as_int)
+    n_restored: int = attrs.field(converter=as_int, default=0)
     cache_hit_pct: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     read_mib: float = attrs.field(converter=as_float, default=NOT_MEASURED)
     io_s_tok: float = attrs.field(converter=as_float, default=NOT_MEASURED)
