@@ -181,7 +181,9 @@ def test_errors_come_in_anthropics_shape(tiny_model_path: TinyModelPath) -> None
     with serving(tiny_model_path("qwen3moe")) as s:
         client = client_of(s)
         with pytest.raises(anthropic.BadRequestError) as info:
-            client.messages.create(model="t", messages=HELLO, max_tokens=600)
+            client.messages.create(
+                model="t", messages=[{"role": "user", "content": "word " * 600}], max_tokens=8
+            )
         assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
         assert "exceeds the context" in info.value.message
         image: Any = [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]
@@ -195,4 +197,9 @@ def test_errors_come_in_anthropics_shape(tiny_model_path: TinyModelPath) -> None
             "error": {"type": "invalid_request_error", "message": "'max_tokens' is required"},
         }
         after = client.messages.create(model="t", messages=HELLO, max_tokens=2)
+        # max_tokens as Claude Code sends it, past the context: the answer ends where the context does
+        cut = client.messages.create(model="t", messages=HELLO, max_tokens=32000)
     assert after.usage.output_tokens == 2
+    assert cut.stop_reason in ("max_tokens", "end_turn")
+    used = cut.usage.input_tokens + (cut.usage.cache_read_input_tokens or 0) + cut.usage.output_tokens
+    assert used in (511, 512) or cut.stop_reason == "end_turn"

@@ -220,7 +220,10 @@ def test_errors_come_in_openais_shape_naming_the_field(tiny_model_path: TinyMode
         assert refused.value.code == "unsupported_parameter"
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as long:
-                client.responses.create(model="t", input="Hi", max_output_tokens=600, stream=stream)
+                client.responses.create(model="t", input="word " * 600, stream=stream)
             assert long.value.code == "context_length_exceeded"
+        # max_output_tokens is a most: past the context, the answer ends where the context does
+        cut = client.responses.create(model="t", input="Hi", max_output_tokens=5000)
+        assert cut.usage is not None and cut.usage.input_tokens + cut.usage.output_tokens in (511, 512)
         empty = httpx.post(f"{s.url}/responses", json={"model": "t"})
         assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"

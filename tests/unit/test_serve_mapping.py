@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from bmoe.domain.chat import ChatMessage
@@ -16,7 +17,7 @@ from bmoe.serve.mapping import (
     fill_context,
     sampling_params,
 )
-from bmoe.serve.neutral import Sampling
+from bmoe.serve.neutral import ChatRequest, Generation, Sampling
 
 DEFAULTS = ServeDefaults(sampling=SamplingParams(temp=0.0, top_k=40, top_p=0.95, seed=3), max_tokens=None)
 
@@ -86,3 +87,19 @@ def test_fill_context_gives_an_unbounded_request_the_rest_of_the_context() -> No
     assert fill_context(unbounded, n_prompt=600, n_ctx=512).n_predict == 0  # the session refuses it
     bounded = GenerateRequest("x", n_predict=7)
     assert fill_context(bounded, n_prompt=100, n_ctx=512) is bounded
+
+
+def test_fill_context_cuts_a_most_to_what_the_context_leaves() -> None:
+    unbounded = GenerateRequest("hi", n_predict=None)
+    assert fill_context(unbounded, n_prompt=100, n_ctx=512, most=32000).n_predict == 412
+    assert fill_context(unbounded, n_prompt=100, n_ctx=512, most=20).n_predict == 20
+
+
+def test_a_dialect_whose_max_tokens_is_a_most_leaves_n_predict_to_the_context() -> None:
+    asked = ChatRequest(
+        messages=(ChatMessage("user", "Hi"),), generation=Generation(max_tokens=50, fit_context=True)
+    )
+    turn = chat_turn(asked, DEFAULTS)
+    assert (turn.request.n_predict, turn.most) == (None, 50)
+    strict = chat_turn(attrs.evolve(asked, generation=Generation(max_tokens=50)), DEFAULTS)
+    assert (strict.request.n_predict, strict.most) == (50, None)

@@ -36,6 +36,7 @@ class ChatTurn:
 
     history: tuple[ChatMessage, ...]
     request: GenerateRequest
+    most: int | None = None  # with no n_predict: the most tokens, if the context leaves them
 
 
 def sampling_params(asked: Sampling, defaults: SamplingParams) -> SamplingParams:
@@ -60,9 +61,10 @@ def chat_turn(asked: ChatRequest, defaults: ServeDefaults) -> ChatTurn:
     if not last.content and last.role == "user":
         raise RequestError("the last user message is empty", f"messages[{len(history)}].content")
     gen = asked.generation
+    n_predict = defaults.max_tokens if gen.max_tokens is None else gen.max_tokens
     request = GenerateRequest(
         prompt=last.content,
-        n_predict=defaults.max_tokens if gen.max_tokens is None else gen.max_tokens,
+        n_predict=None if gen.fit_context else n_predict,
         think=asked.think,
         clear_kv=False,
         sampling=sampling_params(gen.sampling, defaults.sampling),
@@ -72,7 +74,7 @@ def chat_turn(asked: ChatRequest, defaults: ServeDefaults) -> ChatTurn:
         tool_call_id=last.tool_call_id,
         logprobs=gen.logprobs,
     )
-    return ChatTurn(history=tuple(history), request=request)
+    return ChatTurn(history=tuple(history), request=request, most=n_predict if gen.fit_context else None)
 
 
 def completion_request(asked: CompletionRequest, defaults: ServeDefaults) -> GenerateRequest:
@@ -88,10 +90,13 @@ def completion_request(asked: CompletionRequest, defaults: ServeDefaults) -> Gen
     )
 
 
-def fill_context(request: GenerateRequest, n_prompt: int, n_ctx: int) -> GenerateRequest:
+def fill_context(
+    request: GenerateRequest, n_prompt: int, n_ctx: int, *, most: int | None = None
+) -> GenerateRequest:
     """``request`` with ``n_predict`` set to what the context has left after a prompt of
-    ``n_prompt`` tokens, when it sets none (a prompt past the context is left for the
-    session to refuse)."""
+    ``n_prompt`` tokens (but no more than ``most``), when it sets none (a prompt past the
+    context is left for the session to refuse)."""
     if request.n_predict is not None:
         return request
-    return attrs.evolve(request, n_predict=max(0, n_ctx - n_prompt))
+    rest = max(0, n_ctx - n_prompt)
+    return attrs.evolve(request, n_predict=rest if most is None else min(most, rest))

@@ -77,6 +77,7 @@ def parse_messages(body: Body, *, counting: bool = False) -> MessagesRequest:
         stop=stop_strings(body, "stop_sequences", most=STOP_SEQUENCES_MAX),
         stream=bool(opt_bool(body, "stream")),
         constraint=_output_format(body),
+        fit_context=True,
     )
     chat = ChatRequest(
         messages=(*system, *messages),

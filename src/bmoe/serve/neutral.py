@@ -53,7 +53,11 @@ class Generation:
     - ``stream``: answer with server-sent events; ``include_usage``: end the stream with a
       chunk carrying the usage (OpenAI's ``stream_options.include_usage``);
     - ``constraint``: a response format or a grammar; ``logprobs``: ``None`` or how many
-      alternatives to list per token.
+      alternatives to list per token;
+    - ``fit_context``: ``max_tokens`` is a most, cut to what the prompt leaves of the context
+      (Anthropic's ``max_tokens`` and the Responses API's ``max_output_tokens``, which coding
+      agents set past a local model's context); else a prompt plus ``max_tokens`` past the
+      context is refused (chat completions, as OpenAI does).
     """
 
     model: str | None = None
@@ -64,6 +68,7 @@ class Generation:
     include_usage: bool = False
     constraint: OutputConstraint | None = None
     logprobs: int | None = None
+    fit_context: bool = False
 
 
 @attrs.frozen(kw_only=True)

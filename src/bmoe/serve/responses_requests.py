@@ -101,6 +101,7 @@ def parse_responses(body: Body) -> ResponsesRequest:
         stop=stop_strings(body),
         stream=bool(opt_bool(body, "stream")),
         constraint=_text_format(body),
+        fit_context=True,
     )
     store = opt_bool(body, "store")
     echo = {

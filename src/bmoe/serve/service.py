@@ -85,10 +85,13 @@ class ServedSession:
         turn = chat_turn(asked, self.defaults)
         stops = asked.generation.stop
         history = turn.history
+        most = turn.most
         if self.parallel > 1:
-            return self._parallel(turn.request, stops, emit, history, True)
+            return self._parallel(turn.request, stops, emit, history, True, most)
         return self.worker.submit(
-            self._watched("chat", lambda job: self._generate(job, turn.request, stops, emit, history, True))
+            self._watched(
+                "chat", lambda job: self._generate(job, turn.request, stops, emit, history, True, most)
+            )
         )
 
     def prompt_tokens(self, asked: ChatRequest) -> int:
@@ -114,6 +117,7 @@ class ServedSession:
         emit: Emit,
         history: Sequence[ChatMessage] | None,
         chat: bool,
+        most: int | None = None,
     ) -> Job[Outcome]:
         """A generation as one sequence of the batch run: it joins the run at its next step
         (or starts one on the worker). Its default ``max_tokens`` is what its slot's share of
@@ -121,7 +125,7 @@ class ServedSession:
         job: Job[Outcome] = Job(_never_run, lambda: None)  # settled by the run
         try:
             request, reply = self._reply(
-                request, stops, emit, history, chat, self.session.n_ctx // self.parallel, lambda: None
+                request, stops, emit, history, chat, self.session.n_ctx // self.parallel, lambda: None, most
             )
         except BmoeError as exc:
             job.settle(error=exc)
@@ -200,12 +204,14 @@ class ServedSession:
         chat: bool,
         n_ctx: int,
         stop: Callable[[], None],
+        most: int | None = None,
     ) -> tuple[GenerateRequest, ReplyStream]:
-        """``request`` with its default ``max_tokens`` (what its prompt leaves of ``n_ctx``)
-        and the stream its reply goes out through (``stop``: what a stop string calls)."""
+        """``request`` with its default ``max_tokens`` (what its prompt leaves of ``n_ctx``,
+        at most ``most``) and the stream its reply goes out through (``stop``: what a stop
+        string calls)."""
         if request.n_predict is None:
             prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
-            request = fill_context(request, len(prompt), n_ctx)
+            request = fill_context(request, len(prompt), n_ctx, most=most)
         tools = ToolUse.shown(request.tools) if chat else None
         fmt = self.session.engine.renderer.tool_format if tools is not None else None  # probed once, on need
         constraint = self.session.engine.constraint(request) if tools is not None else None
@@ -220,9 +226,10 @@ class ServedSession:
         emit: Emit,
         history: Sequence[ChatMessage] | None,
         chat: bool,
+        most: int | None = None,
     ) -> Outcome:
         request, reply = self._reply(
-            request, stops, emit, history, chat, self.session.n_ctx, self.session.stop
+            request, stops, emit, history, chat, self.session.n_ctx, self.session.stop, most
         )
 
         def on_progress(p: Progress) -> None:
