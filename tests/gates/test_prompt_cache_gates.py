@@ -14,6 +14,7 @@ import attrs
 import pytest
 
 from bmoe.adapters.llama import ContextParams
+from bmoe.client import SessionClient
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, RunResult, TokenLogprob
 from bmoe.domain.streaming import StreamConfig
@@ -153,3 +154,35 @@ class Readings:
     def read(self) -> MemoryReading:
         mib = self.free.pop(0) if len(self.free) > 1 else self.free[0]
         return MemoryReading(room_bytes=mib << 20, usable_bytes=8 << 30, pressure_pct=None)
+
+
+def test_the_line_protocol_keeps_named_conversations_and_restores_their_state(
+    tiny_model_path: TinyModel,
+) -> None:
+    """``--session --cache-ram``: two named conversations taking turns; each second turn
+    restores its own state (``n_restored`` in ``BMOE_DONE``) and writes what a session
+    holding that conversation alone writes."""
+    model = str(tiny_model_path("qwen3moe"))
+    args = [
+        "-m",
+        model,
+        "--session",
+        "--chatml",
+        "--moe-stream",
+        "--cache-mb",
+        "2",
+        "--temp",
+        "0",
+        "-c",
+        "512",
+    ]
+    turns = [("a", "read main.py"), ("b", "list the files"), ("a", "now edit it"), ("b", "and count them")]
+    with SessionClient([*args, "--cache-ram", "64"]) as client:
+        done = [client.generate(p, n_predict=6, clear_kv=False, conversation=c) for c, p in turns]
+    assert [d.n_restored > 0 for d in done] == [False, False, True, True]
+    for who in "ab":
+        with SessionClient([*args, "--cache-ram", "0"]) as alone:
+            expected = [alone.generate(p, n_predict=6, clear_kv=False) for c, p in turns if c == who]
+        got = [d for d, (c, _) in zip(done, turns, strict=True) if c == who]
+        assert [d.text for d in got] == [e.text for e in expected], who
+        assert got[1].n_prompt == expected[1].n_prompt, who  # only what it added

@@ -154,3 +154,16 @@ def test_the_governor_s_shrink_lowers_the_limit_below_what_is_held_and_a_growth_
     assert follow_budget(cache, 100, before=1000, after=970) == 40  # 30 below 60 held: two go
     assert cache.limit_bytes == 30 and len(cache) == 1
     assert follow_budget(cache, 100, before=970, after=1000) == 0 and cache.limit_bytes == 100
+
+
+def test_named_conversations_each_continue_where_they_left_and_restore_their_state() -> None:
+    backend = ScriptedGenerateBackend(512, spell("ok"))  # type: ignore[arg-type]
+    cache = PromptCache(None)
+    eng = SessionEngine(backend, TinyTemplate(), EngineDefaults(chat=True, n_predict=8), prompt_cache=cache)
+    for name, prompt in [("a", "read main.py"), ("b", "list files"), ("a", "now edit it")]:
+        result = eng.generate(GenerateRequest(prompt, clear_kv=False, conversation=name))
+    assert bytes(backend.context).decode() == "<u>read main.py</u><a>ok</a><u>now edit it</u><a>ok"
+    assert result.n_restored == len("<u>read main.py</u><a>ok")  # a's own state came back
+    assert result.n_prompt == len("</a><u>now edit it</u><a>")
+    assert eng.conversations() == ["a", None, "b"]
+    assert [m.content for m in eng.history] == ["read main.py", "ok", "now edit it", "ok"]

@@ -237,6 +237,7 @@ class SessionLoop:
             constraint=cmd.constraint(),
             tools=cmd.tool_use(),
             logprobs=cmd.logprobs,
+            conversation=cmd.conversation,
         )
         result = self.session.generate(request, on_progress, on_begin=lambda: self._begin(cmd.id))
         return done_response(cmd.id, result, self.session.load_s)

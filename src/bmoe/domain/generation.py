@@ -24,6 +24,10 @@ class GenerateRequest:
     - ``n_predict`` / ``think``: None means the session's default.
     - ``clear_kv``: True starts a new conversation (KV and history dropped, expert cache
       kept); False continues the engine-held conversation, reusing the KV prefix.
+    - ``conversation``: the name of the engine-held conversation this request belongs to
+      (``None``: the default one). A session holds several by name: switching to another
+      parks the current one's history (and, with a prompt cache, its state), so a Python
+      app holding several chats continues each where it left it.
 
     - ``constraint``: a grammar the reply must follow (``None``: free).
     - ``tools`` (chat mode): tools the model may call; the reply is read for calls
@@ -47,6 +51,7 @@ class GenerateRequest:
     role: Literal["user", "tool"] = "user"
     tool_call_id: str = ""
     logprobs: int | None = None
+    conversation: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.prompt and self.role == "user":

@@ -91,6 +91,9 @@ class SessionEngine:
         self.history: list[ChatMessage] = []
         self.kv_tokens: list[int] = []  # the tokens whose state the backend holds, in order
         self.transcript: list[int] = []  # raw mode: prompt and generated tokens so far
+        self.conversation: str | None = None  # the name of the conversation held above
+        # the other named conversations: (history, transcript) each
+        self._parked: dict[str | None, tuple[list[ChatMessage], list[int]]] = {}
         self._lock = threading.Lock()  # one generate at a time
         self._state = threading.Lock()  # guards _running against cancel()
         self._running = False
@@ -276,6 +279,7 @@ class SessionEngine:
         history: Sequence[ChatMessage] | None,
         chat: bool | None,
     ) -> RunResult:
+        self._switch(request.conversation)
         n_predict = self.defaults.n_predict if request.n_predict is None else request.n_predict
         chat = self.defaults.chat if chat is None else chat
         prompt = self.render_prompt(request, history=history, chat=chat)
@@ -355,6 +359,20 @@ class SessionEngine:
             self.backend.reset()  # recurrent memory: only a state the prompt extends whole
             return False
         return True
+
+    def _switch(self, name: str | None) -> None:
+        """Make ``name`` the conversation held: the current one's history is parked (its KV
+        stays in the context until another prompt needs it, then goes to the prompt cache
+        where there is one)."""
+        if name == self.conversation:
+            return
+        self._parked[self.conversation] = (self.history, self.transcript)
+        self.history, self.transcript = self._parked.pop(name, ([], []))
+        self.conversation = name
+
+    def conversations(self) -> list[str | None]:
+        """The names of the conversations held (the current one first)."""
+        return [self.conversation, *self._parked]
 
     def _keep_state(self) -> None:
         """Save the context's state in the prompt cache (if there is one, and the state is

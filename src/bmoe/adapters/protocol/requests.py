@@ -63,6 +63,9 @@ class GenerateCmd:
       calls the reply makes come back in ``BMOE_DONE``'s ``tool_calls``.
     - ``logprobs``: report each token's log-probability and that many alternatives (0-20)
       in ``BMOE_DONE``'s ``logprobs``.
+    - ``conversation``: the name of the conversation it continues (absent: the default
+      one); the session keeps each named conversation's history, and with a prompt cache
+      (``--cache-ram``) its state.
     """
 
     CMD: ClassVar[str] = "generate"
@@ -78,6 +81,7 @@ class GenerateCmd:
     tool_choice: Any = None
     parallel_tool_calls: bool | None = attrs.field(default=None, validator=typed(optional(check_bool)))
     logprobs: int | None = attrs.field(default=None, validator=typed(optional(check_int)))
+    conversation: str | None = attrs.field(default=None, validator=typed(optional(check_str)))
 
     @prompt.validator
     def _prompt_not_empty(self, _attribute: attrs.Attribute[str], value: str) -> None:
