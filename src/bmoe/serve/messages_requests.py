@@ -211,7 +211,7 @@ def _user(content: object, where: str) -> list[ChatMessage]:
     results: list[ChatMessage] = []
     texts: list[str] = []
     for i, block in enumerate(_blocks(content, where)):
-        kind, at = block.get("type"), f"{where}[{i}]"
+        kind, at = _kind(block), f"{where}[{i}]"
         if kind == "text":
             texts.append(_block_text(block, at))
         elif kind == "tool_result":
@@ -232,7 +232,7 @@ def _assistant(content: object, where: str) -> ChatMessage:
     texts: list[str] = []
     calls: list[ToolCall] = []
     for i, block in enumerate(_blocks(content, where)):
-        kind, at = block.get("type"), f"{where}[{i}]"
+        kind, at = _kind(block), f"{where}[{i}]"
         if kind == "text":
             texts.append(_block_text(block, at))
         elif kind == "tool_use":
@@ -245,6 +245,12 @@ def _assistant(content: object, where: str) -> ChatMessage:
         elif kind not in KEPT_OUT:
             raise _refused(kind, at)
     return ChatMessage("assistant", "".join(texts), tool_calls=tuple(calls))
+
+
+def _kind(block: Body) -> str:
+    """A block's ``type`` (a value that is not a string, as its text)."""
+    kind = block.get("type")
+    return kind if isinstance(kind, str) else repr(kind)
 
 
 def _block_text(block: Body, where: str) -> str:

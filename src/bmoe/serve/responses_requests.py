@@ -290,10 +290,11 @@ def _text(value: object, where: str) -> str:
     texts = []
     for i, part in enumerate(value):
         kind = part.get("type") if isinstance(part, dict) else None
+        kind = kind if isinstance(kind, str) else repr(kind)
         if isinstance(part, dict) and kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
             continue
-        if kind not in TEXT_PARTS or not isinstance(part, dict) or not isinstance(part.get("text"), str):
+        if not isinstance(part, dict) or kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             raise RequestError(
                 f"{where}[{i}]: only text parts are supported, got {kind!r}",
                 f"{where}[{i}]",

@@ -1,0 +1,167 @@
+"""Mutated bodies on the Responses and Messages routes: each answer is a success or a 4xx in
+the route's error shape, never a 5xx for a bad body, never a hang; and a valid request
+afterwards gets the same answer as before the storm."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_server import serving  # the in-process server of test_server.py
+
+TinyModelPath = Callable[..., Path]
+MUTANTS = 1000
+TOOL_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+RESPONSES = {
+    "model": "t",
+    "instructions": "Be brief.",
+    "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+    ],
+    "tools": [{"type": "function", "name": "get_weather", "parameters": TOOL_SCHEMA}],
+    "tool_choice": "auto",
+    "max_output_tokens": 3,
+    "temperature": 0.0,
+    "reasoning": {"effort": "low"},
+    "text": {"format": {"type": "text"}},
+}
+MESSAGES = {
+    "model": "t",
+    "system": [{"type": "text", "text": "Be brief."}],
+    "messages": [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "rain"}]},
+    ],
+    "tools": [{"name": "get_weather", "input_schema": TOOL_SCHEMA}],
+    "tool_choice": {"type": "auto"},
+    "max_tokens": 3,
+    "stop_sequences": ["\n\n"],
+}
+JUNK: list[Any] = [
+    None,
+    True,
+    0,
+    -1,
+    2**63,
+    1.5e308,
+    "",
+    "x",
+    "é" * 3,
+    [],
+    {},
+    [None],
+    {"type": None},
+    "a" * 5000,
+]
+
+
+def _paths(node: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [at]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += _paths(value, (*at, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _paths(value, (*at, i))
+    return found
+
+
+def mutate(body: dict[str, Any], rng: random.Random) -> Any:
+    """``body`` with one to three random changes: a node replaced by junk or another node,
+    a key dropped or added, a list emptied or doubled; now and then not JSON at all."""
+    out = copy.deepcopy(body)
+    for _ in range(rng.randint(1, 3)):
+        paths = [p for p in _paths(out) if p]
+        if not paths or not isinstance(out, dict):
+            break
+        path = rng.choice(paths)
+        parent: Any = out
+        for step in path[:-1]:
+            parent = parent[step]
+        last = path[-1]
+        roll = rng.random()
+        if roll < 0.45:
+            parent[last] = copy.deepcopy(rng.choice(JUNK))
+        elif roll < 0.6 and isinstance(parent, dict):
+            del parent[last]
+        elif roll < 0.7 and isinstance(parent, dict):
+            parent[rng.choice(["type", "role", "content", "zzz", "stream", "name"])] = rng.choice(JUNK)
+        elif roll < 0.8:
+            parent[last] = copy.deepcopy(out.get(rng.choice(list(out)))) if out else None
+        elif roll < 0.9 and isinstance(parent[last], list):
+            parent[last] = parent[last] * 2 if rng.random() < 0.5 else []
+        else:
+            parent[last] = rng.choice(["text", "function", "message", "tool_use", "any", "json_schema"])
+    return out
+
+
+def _shape_ok(route: str, body: Any) -> bool:
+    if route.startswith("/v1/messages"):
+        return body.get("type") == "error" and isinstance(body.get("error", {}).get("message"), str)
+    error = body.get("error")
+    return isinstance(error, dict) and isinstance(error.get("message"), str) and "type" in error
+
+
+@pytest.mark.parametrize(
+    ("route", "base"),
+    [
+        ("/v1/responses", RESPONSES),
+        ("/v1/responses/input_tokens", RESPONSES),
+        ("/v1/messages", MESSAGES),
+        ("/v1/messages/count_tokens", MESSAGES),
+    ],
+)
+def test_a_thousand_mutated_bodies_get_a_4xx_in_the_routes_shape_or_an_answer(
+    tiny_model_path: TinyModelPath, route: str, base: dict[str, Any]
+) -> None:
+    rng = random.Random(route)
+    with (
+        serving(tiny_model_path("qwen3moe"), "-c", "512", "--max-tokens", "3") as s,
+        httpx.Client(timeout=30.0) as http,
+    ):
+        url = s.url.removesuffix("/v1") + route
+        before = http.post(url, json=base)
+        assert before.status_code == 200, before.text
+        statuses: dict[int, int] = {}
+        for n in range(MUTANTS):
+            if n % 50 == 0:
+                answer = http.post(
+                    url, content=b'{"model": "t", "input": [', headers={"content-type": "application/json"}
+                )
+            else:
+                body = mutate(base, rng)
+                body["stream"] = False  # a stream's answer is read whole below; its status counts
+                answer = http.post(url, json=body)
+            statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
+            assert answer.status_code < 500, (body, answer.text)
+            if answer.status_code >= 400:
+                assert _shape_ok(route, answer.json()), answer.text
+        after = http.post(url, json=base)
+    assert statuses.get(400, 0) > MUTANTS // 4  # the storm was mostly bad bodies
+    strip = ("id", "created_at")
+    first, last = before.json(), after.json()
+    for key in strip:
+        first.pop(key, None)
+        last.pop(key, None)
+    if "output" in first:  # item ids are fresh in each response
+        for item in (*first["output"], *last["output"]):
+            item.pop("id", None)
+    used = [_prompt_tokens(body.pop("usage", None)) for body in (first, last)]
+    assert first == last and used[0] == used[1]  # the same answer from the same prompt (KV reuse aside)
+
+
+def _prompt_tokens(usage: Any) -> int | None:
+    if usage is None:
+        return None
+    return int(usage["input_tokens"] + usage.get("cache_read_input_tokens", 0))
