@@ -9,7 +9,11 @@ with the same long system prompt and tool list, and every turn adds a tool resul
 - ``np1-cache``: the same with the prompt cache (``--cache-ram``): it restores its own state;
 - ``np2-plain``: two slots (``-np 2``), both conversations' turns sent together, slots that
   never reuse a prefix (``--slot-prompt-similarity 1``: today's way before slots kept KV);
-- ``np2``: two slots that keep their KV (the default).
+- ``np2``: two slots that keep their KV (the default);
+- ``stock-cache``: llama-cpp-python's own ``Llama`` with its RAM prompt cache
+  (``LlamaRAMCache``, what ``python -m llama_cpp.server --cache`` uses), resident, its
+  defaults (weights repacked); it does not say what its prompt held nor what it prefilled
+  (``-1``).
 
 Reported per turn: tokens prefilled, tokens restored from the prompt cache, MiB of experts
 read during the prefill (streamed), and the time to the first token; a markdown table on
@@ -35,7 +39,7 @@ from bmoe.runtime import Session, SessionConfig
 from bmoe.runtime.session import ParallelEntry
 from bmoe.tinymodel import default_model_path
 
-MODES = ("np1", "np1-cache", "np2-plain", "np2")
+MODES = ("np1", "np1-cache", "np2-plain", "np2", "stock-cache")
 CODE = "def handler_{i}(request):\n    value = request.get('field_{i}', {i})\n    return value * {j} + {i}\n"
 
 
@@ -83,7 +87,38 @@ class Sink:
         raise error
 
 
+def run_stock(args: argparse.Namespace, system: str, tools: Sequence[str]) -> list[Turn]:
+    """The transcript through llama-cpp-python's ``Llama`` and its RAM prompt cache."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=str(args.model), n_ctx=args.ctx, n_batch=args.batch, n_threads=args.threads, verbose=False
+    )
+    llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=512 << 20))
+    turns: list[Turn] = []
+    histories: dict[str, list[dict[str, str]]] = {w: [{"role": "system", "content": system}] for w in "ab"}
+    for t in range(args.turns):
+        for who in "ab":
+            prompt = f"Tool result ({who}, turn {t}):\n{tools[2 * t + (who == 'b')]}"
+            histories[who].append({"role": "user", "content": prompt})
+            t0 = time.perf_counter()
+            first, text = 0.0, []
+            for chunk in llm.create_chat_completion(
+                messages=histories[who], max_tokens=args.gen, temperature=0.0, stream=True
+            ):
+                delta = chunk["choices"][0]["delta"].get("content")  # type: ignore[index]
+                if delta:
+                    first = first or time.perf_counter() - t0
+                    text.append(delta)
+            histories[who].append({"role": "assistant", "content": "".join(text)})
+            turns.append(Turn("stock-cache", who, t, -1, -1, -1, 0.0, first))
+    llm.close()
+    return turns
+
+
 def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[str]) -> list[Turn]:
+    if mode == "stock-cache":
+        return run_stock(args, system, tools)
     parallel = mode.startswith("np2")
     context = ContextParams(
         n_ctx=args.ctx,
