@@ -44,6 +44,7 @@ from bmoe.adapters.protocol import (
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.generation import Progress as TokenProgress
+from bmoe.domain.metrics import run_summary
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB
 from bmoe.domain.streaming.governor import BudgetChange
@@ -279,24 +280,17 @@ def progress_response(p: TokenProgress, budget_changes: Sequence[BudgetChange] =
 
 
 def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
-    """``BMOE_DONE`` for one generate (streaming figures -1 when not streaming)."""
-    common = {
-        "id": rid,
-        "cancelled": result.cancelled,
-        "tokens": len(result.tokens),
-        "tok_s": result.tok_s,
-        "prefill_s": result.prefill_s,
-        "prefill_tps": result.prefill_tps,
-        "load_s": load_s,
-        "n_prompt": result.n_prompt,
-        "n_past": result.n_past,
-        "n_restored": result.n_restored,
-        "text": result.text,
-        "reasoning": result.reasoning,
-        "tool_calls": tuple(
+    """``BMOE_DONE`` for one generate: ``run_summary``'s figures (streaming ones -1 when not
+    streaming) and the content."""
+    return Done(
+        id=rid,
+        **run_summary(result, load_s),
+        text=result.text,
+        reasoning=result.reasoning,
+        tool_calls=tuple(
             DoneToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in result.tool_calls
         ),
-        "logprobs": tuple(
+        logprobs=tuple(
             DoneLogprob(
                 token=lp.chosen.token,
                 text=lp.chosen.piece,
@@ -305,23 +299,6 @@ def done_response(rid: RequestId, result: RunResult, load_s: float) -> Done:
             )
             for lp in result.logprobs
         ),
-    }
-    report = result.stream
-    if report is None:
-        return Done(**common)
-    return Done(
-        **common,
-        cache_hit_pct=report.decode.hit_pct,
-        read_mib=report.decode.read_mib,
-        io_s_tok=report.io_s_tok,
-        compute_s_tok=report.compute_s_tok,
-        mgmt_s_tok=report.mgmt_s_tok,
-        stall_s_tok=report.stall_s_tok,
-        cache_resident_mib=report.decode.resident_bytes / MIB,
-        cache_budget_mib=report.decode.budget_bytes / MIB,
-        prefill_read_mib=report.prefill.read_mib,
-        prefill_io_s=report.prefill.io_s,
-        prefill_stall_s=report.prefill.stall_s,
     )
 
 
