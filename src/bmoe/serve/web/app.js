@@ -58,6 +58,36 @@ async function readEvents(response, onData) {
   if (data.length) onData(data.join("\n"));
 }
 
+// A server started with --api-key wants a key with every request: asked once (on the first
+// 401), kept in this tab only (sessionStorage), sent as Authorization: Bearer.
+const KEY_ITEM = "bmoe-api-key";
+let asking = null;
+
+function withKey(headers = {}) {
+  const key = sessionStorage.getItem(KEY_ITEM);
+  return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
+}
+
+function askKey() {
+  if (!asking) {
+    asking = new Promise((resolve) => {
+      const key = window.prompt("This server needs an API key (its --api-key):");
+      if (key && key.trim()) sessionStorage.setItem(KEY_ITEM, key.trim());
+      resolve();
+    }).finally(() => setTimeout(() => { asking = null; }, 0));
+  }
+  return asking;
+}
+
+async function api(url, options = {}) {
+  let response = await fetch(url, { ...options, headers: withKey(options.headers) });
+  if (response.status === 401) {
+    await askKey();
+    response = await fetch(url, { ...options, headers: withKey(options.headers) });
+  }
+  return response;
+}
+
 async function errorText(response) {
   try {
     const body = await response.json();
@@ -121,7 +151,7 @@ async function send(text) {
   let finish = null;
   const started = performance.now();
   try {
-    const response = await fetch("/v1/chat/completions", {
+    const response = await api("/v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(request(history)),
@@ -206,7 +236,7 @@ $("decide").addEventListener("submit", async (event) => {
   out.replaceChildren(el("div", "muted", "deciding…"));
   $("d-go").disabled = true;
   try {
-    const response = await fetch("/v1/decide", {
+    const response = await api("/v1/decide", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body),
@@ -310,15 +340,23 @@ function showMetrics(m) {
   }
 }
 
-function watchMetrics() {
-  const source = new EventSource("/v1/bmoe/metrics");
-  source.onmessage = (event) => showMetrics(JSON.parse(event.data));
-  // EventSource reconnects by itself after an error (a server restart)
+async function watchMetrics() {
+  // read with fetch, not EventSource, which cannot send the key; after an error (a server
+  // restart) it connects again, as EventSource would
+  for (;;) {
+    try {
+      const response = await api("/v1/bmoe/metrics");
+      if (response.ok) await readEvents(response, (data) => showMetrics(JSON.parse(data)));
+    } catch (err) {
+      // the server went away: try again below
+    }
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+  }
 }
 
 async function loadModel() {
   try {
-    const response = await fetch("/v1/models");
+    const response = await api("/v1/models");
     const list = await response.json();
     const card = list.data[0];
     state.model = card.id;
