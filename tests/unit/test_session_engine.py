@@ -194,3 +194,18 @@ def test_raw_mode_continues_the_text_in_memory() -> None:
     assert bytes(backend.context).decode() == "ab..cd."
     assert second.n_prompt == 3  # the unfed last token of turn one, then "cd"
     assert second.n_past == len("ab..cd..")
+
+
+def test_a_prompt_rendered_to_size_the_answer_is_not_rendered_again_by_generate() -> None:
+    engine, _ = chat_engine("ok")
+    template = engine.renderer
+    assert isinstance(template, TinyTemplate)
+    history = [ChatMessage("system", "Be brief.")]
+    prompt = engine.render_prompt(GenerateRequest("Hi", clear_kv=False), history=history)
+    renders = len(template.calls)
+    result = engine.generate(GenerateRequest("Hi", n_predict=8, clear_kv=False), history=history)
+    assert len(template.calls) == renders  # the same conversation: its tokens kept
+    assert result.n_past == len(prompt) + len(result.tokens)
+    engine.render_prompt(GenerateRequest("Hi", clear_kv=False, think=False), history=history)
+    engine.render_prompt(GenerateRequest("Hi", clear_kv=False), history=[*history, ChatMessage("user", "x")])
+    assert len(template.calls) == renders + 2  # another switch, another conversation: rendered

@@ -101,6 +101,9 @@ class SessionEngine:
         self._stop = threading.Event()
         self._fatal: BmoeError | None = None
         self._closed = False
+        # the last chat prompt rendered for a given conversation: a caller that renders it
+        # first (to size n_predict, to count it) does not make generate tokenize it again
+        self._last_render: tuple[tuple[object, ...], tuple[int, ...]] | None = None
 
     # -- control ---------------------------------------------------------------------------
 
@@ -166,7 +169,8 @@ class SessionEngine:
     ) -> list[int]:
         """The whole token sequence the context must hold before this turn's answer.
 
-        ``history`` and ``chat`` as in ``generate``."""
+        ``history`` and ``chat`` as in ``generate``. A chat turn with its ``history`` given
+        is rendered once: asked again (``n_predict`` aside), the tokens are the last ones."""
         think = self._think(request)
         tools = ToolUse.shown(request.tools)
         if self.defaults.chat if chat is None else chat:
@@ -176,9 +180,20 @@ class SessionEngine:
                     "(it reads Hermes/Qwen <tool_call>, gpt-oss channels, Mistral [TOOL_CALLS] "
                     "and Llama 3.x JSON; docs/server.md)"
                 )
+            key = (
+                (attrs.evolve(request, n_predict=None), tuple(history), think)
+                if history is not None
+                else None
+            )
+            kept = self._last_render
+            if key is not None and kept is not None and kept[0] == key:
+                return list(kept[1])
             past = history if history is not None else [] if request.clear_kv else self.history
             text = self.renderer.render([*past, _turn_message(request)], enable_thinking=think, tools=tools)
-            return self.backend.tokenize(text)
+            tokens = self.backend.tokenize(text)
+            if key is not None:
+                self._last_render = (key, tuple(tokens))
+            return tokens
         if history is not None:
             raise ConfigError("a conversation history needs chat mode")
         if tools is not None or request.role != "user":
