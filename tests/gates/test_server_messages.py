@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -203,3 +204,35 @@ def test_errors_come_in_anthropics_shape(tiny_model_path: TinyModelPath) -> None
     assert cut.stop_reason in ("max_tokens", "end_turn")
     used = cut.usage.input_tokens + (cut.usage.cache_read_input_tokens or 0) + cut.usage.output_tokens
     assert used in (511, 512) or cut.stop_reason == "end_turn"
+
+
+def test_dialects_side_by_side_under_np_each_answered_as_alone(tiny_model_path: TinyModelPath) -> None:
+    """One request core: a message, a response and a chat completion batched together under
+    ``-np 3`` get the answers each gets alone."""
+    model = tiny_model_path("qwen3moe")
+
+    def ask_all(running: Running) -> list[str]:
+        claude = client_of(running)
+        oai = running.client()
+
+        def message() -> str:
+            reply = claude.messages.create(model="t", messages=HELLO, max_tokens=10)
+            return reply.content[0].text  # type: ignore[union-attr]
+
+        def response() -> str:
+            return oai.responses.create(model="t", input="Hello there", max_output_tokens=10).output_text
+
+        def chat() -> str:
+            answer = oai.chat.completions.create(model="t", messages=HELLO, max_tokens=10)
+            return answer.choices[0].message.content or ""
+
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(f) for f in (message, response, chat)]
+            return [f.result() for f in futures]
+
+    with serving(model, *LONG, "-np", "3") as s:
+        together = ask_all(s)
+    with serving(model, *LONG) as alone:
+        one_by_one = ask_all(alone)
+    assert together == one_by_one
+    assert together[0] == together[1] == together[2]  # one prompt, one answer, three dialects
