@@ -1,7 +1,8 @@
 """The agent frameworks themselves, unchanged, against ``python -m bmoe.serve`` on the tiny
 fixture: instructor (``JSON_SCHEMA`` and ``TOOLS``), langchain-openai
 (``with_structured_output`` by JSON schema and by function calling, a tool loop) and the
-OpenAI Agents SDK (``output_type``, function tools, a required tool choice beside it).
+OpenAI Agents SDK (``output_type``, function tools, a required tool choice beside it), over
+chat completions and, with its default model, the Responses API.
 
 Their pydantic models use what pydantic writes for real code: ``Field(ge=..., le=...)``,
 ``PositiveInt``, ``date``, ``Literal``, ``Enum``, nested lists of objects. The fixture's
@@ -118,12 +119,14 @@ def test_langchain_tool_loop_runs_the_tool_and_answers(server: Running) -> None:
     assert isinstance(answer.content, str)
 
 
-def _agent_model(server: Running) -> object:
+def _agent_model(server: Running, api: str = "chat") -> object:
     client = openai.AsyncOpenAI(base_url=server.url, api_key="none")
+    if api == "responses":  # the SDK's default model: the Responses API
+        return agents.OpenAIResponsesModel(model="m", openai_client=client)
     return agents.OpenAIChatCompletionsModel(model="m", openai_client=client)
 
 
-def _stock_agent(server: Running) -> tuple[object, list[int]]:
+def _stock_agent(server: Running, api: str = "chat") -> tuple[object, list[int]]:
     """An agent with a bounded function tool, ``output_type`` and a required tool choice;
     the arguments its tool was called with."""
     ran: list[int] = []
@@ -137,7 +140,7 @@ def _stock_agent(server: Running) -> tuple[object, list[int]]:
     agent = agents.Agent(
         name="orders",
         instructions="Check the stock, then make an order.",
-        model=_agent_model(server),
+        model=_agent_model(server, api),
         tools=[stock],
         output_type=Order,
         model_settings=agents.ModelSettings(max_tokens=400, tool_choice="required"),
@@ -205,5 +208,31 @@ def test_agents_sdk_streamed_run_with_a_required_tool_ends_in_a_valid_model(serv
 
     final = asyncio.run(run())
     assert ran and all(1 <= n <= 5 for n in ran)
+    assert isinstance(final, Order)
+    _check(final)
+
+
+def test_agents_sdk_default_responses_model_output_type_and_a_required_tool(server: Running) -> None:
+    """The SDK's default model speaks the Responses API: ``text.format`` for the output
+    type, a function tool, ``function_call_output`` items back; run and streamed."""
+    plain = agents.Agent(
+        name="orders",
+        instructions="Make an order.",
+        model=_agent_model(server, "responses"),
+        output_type=Order,
+        model_settings=agents.ModelSettings(max_tokens=400),
+    )
+    _check(asyncio.run(agents.Runner.run(plain, "Make an order.")).final_output)
+    agent, ran = _stock_agent(server, "responses")
+    result = asyncio.run(agents.Runner.run(agent, "Make an order.", max_turns=6))
+    assert ran and all(1 <= n <= 5 for n in ran)
+    _check(result.final_output)
+
+    async def run() -> object:
+        streamed = agents.Runner.run_streamed(agent, "Make an order.", max_turns=6)
+        assert [event async for event in streamed.stream_events()]
+        return streamed.final_output
+
+    final = asyncio.run(run())
     assert isinstance(final, Order)
     _check(final)
