@@ -371,6 +371,18 @@ class Llama:
             return self._chat_chunks(env, items)
         return api_responses.chat_completion(env, _last(items))
 
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """``text``'s token ids (llama-cpp-python's ``tokenize``: UTF-8 bytes in)."""
+        return self.session.model.tokenize(text.decode("utf-8"), add_special=add_bos, parse_special=special)
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        """The bytes ``tokens`` stand for (specials' text only with ``special``)."""
+        return b"".join(self.session.model.token_bytes(t, special=special) for t in tokens)
+
+    def n_ctx(self) -> int:
+        """The context length."""
+        return self.session.n_ctx
+
     # -- the session underneath ----------------------------------------------------------
 
     @property
