@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bmoe.adapters.memory_pressure import MemoryProbe, own_group, parse_psi_some_avg10, parse_stat_value
-from bmoe.adapters.system_memory import parse_meminfo
+from bmoe.adapters.memory_pressure import MemoryProbe, parse_psi_some_avg10
+from bmoe.adapters.memory_room import own_group, parse_meminfo, parse_stat_value
 
 GIB = 1 << 30
 MEMINFO = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   18000000 kB\n"
@@ -23,19 +23,20 @@ def test_meminfo_psi_and_stat_are_read() -> None:
     assert parse_stat_value(stat, "nothing") == 0
 
 
-def _proc(tmp_path: Path, cgroup: str, mounts: str, *, psi: str | None = PSI) -> Path:
+def _proc(tmp_path: Path, cgroup: str, mountinfo: str, *, psi: str | None = PSI) -> Path:
     proc = tmp_path / "proc"
     (proc / "self").mkdir(parents=True)
     (proc / "meminfo").write_text(MEMINFO)
     (proc / "self" / "cgroup").write_text(cgroup)
-    (proc / "self" / "mounts").write_text(mounts)
+    (proc / "self" / "mountinfo").write_text(mountinfo)
     if psi is not None:
         (proc / "pressure").mkdir()
         (proc / "pressure" / "memory").write_text(psi)
     return proc
 
 
-V1_MOUNTS = "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+V1_MOUNTS = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+V2_MOUNTS = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n"
 
 
 def test_a_v1_group_limits_the_room_by_its_usage_less_inactive_files(tmp_path: Path) -> None:
@@ -47,7 +48,7 @@ def test_a_v1_group_limits_the_room_by_its_usage_less_inactive_files(tmp_path: P
     (group / "memory.stat").write_text(f"total_inactive_file {GIB // 2}\n")
     proc = _proc(tmp_path, "4:memory:/app/x\n0::/\n", V1_MOUNTS)
     probe = MemoryProbe(proc, root)
-    assert probe.group == (1, group)
+    assert probe.group is not None and (probe.group.version, probe.group.folder) == (1, group)
     reading = probe.read()
     assert reading.usable_bytes == 2 * GIB  # the limit, below MemTotal
     assert reading.room_bytes == GIB  # 2 GiB - (1.5 GiB used - 0.5 GiB reclaimable)
@@ -61,7 +62,7 @@ def test_a_v2_group_gives_its_own_pressure(tmp_path: Path) -> None:
     (group / "memory.max").write_text(str(4 * GIB))
     (group / "memory.current").write_text(str(GIB))
     (group / "memory.pressure").write_text("some avg10=40.00 avg60=0 avg300=0 total=1\n")
-    proc = _proc(tmp_path, "0::/user.slice/app\n", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    proc = _proc(tmp_path, "0::/user.slice/app\n", V2_MOUNTS)
     reading = MemoryProbe(proc, root).read()
     assert (reading.usable_bytes, reading.room_bytes, reading.pressure_pct) == (4 * GIB, 3 * GIB, 40.0)
 
@@ -72,7 +73,7 @@ def test_without_a_limit_or_psi_the_machine_speaks(tmp_path: Path) -> None:
     group.mkdir(parents=True)
     (group / "memory.max").write_text("max")
     (group / "memory.current").write_text(str(GIB))
-    proc = _proc(tmp_path, "0::/app\n", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n", psi=None)
+    proc = _proc(tmp_path, "0::/app\n", V2_MOUNTS, psi=None)
     reading = MemoryProbe(proc, root).read()
     assert reading.usable_bytes == 24000000 * 1024 and reading.room_bytes == 18000000 * 1024
     assert reading.pressure_pct is None

@@ -9,7 +9,8 @@ import pytest
 
 from bmoe.adapters.expert_streaming import StreamingUnavailable, plan_projections
 from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation
-from bmoe.domain.streaming import MIB, StreamConfig, prompt_batch, resolve_budget
+from bmoe.domain.memory_room import MemoryRoom
+from bmoe.domain.streaming import MIB, RunMemory, StreamConfig, prompt_batch, resolve_budget
 from bmoe.errors import ConfigError
 
 
@@ -43,7 +44,8 @@ def test_a_dense_llama_runs_resident_and_a_llama_with_experts_streams() -> None:
     with pytest.raises(StreamingUnavailable, match="llama model has no routed experts"):
         plan_projections(FakeModel("llama", 0), layout())  # type: ignore[arg-type]
     names, found = plan_projections(
-        FakeModel("llama", 4), layout(expert("blk.1.ffn_down_exps.weight"))  # type: ignore[arg-type]
+        FakeModel("llama", 4),
+        layout(expert("blk.1.ffn_down_exps.weight")),  # type: ignore[arg-type]
     )
     assert [(layer, names[p]) for layer, p, _ in found] == [(1, "ffn_down_exps")]
 
@@ -72,21 +74,24 @@ def test_a_tensor_that_is_not_one_slice_per_expert_is_refused() -> None:
 
 def test_budget_auto_is_available_memory_minus_a_floor_capped_and_at_least_one_cycle() -> None:
     auto = StreamConfig(enabled=True)
-    assert resolve_budget(auto, available_bytes=5000 * MIB, token_cycle_bytes=10 * MIB).bytes == 3976 * MIB
+    roomy = RunMemory(MemoryRoom(5000 * MIB))
+    assert resolve_budget(auto, memory=roomy, token_cycle_bytes=10 * MIB).bytes == 3976 * MIB
     capped = StreamConfig(enabled=True, cache_ceil_mb=2000)
-    assert resolve_budget(capped, available_bytes=5000 * MIB, token_cycle_bytes=10 * MIB).bytes == 2000 * MIB
-    starved = resolve_budget(auto, available_bytes=512 * MIB, token_cycle_bytes=300 * MIB)
+    assert resolve_budget(capped, memory=roomy, token_cycle_bytes=10 * MIB).bytes == 2000 * MIB
+    starved = resolve_budget(auto, memory=RunMemory(MemoryRoom(512 * MIB)), token_cycle_bytes=300 * MIB)
     assert starved.bytes == 300 * MIB and starved.auto
 
 
 def test_an_explicit_budget_below_a_token_cycle_is_honoured_with_a_warning() -> None:
     small = resolve_budget(
-        StreamConfig(enabled=True, cache_mb=100), available_bytes=0, token_cycle_bytes=300 * MIB
+        StreamConfig(enabled=True, cache_mb=100),
+        memory=RunMemory(MemoryRoom(5000 * MIB)),
+        token_cycle_bytes=300 * MIB,
     )
     assert small.bytes == 100 * MIB
     assert small.warning == "cache 100 MiB is below one token cycle (300 MiB): expect almost no hits"
     off = resolve_budget(
-        StreamConfig(enabled=True, cache_mb=0), available_bytes=0, token_cycle_bytes=300 * MIB
+        StreamConfig(enabled=True, cache_mb=0), memory=RunMemory(MemoryRoom(0)), token_cycle_bytes=300 * MIB
     )
     assert (off.bytes, off.warning) == (0, None)
 

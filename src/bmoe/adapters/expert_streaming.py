@@ -41,8 +41,17 @@ from bmoe.adapters.native_errors import native_call
 from bmoe.adapters.router_gates import RouterGates
 from bmoe.cext import expert_stream
 from bmoe.cext.abort_flag import AbortFlag
+from bmoe.domain.memory_room import MemoryRoom
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
-from bmoe.domain.streaming import Budget, ReadFault, StreamConfig, StreamCounters, StreamFault, resolve_budget
+from bmoe.domain.streaming import (
+    Budget,
+    ReadFault,
+    RunMemory,
+    StreamConfig,
+    StreamCounters,
+    StreamFault,
+    resolve_budget,
+)
 from bmoe.domain.streaming.engine_options import EngineOptions, PageRelease, RepackParts
 from bmoe.domain.streaming.page_recycling import recycling_fits, worst_case_mappings
 from bmoe.domain.streaming.rank_worker import rank_on_worker
@@ -320,7 +329,7 @@ class ExpertStreaming:
         found: list[tuple[int, int, TensorLocation]],
         config: StreamConfig,
         *,
-        available_bytes: Callable[[], int],
+        memory_room: Callable[[], MemoryRoom],
         repack: bool = True,
         refuse: tuple[str, ...] = (),
     ) -> ExpertStreaming:
@@ -401,12 +410,15 @@ class ExpertStreaming:
         for layer, _, loc in found:
             per_expert[layer] = per_expert.get(layer, 0) + loc.n_bytes // model.n_expert
         cycle = sum(v * n_used for v in per_expert.values())
-        budget = resolve_budget(
-            config,
-            available_bytes=available_bytes(),
-            token_cycle_bytes=cycle,
+        # read now, with the dense part copied in and the KV cache cleared (both in the
+        # room's reading), the compute buffer still untouched (subtracted): domain.streaming.budget
+        memory = RunMemory(
+            memory_room(),
+            dense_bytes=dense,
+            kv_bytes=ctx.kv_bytes,
             compute_buffer_bytes=ctx.compute_buffer_bytes,
         )
+        budget = resolve_budget(config, memory=memory, token_cycle_bytes=cycle)
         streamer.set_budget(budget.bytes)
         # 4. the routers, for the decode routing policies that evaluate them
         gates = None

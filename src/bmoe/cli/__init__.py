@@ -303,14 +303,7 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
                     display.close()
             if session.streaming is not None:
                 info = session.streaming.info
-                mode = stream_mode_line(
-                    info.budget.bytes / MIB,
-                    info.budget.auto,
-                    info.lanes,
-                    info.odirect,
-                    config.context.n_ubatch,
-                    info.budget.compute_buffer_bytes / MIB,
-                )
+                mode = stream_mode_line(info.budget, info.lanes, info.odirect, config.context.n_ubatch)
             else:
                 mode = "mode: resident" + ("" if args.moe_stream else " (expert streaming not enabled)")
             if session.n_expert:

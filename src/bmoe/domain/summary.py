@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bmoe.domain.generation import RunResult
-from bmoe.domain.streaming import StreamReport
+from bmoe.domain.streaming import MIB, Budget, StreamReport
 
 
 def generation_line(result: RunResult) -> str:
@@ -29,18 +29,11 @@ def timing_line(result: RunResult, load_s: float) -> str:
     return line
 
 
-def stream_mode_line(
-    budget_mib: float,
-    auto: bool,
-    lanes: int,
-    odirect: bool,
-    prompt_batch: int,
-    compute_buffer_mib: float = 0.0,
-) -> str:
-    """``mode:`` of a streaming run (``auto``: with the compute buffer it set aside)."""
-    how = f"auto, compute buffer {compute_buffer_mib:.1f} MiB subtracted" if auto else "set"
+def stream_mode_line(budget: Budget, lanes: int, odirect: bool, prompt_batch: int) -> str:
+    """``mode:`` of a streaming run (``auto``: its arithmetic, ``Budget.arithmetic``)."""
+    how = budget.arithmetic() if budget.auto else "set"
     reads = "O_DIRECT" if odirect else "buffered reads"
-    cache = "cache off" if budget_mib == 0 else f"cache {budget_mib:.0f} MiB ({how})"
+    cache = "cache off" if budget.bytes == 0 else f"cache {budget.bytes / MIB:.0f} MiB ({how})"
     return f"mode: expert streaming, {cache}, {lanes} lanes, {reads}, prompt batch {prompt_batch}"
 
 

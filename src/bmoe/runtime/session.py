@@ -32,9 +32,9 @@ from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.llama.model import ModelParams
 from bmoe.adapters.llama.repack import offered_buffer_types
+from bmoe.adapters.memory_room import ProcessMemoryRoom
 from bmoe.adapters.model_files import MappedFiles
 from bmoe.adapters.resident_placement import place_resident
-from bmoe.adapters.system_memory import available_bytes
 from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
@@ -317,7 +317,7 @@ class Session:
                 layout,
                 found,
                 config.stream,
-                available_bytes=available_bytes,
+                memory_room=ProcessMemoryRoom().read,  # the governor's reading too (MemoryProbe)
                 repack=config.repack,
                 refuse=self.amx.refused,
             )

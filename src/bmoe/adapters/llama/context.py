@@ -15,7 +15,7 @@ import numpy.typing as npt
 from gguf import GGMLQuantizationType
 
 from bmoe.adapters.cpu_topology import physical_cores
-from bmoe.adapters.llama.log import capture_compute_buffers
+from bmoe.adapters.llama.log import capture_compute_buffers, capture_kv_buffers
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.status import check_decode
 from bmoe.errors import ConfigError, ContextInitError, ContextOverflowError, DecodeAbortedError
@@ -146,9 +146,10 @@ class LlamaContext:
             self._cb_ref = llama_cpp.ggml_backend_sched_eval_callback(eval_callback.callback_address)
             cparams.cb_eval = self._cb_ref
             cparams.cb_eval_user_data = ctypes.c_void_p(eval_callback.user_data_address)
-        with capture_compute_buffers() as buffers:
+        with capture_compute_buffers() as buffers, capture_kv_buffers() as kv:
             ptr = llama_cpp.llama_init_from_model(model.ptr, cparams)
         self.compute_buffers: dict[str, int] = buffers
+        self.kv_buffers: dict[str, int] = kv
         if not ptr:
             raise ContextInitError(
                 f"llama.cpp could not create a context of {params.n_ctx} tokens "
@@ -202,6 +203,13 @@ class LlamaContext:
         (from its log, to 0.01 MiB; 0 if it logged none). It grows with ``n_ubatch``; it is
         allocated at creation but mostly untouched until a full ubatch runs."""
         return sum(self.compute_buffers.values())
+
+    @property
+    def kv_bytes(self) -> int:
+        """The KV cache's buffers, all backends together (from llama.cpp's log, to 0.01 MiB;
+        0 if it logged none). llama.cpp clears them when it creates the context: unlike the
+        compute buffer, they are in memory from then on."""
+        return sum(self.kv_buffers.values())
 
     # -- memory ----------------------------------------------------------------------------
 

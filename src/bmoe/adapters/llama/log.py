@@ -3,7 +3,8 @@
 llama.cpp logs through one process-wide callback; bmoe installs its own so that, by
 default, a run prints only what the user asked for (stdout stays clean for the protocol).
 The callback also reads one figure out of the log: the compute buffer llama.cpp reserves
-for a context (``capture_compute_buffers``), which no C function of its API reports.
+for a context (``capture_compute_buffers``), which no C function of its API reports, and
+the KV cache's (``capture_kv_buffers``).
 """
 
 from __future__ import annotations
@@ -32,13 +33,18 @@ _ABORTED = re.compile(
 _state: dict[str, int] = {"verbose": 0, "last_level": 0}
 # llama_context::sched_reserve, once per backend whose buffer holds more than a byte:
 # "sched_reserve:        CPU compute buffer size =     0.25 MiB"
-# and llama_model_loader, once per buffer the weights were loaded into:
+# llama_model_loader, once per buffer the weights were loaded into:
 # "load_tensors:   CPU_REPACK model buffer size =  1336.00 MiB"
+# and llama_kv_cache, once per buffer of each KV cache (two caches where a model has
+# sliding-window layers: their sizes add up):
+# "llama_kv_cache:        CPU KV buffer size =   128.00 MiB"
 _BUFFER_SIZES = {
     "compute": re.compile(rb"(\S+) compute buffer size = +([0-9]+(?:\.[0-9]+)?) MiB"),
     "model": re.compile(rb"(\S+) model buffer size = +([0-9]+(?:\.[0-9]+)?) MiB"),
+    "kv": re.compile(rb"(\S+) KV buffer size = +([0-9]+(?:\.[0-9]+)?) MiB"),
 }
-_capture = threading.local()  # .compute, .model: the dicts the calling thread's captures fill
+_ADDED = ("kv",)  # kinds whose lines add up; a later line of the others replaces an earlier one
+_capture = threading.local()  # .compute, .model, .kv: the dicts the calling thread's captures fill
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]  # ctypes CFUNCTYPE is untyped
@@ -51,7 +57,8 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             match = pattern.search(text)
             if match:  # a later reservation replaces an earlier one of the same backend
                 name = match.group(1).decode("utf-8", errors="replace")
-                found[name] = round(float(match.group(2)) * 1048576)
+                size = round(float(match.group(2)) * 1048576)
+                found[name] = found.get(name, 0) + size if kind in _ADDED else size
     if shown(effective, text):
         sys.stderr.write(text.decode("utf-8", errors="replace"))
         sys.stderr.flush()
@@ -72,6 +79,12 @@ def capture_compute_buffers() -> contextlib.AbstractContextManager[dict[str, int
     contexts created at once in other threads do not mix in. The figure is the log's, to
     0.01 MiB."""
     return _capturing("compute")
+
+
+def capture_kv_buffers() -> contextlib.AbstractContextManager[dict[str, int]]:
+    """Around creating a context: its KV cache's buffers, in bytes per backend (every cache's
+    together); as ``capture_compute_buffers``, only the calling thread's lines."""
+    return _capturing("kv")
 
 
 def capture_model_buffers() -> contextlib.AbstractContextManager[dict[str, int]]:

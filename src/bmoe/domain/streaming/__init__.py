@@ -1,7 +1,8 @@
-"""Expert streaming policy and values: settings and the budget rule (``config``), the
+"""Expert streaming policy and values: settings (``config``), the budget rule (``budget``), the
 cache policy (``cache_policy``), the engine's A/B switches (``engine_options``), faults
 (``fault``) and the figures a run reports (``counters``). Pure: no I/O, no llama.cpp."""
 
+from bmoe.domain.streaming.budget import AUTO_FLOOR_MIB, Budget, RunMemory, resolve_budget
 from bmoe.domain.streaming.cache_policy import (
     CacheCounters,
     Entry,
@@ -10,14 +11,11 @@ from bmoe.domain.streaming.cache_policy import (
     PrefetchPlan,
 )
 from bmoe.domain.streaming.config import (
-    AUTO_FLOOR_MIB,
     GOVERNOR_MODES,
     MIB,
     STREAM_POLICIES,
-    Budget,
     StreamConfig,
     prompt_batch,
-    resolve_budget,
 )
 from bmoe.domain.streaming.counters import StreamCounters, StreamReport
 from bmoe.domain.streaming.engine_options import EngineOptions, PageRelease
@@ -38,6 +36,7 @@ __all__ = [
     "PageRelease",
     "PrefetchPlan",
     "ReadFault",
+    "RunMemory",
     "StreamConfig",
     "StreamCounters",
     "StreamFault",

@@ -1,4 +1,4 @@
-"""Expert streaming settings and the cache budget rule."""
+"""Expert streaming settings (the budget rule is :mod:`bmoe.domain.streaming.budget`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from bmoe.domain.streaming.usage_profile import WARM_SHARE
 from bmoe.errors import ConfigError
 
 MIB = 1024 * 1024
-AUTO_FLOOR_MIB = 1024  # memory left to the OS, the dense weights' growth, the KV...
 STREAM_POLICIES = ("fast", "reference")
 GOVERNOR_MODES = ("auto", "on", "off")
 
@@ -207,47 +206,6 @@ def check_read_ahead(config: StreamConfig) -> None:
             )
     if config.policy == "reference" and traces:
         raise ConfigError(f"--stream-policy reference does not write traces ({', '.join(traces)})")
-
-
-@attrs.frozen
-class Budget:
-    bytes: int
-    auto: bool
-    warning: str | None = None
-    compute_buffer_bytes: int = 0  # what auto subtracted for llama.cpp's compute buffer
-
-
-def resolve_budget(
-    config: StreamConfig, *, available_bytes: int, token_cycle_bytes: int, compute_buffer_bytes: int = 0
-) -> Budget:
-    """The cache budget in bytes.
-
-    ``auto`` is the available memory less a floor (``AUTO_FLOOR_MIB``) and less
-    ``compute_buffer_bytes``, the compute buffer llama.cpp reserved for the context: it is
-    allocated when the context is created but touched only as ubatches run, so the available
-    memory measured after creation does not show it yet, and it grows with the ubatch (the
-    5.2 GiB bench model: 11 MiB at ``-b 64``, 89 MiB at ``-b 512``). A budget given in MiB
-    is taken as given.
-
-    ``token_cycle_bytes`` (the sum over layers of k expert slices) is the least useful
-    cache: below it an LRU hits almost never, so a smaller budget gets a warning (but is
-    honoured); ``auto`` never picks less than one cycle.
-    """
-    if compute_buffer_bytes < 0:
-        raise ValueError(f"compute_buffer_bytes must be >= 0, not {compute_buffer_bytes}")
-    if config.cache_mb is not None:
-        budget = config.cache_mb * MIB
-        warning = None
-        if 0 < budget < token_cycle_bytes:
-            warning = (
-                f"cache {config.cache_mb} MiB is below one token cycle "
-                f"({token_cycle_bytes / MIB:.0f} MiB): expect almost no hits"
-            )
-        return Budget(budget, auto=False, warning=warning)
-    budget = max(0, available_bytes - AUTO_FLOOR_MIB * MIB - compute_buffer_bytes)
-    if config.cache_ceil_mb is not None:
-        budget = min(budget, config.cache_ceil_mb * MIB)
-    return Budget(max(budget, token_cycle_bytes), auto=True, compute_buffer_bytes=compute_buffer_bytes)
 
 
 RESIDENT_PROMPT_BATCH = 64

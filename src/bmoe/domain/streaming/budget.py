@@ -1,0 +1,136 @@
+"""The expert cache's budget at start: ``--cache-mb auto`` from the memory room, and an
+explicit budget checked against it.
+
+The room is read once the session's context exists and the dense part is copied in
+(``ExpertStreaming.attach``). What the run takes beside the cache is then of two kinds:
+
+- already in memory, so already out of the room: the dense part (copied into anonymous
+  pages, ``dense_bytes``) and the KV cache (llama.cpp clears its buffer when it creates the
+  context, which touches every page, ``kv_bytes``);
+- still to come: llama.cpp's compute buffer (reserved at creation, touched only as ubatches
+  run, so the room does not show it yet, ``compute_buffer_bytes``). Only this is subtracted.
+
+So each is counted once, and the room *before* this run took anything is
+``room + dense + KV``: the figure an explicit budget is held against, in the user's terms
+(budget + dense + KV + compute buffer against the room).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from bmoe.domain.memory_room import MemoryRoom
+from bmoe.domain.streaming.config import MIB, StreamConfig
+
+AUTO_FLOOR_MIB = 1024  # left to everything else: the OS, the page cache, other processes...
+
+
+@attrs.frozen
+class RunMemory:
+    """The memory figures the budget is set from (see the module docstring)."""
+
+    room: MemoryRoom  # as read once the dense part and the KV cache were in memory
+    dense_bytes: int = 0  # in memory already: in the room's reading
+    kv_bytes: int = 0  # in memory already: in the room's reading
+    compute_buffer_bytes: int = 0  # reserved, not touched yet: still to come
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("dense_bytes", "kv_bytes", "compute_buffer_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
+
+    @property
+    def room_before_bytes(self) -> int:
+        """The room before this run took anything: what it read, plus what it already held."""
+        return self.room.room_bytes + self.dense_bytes + self.kv_bytes
+
+    @property
+    def cache_fits_bytes(self) -> int:
+        """The most the expert cache can take: the room less the compute buffer still to come."""
+        return max(0, self.room.room_bytes - self.compute_buffer_bytes)
+
+
+@attrs.frozen
+class Budget:
+    """The budget chosen at start. ``warning``: a line for the user (an explicit budget below
+    one token cycle, or one that does not fit in the room). ``compute_buffer_bytes``: what
+    ``auto`` subtracted for llama.cpp's compute buffer (0 for a budget given in MiB).
+    ``memory``: the figures it was set from (None where none were read)."""
+
+    bytes: int
+    auto: bool
+    warning: str | None = None
+    compute_buffer_bytes: int = 0
+    memory: RunMemory | None = None
+    overruled: str = ""  # what overruled auto's arithmetic: --cache-ceil-mb, or the token cycle
+
+    def arithmetic(self) -> str:
+        """How ``auto`` came to its figure, for the ``mode:`` line: ``auto = room 1811 -
+        compute buffer 87.0 - 1024 left free; the room: under a cgroup limit of 2048 MiB,
+        after dense 180 + KV 384 MiB``."""
+        m = self.memory
+        if m is None:
+            return f"auto, compute buffer {self.compute_buffer_bytes / MIB:.1f} MiB subtracted"
+        parts = [
+            f"auto = room {m.room.room_bytes / MIB:.0f} - compute buffer {m.compute_buffer_bytes / MIB:.1f} "
+            f"- {AUTO_FLOOR_MIB} left free"
+        ]
+        if self.overruled:
+            parts.append(self.overruled)
+        held = f"dense {m.dense_bytes / MIB:.0f} + KV {m.kv_bytes / MIB:.0f} MiB"
+        parts.append(f"the room: {m.room.describe()}, after {held}")
+        return "; ".join(parts)
+
+
+def resolve_budget(config: StreamConfig, *, memory: RunMemory, token_cycle_bytes: int) -> Budget:
+    """The cache budget in bytes.
+
+    ``auto`` is the room less ``memory.compute_buffer_bytes`` (the compute buffer is
+    allocated when the context is created but touched only as ubatches run, and it grows with
+    the ubatch: the 5.2 GiB bench model 11 MiB at ``-b 64``, 89 MiB at ``-b 512``) and less a
+    floor (``AUTO_FLOOR_MIB``), capped by ``cache_ceil_mb``. A budget given in MiB is taken
+    as given; where it and the compute buffer exceed the room, a warning says so with the
+    figures and what would fit.
+
+    ``token_cycle_bytes`` (the sum over layers of k expert slices) is the least useful
+    cache: below it an LRU hits almost never, so a smaller budget gets a warning (but is
+    honoured); ``auto`` never picks less than one cycle.
+    """
+    if config.cache_mb is not None:
+        budget = config.cache_mb * MIB
+        warnings = []
+        if 0 < budget < token_cycle_bytes:
+            warnings.append(
+                f"cache {config.cache_mb} MiB is below one token cycle "
+                f"({token_cycle_bytes / MIB:.0f} MiB): expect almost no hits"
+            )
+        if budget > memory.cache_fits_bytes:
+            warnings.append(does_not_fit(config.cache_mb, memory))
+        return Budget(budget, auto=False, warning="; ".join(warnings) or None, memory=memory)
+    room = memory.room.room_bytes
+    budget = max(0, room - AUTO_FLOOR_MIB * MIB - memory.compute_buffer_bytes)
+    overruled = ""
+    if config.cache_ceil_mb is not None and budget > config.cache_ceil_mb * MIB:
+        budget, overruled = config.cache_ceil_mb * MIB, f"capped at --cache-ceil-mb {config.cache_ceil_mb}"
+    if budget < token_cycle_bytes:
+        budget, overruled = token_cycle_bytes, "raised to one token cycle"
+    return Budget(
+        budget,
+        auto=True,
+        compute_buffer_bytes=memory.compute_buffer_bytes,
+        memory=memory,
+        overruled=overruled,
+    )
+
+
+def does_not_fit(cache_mb: int, memory: RunMemory) -> str:
+    """The warning for an explicit budget larger than the room leaves it, with the figures."""
+    m = memory
+    total = cache_mb * MIB + m.dense_bytes + m.kv_bytes + m.compute_buffer_bytes
+    return (
+        f"cache {cache_mb} MiB + dense {m.dense_bytes / MIB:.0f} + KV {m.kv_bytes / MIB:.0f} "
+        f"+ compute buffer {m.compute_buffer_bytes / MIB:.1f} = {total / MIB:.0f} MiB, more than "
+        f"the room of {m.room_before_bytes / MIB:.0f} MiB ({m.room.describe()}): the kernel may "
+        f"kill the process; at most --cache-mb {m.cache_fits_bytes // MIB} fits "
+        f"(--cache-mb auto leaves {AUTO_FLOOR_MIB} MiB free besides)"
+    )
