@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -44,6 +44,7 @@ from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.decide.piece_policy import PieceMeter
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
+from bmoe.domain.pieces import Piece
 from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
 from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotMemory
@@ -59,6 +60,7 @@ from bmoe.errors import (
     ModelFileTruncatedError,
     StreamingFaultError,
 )
+from bmoe.runtime import pieces
 from bmoe.runtime import placement as model_placement
 from bmoe.runtime.cpu_choice import amx_choice
 from bmoe.runtime.governor import CacheGovernor
@@ -514,6 +516,30 @@ class Session:
         if self.streaming is None:
             return self.engine.generate(request, on_progress, on_begin, history=history, chat=chat)
         return self._generate_streamed(self.streaming, request, on_progress, on_begin, history, chat)
+
+    def stream(
+        self,
+        request: GenerateRequest,
+        *,
+        history: Sequence[ChatMessage] | None = None,
+        chat: bool | None = None,
+    ) -> Iterator[Piece]:
+        """``generate`` as an iterator of ``Piece`` values (text, reasoning, tool-call
+        deltas; the last carries the ``RunResult``), the generation on a worker thread;
+        leaving the loop early cancels it (``bmoe.runtime.pieces``)."""
+        reader = pieces.reader(self.engine, request, chat)
+        return pieces.stream(self, reader, request, history=history, chat=chat)
+
+    def astream(
+        self,
+        request: GenerateRequest,
+        *,
+        history: Sequence[ChatMessage] | None = None,
+        chat: bool | None = None,
+    ) -> AsyncIterator[Piece]:
+        """``stream`` for asyncio: an async iterator, the event loop never blocked."""
+        reader = pieces.reader(self.engine, request, chat)
+        return pieces.astream(self, reader, request, history=history, chat=chat)
 
     def _generate_streamed(
         self,
