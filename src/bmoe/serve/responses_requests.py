@@ -104,19 +104,19 @@ def parse_responses(body: Body) -> ResponsesRequest:
         fit_context=True,
     )
     store = opt_bool(body, "store")
+    effort = _effort(body)
     echo = {
         "instructions": instructions or None,
         "max_output_tokens": generation.max_tokens,
         "metadata": opt_object(body, "metadata") or {},
         "parallel_tool_calls": tools.parallel if tools is not None else True,
-        "reasoning": {"effort": _effort(body), "summary": None},
+        "reasoning": {"effort": effort, "summary": None},
         "temperature": generation.sampling.temperature,
-        "text": {"format": dict(opt_object(opt_object(body, "text") or {}, "format") or {"type": "text"})},
+        "text": {"format": _echo_format(body)},
         "tool_choice": _echo_choice(tools),
         "tools": [_echo_tool(t) for t in tools.tools] if tools is not None else [],
         "top_p": generation.sampling.top_p,
     }
-    effort = _effort(body)
     return ResponsesRequest(
         input=_input(body.get("input")),
         instructions=instructions,
@@ -139,12 +139,20 @@ def _effort(body: Body) -> str | None:
     return effort
 
 
+def _echo_format(body: Body) -> dict[str, Any]:
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    return dict(fmt) if isinstance(fmt, dict) else {"type": "text"}
+
+
 def _text_format(body: Body) -> OutputConstraint | None:
     """``text.format``: ``text``, ``json_object`` or ``json_schema`` (its ``schema``)."""
     text = opt_object(body, "text")
-    fmt = opt_object(text, "format") if text is not None else None
+    fmt = text.get("format") if text is not None else None
     if fmt is None:
         return None
+    if not isinstance(fmt, dict):
+        raise RequestError("text.format must be an object", "text.format")
     kind = fmt.get("type")
     if kind == "text":
         return None
