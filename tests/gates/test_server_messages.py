@@ -7,6 +7,7 @@ through ``messages.parse``, and errors in Anthropic's shape."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from test_server import LONG, Running, direct, serving  # the in-process server of test_server.py
 
 from bmoe.domain.chat import ChatMessage
-from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.testing.fixtures import THINK_ANSWER, THINK_REASONING
 
 TinyModelPath = Callable[..., Path]
@@ -236,3 +237,48 @@ def test_dialects_side_by_side_under_np_each_answered_as_alone(tiny_model_path: 
         one_by_one = ask_all(alone)
     assert together == one_by_one
     assert together[0] == together[1] == together[2]  # one prompt, one answer, three dialects
+
+
+@pytest.mark.parametrize("dialect", ["messages", "responses"])
+def test_a_client_that_leaves_a_stream_cancels_its_request_in_either_dialect(
+    tiny_model_path: TinyModelPath, dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn is held at its third token until a cancel reaches the session; the next
+    request is answered as a fresh server answers it."""
+    model = tiny_model_path("qwen3moe")
+    results: list[RunResult] = []
+    cancelled = threading.Event()
+    with serving(model, *LONG) as s:
+        session = s.served.session
+        real_generate, real_cancel = session.generate, session.cancel
+
+        def cancel() -> None:
+            cancelled.set()
+            real_cancel()
+
+        def generate(request: Any, on_progress: Any = None, on_begin: Any = None, **kw: Any) -> RunResult:
+            def progress(p: Any) -> None:
+                on_progress(p)
+                if p.step == 3:
+                    cancelled.wait(TIMEOUT)
+
+            result = real_generate(request, progress, on_begin, **kw)
+            results.append(result)
+            return result
+
+        monkeypatch.setattr(session, "generate", generate)
+        monkeypatch.setattr(session, "cancel", cancel)
+        if dialect == "messages":
+            stream: Any = client_of(s).messages.create(model="t", messages=HELLO, max_tokens=900, stream=True)
+        else:
+            stream = s.client().responses.create(
+                model="t", input="Hello there", max_output_tokens=900, stream=True
+            )
+        next(iter(stream))
+        stream.close()  # the client goes away
+        after = client_of(s).messages.create(model="t", messages=HELLO, max_tokens=8)
+    assert cancelled.is_set()
+    assert results[0].cancelled and len(results[0].tokens) <= 3
+    with serving(model, *LONG) as fresh:
+        cold = client_of(fresh).messages.create(model="t", messages=HELLO, max_tokens=8)
+    assert after.content == cold.content
