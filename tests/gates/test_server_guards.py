@@ -145,3 +145,31 @@ def test_llamacpps_service_endpoints(tiny_model_path: TinyModelPath) -> None:
         base = streamed.url.removesuffix("/v1")
         assert httpx.get(f"{base}/metrics").status_code == 404  # not without --metrics
         assert httpx.get(f"{base}/health").status_code == 200
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(
+    tiny_model_path: TinyModelPath, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with serving(tiny_model_path("qwen3moe")) as s:  # a 512-token context
+        longest = s.served.longest_token_bytes
+        assert longest > 0
+        engine = s.served.session.engine
+        renders: list[int] = []
+        real_render = engine.render_prompt
+
+        def render_prompt(*args: Any, **kw: Any) -> list[int]:
+            renders.append(1)
+            return real_render(*args, **kw)
+
+        monkeypatch.setattr(engine, "render_prompt", render_prompt)
+        huge: Any = [{"role": "user", "content": "x" * (512 * longest + 1)}]
+        t0 = time.perf_counter()
+        with pytest.raises(openai.BadRequestError) as info:
+            s.client().chat.completions.create(model="t", messages=huge, max_tokens=2)
+        assert info.value.code == "context_length_exceeded" and "before tokenizing" in info.value.message
+        claude = anthropic.Anthropic(base_url=s.url.removesuffix("/v1"), api_key="x", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError):
+            claude.messages.count_tokens(model="t", messages=huge)
+        assert time.perf_counter() - t0 < 5.0 and not renders  # never tokenized
+        fits = s.client().chat.completions.create(model="t", messages=HELLO, max_tokens=2)
+    assert fits.usage is not None and renders

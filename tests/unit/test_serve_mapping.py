@@ -8,13 +8,16 @@ import pytest
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.sampling import SamplingParams
+from bmoe.domain.tools import ToolCall
 from bmoe.serve.api_requests import parse_chat_completion, parse_completion
 from bmoe.serve.errors import RequestError
 from bmoe.serve.mapping import (
     ServeDefaults,
     chat_turn,
     completion_request,
+    fewest_tokens,
     fill_context,
+    message_texts,
     sampling_params,
 )
 from bmoe.serve.neutral import ChatRequest, Generation, Sampling
@@ -103,3 +106,11 @@ def test_a_dialect_whose_max_tokens_is_a_most_leaves_n_predict_to_the_context() 
     assert (turn.request.n_predict, turn.most) == (None, 50)
     strict = chat_turn(attrs.evolve(asked, generation=Generation(max_tokens=50)), DEFAULTS)
     assert (strict.request.n_predict, strict.most) == (50, None)
+
+
+def test_the_fewest_tokens_a_text_can_take_bound_a_prompt_before_tokenizing() -> None:
+    assert fewest_tokens(["abcd", "é"], 2) == 3  # 6 bytes, at most 2 a token
+    assert fewest_tokens(["abcd"], 0) == 0  # no vocabulary known: no bound
+    call = ToolCall("c", "f", '{"a": 1}')
+    texts = message_texts([ChatMessage("assistant", "x", "think", (call,)), ChatMessage("tool", "r")])
+    assert texts == ["x", "think", 'f{"a": 1}', "r", ""]

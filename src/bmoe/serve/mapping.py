@@ -10,6 +10,8 @@ and starts from an empty context.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from bmoe.domain.chat import ChatMessage
@@ -100,3 +102,21 @@ def fill_context(
         return request
     rest = max(0, n_ctx - n_prompt)
     return attrs.evolve(request, n_predict=rest if most is None else min(most, rest))
+
+
+def fewest_tokens(texts: Sequence[str], longest_token_bytes: int) -> int:
+    """The fewest tokens ``texts`` can tokenize to, when no token stands for more than
+    ``longest_token_bytes`` bytes (0: unknown, no bound): a prompt that needs more than the
+    context is refused on this figure before it is tokenized."""
+    if longest_token_bytes <= 0:
+        return 0
+    size = sum(len(text.encode("utf-8", errors="replace")) for text in texts)
+    return -(-size // longest_token_bytes)
+
+
+def message_texts(messages: Sequence[ChatMessage]) -> list[str]:
+    """What a conversation's messages say: each one's content, reasoning and calls."""
+    texts = []
+    for m in messages:
+        texts += [m.content, m.reasoning, *(c.name + c.arguments for c in m.tool_calls)]
+    return texts

@@ -11,6 +11,7 @@ metrics feed's source).
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -21,14 +22,21 @@ from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.tools import ToolUse
-from bmoe.errors import BmoeError
+from bmoe.errors import BmoeError, ContextOverflowError
 from bmoe.runtime import Session
 from bmoe.runtime.session import ParallelEntry
 from bmoe.serve.api_requests import CompletionRequest
 from bmoe.serve.api_responses import ModelCard
 from bmoe.serve.errors import RequestCancelledError, ServerClosedError
 from bmoe.serve.live import Kind
-from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request, fill_context
+from bmoe.serve.mapping import (
+    ServeDefaults,
+    chat_turn,
+    completion_request,
+    fewest_tokens,
+    fill_context,
+    message_texts,
+)
 from bmoe.serve.monitor import EngineMonitor
 from bmoe.serve.neutral import ChatRequest, Delta, Outcome
 from bmoe.serve.prometheus import ServedTotals
@@ -83,6 +91,7 @@ class ServedSession:
     def chat(self, asked: ChatRequest, emit: Emit = _ignore) -> Job[Outcome]:
         """Queue a chat completion (``RequestError`` now if the request cannot be one)."""
         turn = chat_turn(asked, self.defaults)
+        self._refuse_past_context(message_texts(asked.messages))
         stops = asked.generation.stop
         history = turn.history
         most = turn.most
@@ -98,11 +107,33 @@ class ServedSession:
         """How many tokens ``asked``'s prompt renders to (chat template, tools and all); on
         the caller's thread (the tokenizer only, no compute)."""
         turn = chat_turn(asked, self.defaults)
+        self._refuse_past_context(message_texts(asked.messages))
         return len(self.session.engine.render_prompt(turn.request, history=turn.history, chat=True))
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """The most bytes one token of the model's vocabulary stands for (0: unknown)."""
+        model = getattr(self.session, "model", None)
+        if model is None:
+            return 0
+        return max((len(model.token_bytes(t, special=True)) for t in range(model.n_vocab)), default=0)
+
+    def _refuse_past_context(self, texts: Sequence[str]) -> None:
+        """Refuse a prompt too long for the context before it is tokenized: one whose text
+        needs more tokens than the context holds, even if every token were the longest."""
+        if sum(len(t) for t in texts) <= self.session.n_ctx:
+            return  # it may fit: only the tokenizer can say
+        fewest = fewest_tokens(texts, self.longest_token_bytes)
+        if fewest > self.session.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt needs at least {fewest} tokens, past the context of {self.session.n_ctx} "
+                "tokens (refused before tokenizing it)"
+            )
 
     def complete(self, asked: CompletionRequest, emit: Emit = _ignore) -> Job[Outcome]:
         """Queue a text completion."""
         request = completion_request(asked, self.defaults)
+        self._refuse_past_context([asked.prompt])
         stops = asked.generation.stop
         if self.parallel > 1:
             return self._parallel(request, stops, emit, None, False)
