@@ -128,3 +128,18 @@ def test_the_prefetch_line_says_whose_reads_ahead_and_nothing_without_any() -> N
     assert line.startswith(
         "moe-prefetch: 10 experts read ahead (4 by the prefill, 6 in decode), 5 used (50.0%)"
     )
+
+
+def test_the_engine_reports_every_counter_under_its_field_name() -> None:
+    """Counters named once: the C streamer's reports carry ``StreamCounters``' field names,
+    so the adapter keeps them without renaming any (``StreamCounters.of``); only the
+    process's own figures (getrusage) come from elsewhere."""
+    from bmoe.cext.expert_stream import ExpertStreamer
+
+    streamer = ExpertStreamer(n_layer=2, n_expert=4, n_proj=1)
+    reported = {**streamer.stats(), **streamer.routing_stats()}
+    process = {"minor_faults", "system_s"}
+    assert {f.name for f in attrs.fields(StreamCounters)} - process <= set(reported)
+    counters = StreamCounters.of(reported)
+    assert counters.budget_bytes == reported["budget_bytes"] and counters.stall_layers == (0.0, 0.0)
+    assert StreamCounters.of({"hits": 3, "topk_stops": 9}) == StreamCounters(hits=3)

@@ -459,56 +459,9 @@ class ExpertStreaming:
     # -- between requests ------------------------------------------------------------------
 
     def counters(self) -> StreamCounters:
-        """The fast path's counters (the C cache core and its timers)."""
-        s = self.streamer.stats()
-        r = self.streamer.routing_stats()
-        return StreamCounters(
-            decode_slots=r["decode_slots"],
-            predict_layers=tuple(zip(r["predict_slots"], r["predict_agree"], strict=True)),
-            route_ahead_committed=r["route_ahead_committed"],
-            route_ahead_passed=r["route_ahead_passed"],
-            route_ahead_slots=r["route_ahead_slots"],
-            route_ahead_agree=r["route_ahead_agree"],
-            dropped=r["dropped"],
-            substituted=r["substituted"],
-            rank_s=r["rank_s"],
-            issue_s=r["issue_s"],
-            rank_wait_s=r["rank_wait_s"],
-            rank_worker=r["rank_worker"],
-            watchdog_checks=r["watchdog_checks"],
-            watchdog_trips=r["watchdog_trips"],
-            predict_gate_open=r["predict_gate_open"],
-            predict_gate_closed=r["predict_gate_closed"],
-            requests=s["requests"],
-            hits=s["hits"],
-            misses=s["misses"],
-            evictions=s["evictions"],
-            rereads=s["rereads"],
-            bytes_read=s["bytes_read"],
-            io_s=s["io_s"],
-            mgmt_s=s["mgmt_s"],
-            resident_bytes=s["resident_bytes"],
-            budget_bytes=s["budget_bytes"],
-            stall_s=s["stall_s"],
-            stall_layers=tuple(s["stall_layer_s"]),
-            stall_ahead_s=s["stall_ahead_s"],
-            prefetch_issued=s["prefetch_issued"],
-            prefetch_hits=s["prefetch_hits"],
-            prefetch_wasted=s["prefetch_wasted"],
-            warm_issued=s["warm_issued"],
-            release_s=s["release_s"],
-            release_lanes_s=s["release_lanes_s"],
-            releases_deferred=s["releases_deferred"],
-            releases_cancelled=s["releases_cancelled"],
-            pages_recycled=s["recycled"],
-            evict_waits=s["evict_waits"],
-            evict_wait_s=s["evict_wait_s"],
-            reads_orphaned=s["orphaned"],
-            orphans_cut=s["orphans_cut"],
-            bytes_landed=s["landed_bytes"],
-            passed=s["passed"],
-            projection_waits=s["projection_waits"],
-        )
+        """The fast path's counters (the C cache core, its timers and the routing policies'):
+        the streamer reports them under ``StreamCounters``' field names."""
+        return StreamCounters.of({**self.streamer.stats(), **self.streamer.routing_stats()})
 
     def fault(self) -> StreamFault | None:
         """The streamer's sticky fault, else a model file replaced or truncated under us."""

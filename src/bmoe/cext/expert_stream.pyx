@@ -596,6 +596,9 @@ cdef class ExpertStreamer:
         return bytes(resident), bytes(routed)
 
     def stats(self):
+        """The counters, under ``StreamCounters``' field names (``ExpertStreaming.counters``
+        keeps the ones it has, nothing renamed), and the mechanism's own: ``topk_stops``,
+        ``unplanned_waits``, ``recycling``, ``odirect``, ``device_topk``, ``lanes``."""
         cdef stream_t * s = self.s
         cdef core_t * c = s.core
         return {
@@ -607,7 +610,7 @@ cdef class ExpertStreamer:
             "bytes_read": c.bytes_read,
             "io_s": s.io_s,
             "stall_s": s.stall_s,
-            "stall_layer_s": [s.stall_layer[i] for i in range(c.n_layer)],
+            "stall_layers": tuple(s.stall_layer[i] for i in range(c.n_layer)),
             "stall_ahead_s": s.stall_ahead_s,
             "mgmt_s": s.mgmt_s,
             "release_s": s.release_s,
@@ -616,11 +619,11 @@ cdef class ExpertStreamer:
             "releases_cancelled": s.releases_cancelled,
             "evict_waits": s.evict_waits,
             "evict_wait_s": s.evict_wait_s,
-            "orphaned": s.orphaned,
+            "reads_orphaned": s.orphaned,
             "orphans_cut": s.orphans_cut,
-            "landed_bytes": s.landed_bytes,
+            "bytes_landed": s.landed_bytes,
             "projection_waits": s.proj_splits,
-            "recycled": s.recycled,
+            "pages_recycled": s.recycled,
             "topk_stops": s.topk_stops,
             "unplanned_waits": s.unplanned_waits,
             "passed": c.passed,

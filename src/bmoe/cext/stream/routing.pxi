@@ -441,12 +441,12 @@ cdef int routing_alloc(stream_t * s, int n_embd, int k, int gating) noexcept nog
 
 
 cdef object routing_stats(stream_t * s):
-    """The routing policies' counters (cumulative), as ``ExpertStreamer.routing_stats``."""
+    """The routing policies' counters (cumulative), as ``ExpertStreamer.routing_stats``,
+    under ``StreamCounters``' field names (and two of the mechanism's own)."""
     cdef routing_t * r = &s.r
     cdef int n_layer = s.core.n_layer
     return {
-        "predict_slots": [r.pred_slots[i] for i in range(n_layer)] if r.ready else [],
-        "predict_agree": [r.pred_agree[i] for i in range(n_layer)] if r.ready else [],
+        "predict_layers": tuple((r.pred_slots[i], r.pred_agree[i]) for i in range(n_layer)) if r.ready else (),
         "route_ahead_committed": r.ra_committed,
         "route_ahead_passed": r.ra_passed,
         "route_ahead_slots": r.ra_slots,

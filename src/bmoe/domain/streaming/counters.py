@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 
 from bmoe.domain.streaming.config import MIB
@@ -98,6 +101,13 @@ class StreamCounters:
     watchdog_trips: int = 0
     predict_gate_open: int = 0  # --predict-prefetch auto: decode layer calls with the gate open
     predict_gate_closed: int = 0  # ... and closed (no prediction made nor read)
+
+    @classmethod
+    def of(cls, figures: Mapping[str, Any]) -> StreamCounters:
+        """The counters among ``figures`` named as this class's fields (an engine's report:
+        one name per counter, whatever else it reports beside them)."""
+        names = {field.name for field in attrs.fields(cls)}
+        return cls(**{key: value for key, value in figures.items() if key in names})
 
     def decisions(self) -> StreamCounters:
         """The counters the cache policy decides: timers and page-release mechanics zeroed
