@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,11 +61,11 @@ def test_with_keys_every_route_but_health_needs_one_in_either_header(
         assert keyed.status_code == 200
 
 
-def _raw_post(port: int, path: str, head: bytes, chunks: Any) -> tuple[bytes, float]:
+def _raw_post(port: int, path: str, head: bytes, chunks: Any) -> tuple[bytes, int]:
     """Send a request by hand (headers ``head``, then ``chunks`` until the server answers);
-    the status line and the seconds it took."""
-    t0 = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port), timeout=5.0) as sock:
+    the status line and how many bytes of the body were sent before the answer came."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=30.0) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode() + head)
         answer = b""
         for chunk in chunks:
@@ -77,13 +76,14 @@ def _raw_post(port: int, path: str, head: bytes, chunks: Any) -> tuple[bytes, fl
                 sock.sendall(chunk)  # blocks while the server does not read
             except (TimeoutError, BrokenPipeError, ConnectionResetError):
                 break
+            sent += len(chunk)
         with contextlib.suppress(ConnectionResetError):
             while b"\r\n" not in answer:
                 data = sock.recv(65536)
                 if not data:
                     break
                 answer += data
-    return answer.split(b"\r\n")[0], time.perf_counter() - t0
+    return answer.split(b"\r\n")[0], sent
 
 
 def _rss() -> int:
@@ -97,14 +97,14 @@ def test_a_body_past_the_limit_is_answered_413_without_being_read_whole(
         port = int(s.url.split(":")[2].split("/")[0])
         before = _rss()
         # 100 MiB announced: refused on its Content-Length, the body never read
-        status, took = _raw_post(
+        status, sent = _raw_post(
             port, "/v1/chat/completions", b"Content-Length: 104857600\r\n\r\n", [b"{" * MIB]
         )
-        assert status == b"HTTP/1.1 413 Request Entity Too Large" and took < 1.0
+        assert status == b"HTTP/1.1 413 Request Entity Too Large" and sent <= MIB  # 1 of 100 MiB
         # chunked, no length: refused once what arrived passes the limit (8 MiB here)
         chunk = b"%x\r\n%s\r\n" % (MIB, b" " * MIB)
-        status, took = _raw_post(port, "/v1/messages", b"Transfer-Encoding: chunked\r\n\r\n", [chunk] * 100)
-        assert status.startswith(b"HTTP/1.1 413") and took < 5.0
+        status, sent = _raw_post(port, "/v1/messages", b"Transfer-Encoding: chunked\r\n\r\n", [chunk] * 100)
+        assert status.startswith(b"HTTP/1.1 413") and sent < 100 * len(chunk)  # answered before the end
         assert _rss() - before < 50 * MIB
         body = httpx.post(
             f"{s.url}/messages", content=b" " * (9 * MIB), headers={"content-type": "application/json"}
@@ -163,13 +163,12 @@ def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(
 
         monkeypatch.setattr(engine, "render_prompt", render_prompt)
         huge: Any = [{"role": "user", "content": "x" * (512 * longest + 1)}]
-        t0 = time.perf_counter()
         with pytest.raises(openai.BadRequestError) as info:
             s.client().chat.completions.create(model="t", messages=huge, max_tokens=2)
         assert info.value.code == "context_length_exceeded" and "before tokenizing" in info.value.message
         claude = anthropic.Anthropic(base_url=s.url.removesuffix("/v1"), api_key="x", max_retries=0)
         with pytest.raises(anthropic.BadRequestError):
             claude.messages.count_tokens(model="t", messages=huge)
-        assert time.perf_counter() - t0 < 5.0 and not renders  # never tokenized
+        assert not renders  # never tokenized
         fits = s.client().chat.completions.create(model="t", messages=HELLO, max_tokens=2)
     assert fits.usage is not None and renders
