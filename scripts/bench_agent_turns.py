@@ -203,10 +203,19 @@ def main() -> None:
     )
     args = p.parse_args()
     args.model = args.model or default_model_path()
-    with Session.open(SessionConfig(model_path=args.model)) as s:
-        tokenize = s.model.tokenize_prompt
-        system = "You are a coding agent. Tools:\n" + filler(args.system_tokens, tokenize, 0)
-        tools = [filler(args.tool_tokens, tokenize, 1000 * (k + 1)) for k in range(2 * args.turns)]
+    import llama_cpp
+    from llama_cpp import _internals
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True  # the tokenizer only: the model may be larger than the memory
+    vocab = _internals.LlamaModel(path_model=str(args.model), params=params, verbose=False)
+
+    def tokenize(text: str) -> list[int]:
+        return list(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    system = "You are a coding agent. Tools:\n" + filler(args.system_tokens, tokenize, 0)
+    tools = [filler(args.tool_tokens, tokenize, 1000 * (k + 1)) for k in range(2 * args.turns)]
+    vocab.close()  # type: ignore[no-untyped-call]
     rows: list[Turn] = []
     for mode in args.modes.split(","):
         if mode not in MODES:
