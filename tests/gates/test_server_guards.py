@@ -110,9 +110,16 @@ def test_a_body_past_the_limit_is_answered_413_without_being_read_whole(
             f"{s.url}/messages", content=b" " * (9 * MIB), headers={"content-type": "application/json"}
         )
         assert body.status_code == 413 and body.json()["error"]["type"] == "request_too_large"
-        # the server answers as before
+        # the server answers as before, and other clients while a big body is still arriving
         answer = s.client().chat.completions.create(model="t", messages=HELLO, max_tokens=2)
         assert answer.usage is not None and answer.usage.completion_tokens == 2
+        with socket.create_connection(("127.0.0.1", port), timeout=30.0) as held:
+            held.sendall(
+                b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + chunk
+            )  # 1 MiB of a body that never ends
+            meanwhile = s.client().chat.completions.create(model="t", messages=HELLO, max_tokens=2)
+            assert meanwhile.usage is not None and meanwhile.usage.completion_tokens == 2
     with serving(tiny_model_path("qwen3moe"), "--max-body-mb", "0.01") as small:
         big = httpx.post(f"{small.url}/chat/completions", json={"messages": HELLO, "pad": "x" * 20000})
         assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
