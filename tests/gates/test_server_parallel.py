@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 from test_server import Running, serving
@@ -190,3 +191,23 @@ def test_the_metrics_feed_says_the_slots(server: Running) -> None:
     watching.set()
     watcher.join()
     assert max(busy for _, busy, _ in seen) >= 2 and all(total == 4 for total, _, _ in seen)
+
+
+def test_a_conversation_comes_back_to_its_slot_and_slots_say_what_they_keep(server: Running) -> None:
+    """-np keeps each slot's KV: the second turn of a conversation reuses its first (the
+    usage's cached tokens), and ``GET /slots`` says what each slot keeps between runs."""
+    messages: list[Any] = [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": "Hi"},
+    ]
+    first = server.client().chat.completions.create(model="m", messages=messages, max_tokens=8)
+    assert first.usage is not None
+    slots = httpx.get(f"{server.url.removesuffix('/v1')}/slots").json()
+    assert len(slots) == 4 and max(s["tokens_cached"] for s in slots) > 0
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "More"},
+    ]
+    second = server.client().chat.completions.create(model="m", messages=messages, max_tokens=8)
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens // 2

@@ -12,6 +12,7 @@ import pytest
 
 from bmoe.domain.generation import Progress
 from bmoe.domain.live import ExpertHeat, ExpertSnapshot, LiveTotals, heat_levels
+from bmoe.domain.prompt_cache import PromptCache
 from bmoe.domain.streaming import MIB, StreamCounters
 from bmoe.domain.streaming.governor import BudgetChange
 from bmoe.serve.errors import RequestCancelledError
@@ -132,6 +133,7 @@ def test_an_event_of_a_resident_server_has_no_cache() -> None:
         "request": None,
         "cache": None,
         "slots": {"total": 1, "busy": 0, "waiting": 0},
+        "prompt_cache": None,
     }
 
 
@@ -304,3 +306,20 @@ def test_the_event_says_the_slots_busy_and_waiting() -> None:
     view = MonitorView(finished=3)
     assert feed.event(view, None, now=1.0)["slots"] == {"total": 1, "busy": 0, "waiting": 0}
     assert feed.event(view, None, now=1.0, slots=(4, 3, 2))["slots"] == {"total": 4, "busy": 3, "waiting": 2}
+
+
+def test_the_event_says_what_the_prompt_cache_holds_and_spared() -> None:
+    cache = PromptCache(4 << 20)
+    cache.store([1, 2, 3], np.zeros(1 << 20, dtype=np.uint8))
+    found = cache.lookup([1, 2, 3, 4])
+    assert found is not None
+    cache.restored(found)
+    feed = MetricsFeed("tiny", streaming=False)
+    body = feed.event(MonitorView(finished=0), None, now=1.0, prompt_cache=cache)
+    assert body["prompt_cache"] == {
+        "entries": 1,
+        "mib": 1.0,
+        "limit_mib": 4.0,
+        "restored": 1,
+        "tokens_restored": 3,
+    }

@@ -67,6 +67,7 @@ class FakeSession:
         self.closed = False
         self.streaming = None  # resident: no expert cache
         self.governor = None  # ... so no cache governor
+        self.prompt_cache = None  # no --cache-ram
         self.feeding = (0, 0)
         self.token_s = 0.0  # how long each token takes (the live feed's tests)
 
@@ -236,6 +237,7 @@ def test_the_metrics_feed_follows_a_chat_at_most_ten_times_a_second_and_always_a
         "request": None,
         "cache": None,
         "slots": {"total": 1, "busy": 0, "waiting": 0},
+        "prompt_cache": None,
     }
     assert last["state"] == "idle" and last["cache"] is None
     r = last["request"]

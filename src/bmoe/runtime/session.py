@@ -442,6 +442,12 @@ class Session:
         return self.ctx.params.n_seq_max
 
     @property
+    def slot_tokens(self) -> tuple[int, ...] | None:
+        """The tokens each parallel slot's KV keeps between runs; None: nothing kept."""
+        memory = self._slot_memory
+        return None if memory is None else tuple(len(held) for held in memory.held)
+
+    @property
     def n_expert(self) -> int:
         return self.model.n_expert
 

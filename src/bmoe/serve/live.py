@@ -18,6 +18,7 @@ from typing import Any, Literal
 import attrs
 
 from bmoe.domain.live import HEAT_TOP, ExpertHeat, ExpertSnapshot, LiveTotals
+from bmoe.domain.prompt_cache import PromptCache
 from bmoe.domain.streaming.governor import BudgetChange
 
 Json = dict[str, Any]
@@ -136,6 +137,19 @@ def cache_body(
     }
 
 
+def prompt_cache_body(cache: PromptCache) -> Json:
+    """The prompt cache's fill and what it spared: states kept, their MiB, the states
+    restored and the prompt tokens they held."""
+    c = cache.counters
+    return {
+        "entries": len(cache),
+        "mib": _round(cache.nbytes / (1 << 20)),
+        "limit_mib": None if cache.limit_bytes is None else _round(cache.limit_bytes / (1 << 20)),
+        "restored": c.restored,
+        "tokens_restored": c.tokens_restored,
+    }
+
+
 def next_tick(view: MonitorView, cooling: bool) -> float | None:
     """How long a feed waits for news before it sends an event anyway: during a prefill
     or a decision (their progress tells no one), and while idle as long as the grid is
@@ -165,12 +179,14 @@ class MetricsFeed:
         now: float,
         governor: Sequence[BudgetChange] | None = None,
         slots: tuple[int, int, int] = (1, 0, 0),
+        prompt_cache: PromptCache | None = None,
     ) -> Json:
         """The event for ``view`` and the cache's ``snap`` taken at ``now`` (seconds, any
         clock that only goes forward); ``snap`` None: it could not be taken this time, the
         previous one is shown (``stale``). ``governor``: the memory-pressure governor's
         changes so far, None when it does not run. ``slots``: the parallel sequences
-        (``-np``), those running a request now, the requests waiting for one."""
+        (``-np``), those running a request now, the requests waiting for one. ``prompt_cache``:
+        the conversations' states kept in memory (``--cache-ram``), None without one."""
         stale = snap is None and self._snap is not None
         if snap is not None:
             self._snap = snap
@@ -187,6 +203,7 @@ class MetricsFeed:
             "request": None if view.request is None else request_body(view.request),
             "cache": cache,
             "slots": {"total": slots[0], "busy": slots[1], "waiting": slots[2]},
+            "prompt_cache": None if prompt_cache is None else prompt_cache_body(prompt_cache),
         }
 
     @property

@@ -70,7 +70,7 @@ async def metrics_events(served: ServedSession, feed: MetricsFeed) -> AsyncItera
             last = loop.time()
             governor = served.session.governor
             changes = None if governor is None else governor.changes
-            body = feed.event(view, snap, last, changes, served.slots())
+            body = feed.event(view, snap, last, changes, served.slots(), served.session.prompt_cache)
             yield ServerSentEvent(data=json.dumps(body, separators=(",", ":")))
             tick = next_tick(view, feed.cooling)
             with contextlib.suppress(TimeoutError):

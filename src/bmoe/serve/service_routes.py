@@ -106,10 +106,12 @@ def service_routes(served: ServedSession, *, metrics: bool) -> list[Route]:
 
     async def slots(_: Request) -> Response:
         total, busy, _waiting = served.slots()
-        cached = len(session.engine.kv_tokens) if total == 1 else None
+        kept = session.slot_tokens if total > 1 else (len(session.engine.kv_tokens),)
+        cached = kept or (0,) * total  # with -np: what each slot's KV keeps between runs
+        n_ctx = session.n_ctx // total
         return json_response(
             [
-                {"id": i, "n_ctx": session.n_ctx // total, "is_processing": i < busy, "tokens_cached": cached}
+                {"id": i, "n_ctx": n_ctx, "is_processing": i < busy, "tokens_cached": cached[i]}
                 for i in range(total)
             ]
         )
