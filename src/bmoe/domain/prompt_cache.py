@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -63,6 +63,17 @@ class PromptCacheCounters:
     evicted: int = 0  # states dropped for room (the limit, or a lower one)
     superseded: int = 0  # states dropped because a longer state of their conversation came
     refused: int = 0  # states bigger than the limit alone: not kept
+
+
+@attrs.frozen
+class StateTarget:
+    """Where a kept state goes: ``load`` puts a blob there (False: refused, the target left
+    empty), ``cut`` keeps its first tokens (False: the memory cannot be cut), ``empty``
+    forgets what it holds."""
+
+    load: Callable[[StateBlob], bool]
+    cut: Callable[[int], bool]
+    empty: Callable[[], None]
 
 
 @attrs.frozen
@@ -158,6 +169,30 @@ class PromptCache:
         """Forget the state kept for exactly ``tokens`` (e.g. it failed to load)."""
         with self._lock:
             self._states.pop(tuple(tokens), None)
+
+    def restore(self, found: Restore, prompt: Sequence[int], target: StateTarget) -> Restore | None:
+        """Carry out ``found`` (a ``lookup`` for ``prompt``) into ``target``: load its state
+        and cut it back to what the prompt shares; where the memory cannot be cut
+        (recurrent), a state the prompt extends whole instead. Returns the restore carried
+        out (counted), or None: ``target`` is empty (a refused state is forgotten)."""
+        done = self._load(found, target)
+        if not done and found.cut:
+            whole = self.lookup(prompt, whole=True)
+            done = whole is not None and self._load(whole, target)
+            found = whole if whole is not None else found
+        if not done:
+            return None
+        self.restored(found)
+        return found
+
+    def _load(self, found: Restore, target: StateTarget) -> bool:
+        if not target.load(found.kept.blob):
+            self.discard(found.kept.tokens)
+            return False
+        if found.cut and not target.cut(found.shared):
+            target.empty()
+            return False
+        return True
 
     def set_limit(self, limit_bytes: int | None) -> int:
         """A new limit (memory pressure lowers it, freed memory gives it back); drops, least

@@ -32,7 +32,7 @@ import attrs
 
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TokenLogprob
-from bmoe.domain.prompt_cache import PromptCache, Restore
+from bmoe.domain.prompt_cache import PromptCache, StateTarget
 from bmoe.domain.reasoning import ReasoningSplitter
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotChoice, SlotMemory
@@ -303,29 +303,19 @@ class BatchRun:
         found = cache.lookup(slot.spec.prompt, better_than=slot.keep)
         if found is None:
             return
-        restored = self._restore(slot.seq, found)
-        if not restored and found.cut:  # cannot be cut back: a state the prompt extends whole
-            found = cache.lookup(slot.spec.prompt, whole=True)
-            restored = found is not None and self._restore(slot.seq, found)
-        if restored and found is not None:
-            cache.restored(found)
-            self.memory.hold(slot.seq, found.kept.tokens[: found.shared])
-            slot.keep = slot.restored = found.shared
+        backend, seq = self.backend, slot.seq
+        target = StateTarget(
+            lambda blob: backend.load_state(seq, blob),
+            lambda n: backend.keep(seq, n),
+            lambda: backend.drop(seq),
+        )
+        done = cache.restore(found, slot.spec.prompt, target)
+        if done is not None:
+            self.memory.hold(seq, done.kept.tokens[: done.shared])
+            slot.keep = slot.restored = done.shared
         else:  # the slot is empty now
-            self.memory.forget(slot.seq)
+            self.memory.forget(seq)
             slot.keep = 0
-
-    def _restore(self, seq: int, found: Restore) -> bool:
-        """Load ``found``'s state into ``seq`` and cut it back to what the prompt shares;
-        False (``seq`` empty, a refused state forgotten) when the backend cannot."""
-        assert self.prompt_cache is not None
-        if not self.backend.load_state(seq, found.kept.blob):
-            self.prompt_cache.discard(found.kept.tokens)
-            return False
-        if found.cut and not self.backend.keep(seq, found.shared):
-            self.backend.drop(seq)
-            return False
-        return True
 
     def _cancelled(self, slot: _Slot) -> bool:
         sink = self._sinks.get(slot.job)

@@ -18,7 +18,7 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.kv_reuse import plan_reuse
-from bmoe.domain.prompt_cache import PromptCache, Restore
+from bmoe.domain.prompt_cache import PromptCache, StateTarget
 from bmoe.domain.reasoning import Delta, ReasoningSplitter
 from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
 from bmoe.errors import (
@@ -343,16 +343,10 @@ class SessionEngine:
         found = None if cache is None or clear else cache.lookup(turn.prompt, better_than=keep)
         if keep < len(self.kv_tokens):
             self._keep_state()  # the context is about to lose tokens: its state goes to the cache
-        if found is not None and cache is not None:
-            restored = self._restore(found)
-            if not restored and found.cut:  # cannot be cut back: a state the prompt extends whole
-                found = cache.lookup(turn.prompt, whole=True)
-                restored = found is not None and self._restore(found)
-            if restored and found is not None:  # the conversation came back
-                keep = turn.restored = found.shared
-                cache.restored(found)
-            else:  # refused (the context is empty now): prefill it all
-                keep = 0
+        if found is not None and cache is not None:  # the conversation came back
+            target = StateTarget(self.backend.load_state, self.backend.keep_prefix, self.backend.reset)
+            done = cache.restore(found, turn.prompt, target)
+            keep = turn.restored = done.shared if done is not None else 0  # 0: the context is empty
         elif keep == 0 or (keep < len(self.kv_tokens) and not self.backend.keep_prefix(keep)):
             self.backend.reset()  # nothing reusable (or the memory holds other work): start empty
             keep = 0
@@ -362,18 +356,6 @@ class SessionEngine:
         self.backend.feed(turn.prompt[keep:], keep)
         turn.prefill_s = time.perf_counter() - t0
         self.kv_tokens = list(turn.prompt)
-
-    def _restore(self, found: Restore) -> bool:
-        """Load ``found``'s state and cut it back to what the prompt shares; False (the
-        context empty, a refused state forgotten) when the backend cannot."""
-        assert self.prompt_cache is not None
-        if not self.backend.load_state(found.kept.blob):
-            self.prompt_cache.discard(found.kept.tokens)
-            return False
-        if found.cut and not self.backend.keep_prefix(found.shared):
-            self.backend.reset()  # recurrent memory: only a state the prompt extends whole
-            return False
-        return True
 
     def _switch(self, name: str | None) -> None:
         """Make ``name`` the conversation held: the current one's history is parked (its KV
