@@ -229,3 +229,14 @@ def test_more_conversations_than_slots_come_back_through_the_prompt_cache(n_seq:
     assert all(o.reused == len(j.prompt) + 3 for o, j in zip(again, firsts, strict=True))  # each its own
     assert sum(o.restored > 0 for o in again) >= 3 - (n_seq - 1)  # its slot still held it, or the cache did
     assert len(backend.loaded) == cache.counters.restored
+
+
+def test_an_idle_slot_keeps_its_cells_while_the_running_ones_leave_too_little_anyway() -> None:
+    backend = TokenMemory(3, n_ctx=80)
+    run = BatchRun(backend, keep_slots=True)
+    serve(run, [BatchJob((5, 6, 7), 4)])  # slot 0 keeps 6 cells
+    run.add(BatchJob(tuple(range(100, 150)), 10))  # runs: 60 cells
+    run.step()
+    run.add(BatchJob(tuple(range(200, 225)), 5))  # needs 30: cannot fit beside it at all
+    run.step()
+    assert len(run.memory.held[0]) == 6  # nothing given back for nothing

@@ -269,6 +269,8 @@ class BatchRun:
         else:
             choice = SlotChoice(self._free[0], 0)
         running = sum(s.cells for s in (*self._running, *self._joining))
+        if running + _cells(job) > self.backend.n_ctx:
+            return None  # even with every idle slot emptied: nothing is given back for nothing
         idle = [seq for seq in self._free if seq != choice.seq]
         for victim in [None, *self.memory.to_drop(idle)]:
             if victim is not None:
