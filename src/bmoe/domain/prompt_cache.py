@@ -22,6 +22,12 @@ Rules:
   first. A state bigger than the limit alone is not kept. ``set_limit`` moves the limit
   (memory pressure lowers it) and drops what no longer fits: a state is dropped whole, never
   half kept.
+- **A slower tier** (``spill``, the disk tier of ``--cache-disk``): a state that leaves
+  memory for room goes there instead of being lost; a lookup weighs its states with the ones
+  in memory, and one it picks is read back (into memory, most recently used). A state the
+  tier refuses to give back (corrupt, another model's: the tier says why) is never
+  restored; the lookup goes on without it. ``persist`` writes every state held in memory
+  there too (at close: a restarted process finds them).
 
 Pure: the blobs are opaque here (the backend made them and only the backend reads them).
 Safe to share between threads (a lock guards the states): the memory governor's thread
@@ -33,6 +39,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import attrs
 
@@ -63,6 +70,31 @@ class PromptCacheCounters:
     evicted: int = 0  # states dropped for room (the limit, or a lower one)
     superseded: int = 0  # states dropped because a longer state of their conversation came
     refused: int = 0  # states bigger than the limit alone: not kept
+    spilled: int = 0  # states that left memory for the slower tier (counted in evicted too)
+    unspilled: int = 0  # states read back from the slower tier for a restore
+    refused_spilled: int = 0  # states the slower tier refused to give back (corrupt, foreign)
+
+
+class StateSpill(Protocol):
+    """A slower tier for kept states (the disk tier): it keeps what it is given within its
+    own room, and may lose a state at any time (another process, its limit, a bad file)."""
+
+    def held(self) -> list[tuple[int, ...]]:
+        """The token sequences it holds a state for (cheap: no reading)."""
+        ...
+
+    def put(self, tokens: tuple[int, ...], blob: StateBlob) -> None:
+        """Keep ``blob`` as the state after ``tokens`` (replacing one with the same tokens)."""
+        ...
+
+    def take(self, tokens: tuple[int, ...]) -> StateBlob | None:
+        """The state after ``tokens``, checked whole; None where it is gone or refused
+        (a refused one is removed and said why)."""
+        ...
+
+    def drop(self, tokens: tuple[int, ...]) -> None:
+        """Forget the state after ``tokens``, if held."""
+        ...
 
 
 @attrs.frozen
@@ -91,10 +123,11 @@ class Restore:
 class PromptCache:
     """Kept states of conversations, least recently used first, within ``limit_bytes``."""
 
-    def __init__(self, limit_bytes: int | None) -> None:
+    def __init__(self, limit_bytes: int | None, spill: StateSpill | None = None) -> None:
         if limit_bytes is not None and limit_bytes < 0:
             raise ValueError("the prompt cache's limit must be >= 0 bytes (None: no limit)")
         self.limit_bytes = limit_bytes
+        self.spill = spill
         self._states: OrderedDict[tuple[int, ...], KeptState] = OrderedDict()
         self._last_stored: tuple[int, ...] = ()
         self.counters = PromptCacheCounters()
@@ -118,19 +151,53 @@ class PromptCache:
         """The kept state sharing the longest prefix with ``prompt`` (at most all but its
         last token) when that prefix is longer than ``better_than`` (what the context
         already holds), marked as just used; None where there is none. ``whole``: only
-        states the prompt extends whole (a memory that cannot be cut back)."""
+        states the prompt extends whole (a memory that cannot be cut back). A state of the
+        slower tier is read back into memory first; one it refuses is passed over."""
         prompt = tuple(prompt)
-        best: Restore | None = None
         with self._lock:
-            for kept in self._states.values():
-                shared = min(common_prefix_len(kept.tokens, prompt), len(prompt) - 1)
-                if whole and shared < len(kept.tokens):
-                    continue
-                if shared > better_than and (best is None or shared > best.shared):
-                    best = Restore(kept, shared)
-            if best is not None:
-                self._states.move_to_end(best.kept.tokens)
-            return best
+            while True:
+                best = self._best(prompt, better_than, whole)
+                if best is None:
+                    return None
+                tokens, shared = best
+                if tokens in self._states:
+                    self._states.move_to_end(tokens)
+                    return Restore(self._states[tokens], shared)
+                state = self._unspill(tokens)
+                if state is not None:
+                    return Restore(state, shared)
+
+    def _best(
+        self, prompt: tuple[int, ...], better_than: int, whole: bool
+    ) -> tuple[tuple[int, ...], int] | None:
+        """The tokens of the state (in memory first, then in the slower tier) sharing the
+        longest prefix with ``prompt``, and that prefix (the lock held)."""
+        best: tuple[tuple[int, ...], int] | None = None
+        spilled = self.spill.held() if self.spill is not None else []
+        for tokens in [*self._states, *spilled]:
+            shared = min(common_prefix_len(tokens, prompt), len(prompt) - 1)
+            if whole and shared < len(tokens):
+                continue
+            if shared > better_than and (best is None or shared > best[1]):
+                best = (tokens, shared)
+        return best
+
+    def _unspill(self, tokens: tuple[int, ...]) -> KeptState | None:
+        """Read the state after ``tokens`` back from the slower tier into memory (most
+        recently used; only lent to the caller where it does not fit); None, counted, where
+        the tier refuses it (the lock held)."""
+        assert self.spill is not None
+        blob = self.spill.take(tokens)
+        if blob is None:
+            self.counters.refused_spilled += 1
+            self.spill.drop(tokens)  # gone or refused: never offered again
+            return None
+        self.counters.unspilled += 1
+        state = KeptState(tokens, blob)
+        if self.limit_bytes is None or state.nbytes <= self.limit_bytes:
+            self._states[tokens] = state
+            self._fit()
+        return state
 
     def restored(self, restore: Restore) -> None:
         """``restore`` was carried out: count it."""
@@ -159,6 +226,9 @@ class PromptCache:
                 del self._states[old]
                 if old != key:
                     self.counters.superseded += 1
+            if self.spill is not None:  # the tier's earlier states of this conversation too
+                for old in [k for k in self.spill.held() if len(k) < len(key) and key[: len(k)] == k]:
+                    self.spill.drop(old)
             self._states[key] = state
             self._last_stored = key
             self.counters.stored += 1
@@ -169,6 +239,8 @@ class PromptCache:
         """Forget the state kept for exactly ``tokens`` (e.g. it failed to load)."""
         with self._lock:
             self._states.pop(tuple(tokens), None)
+            if self.spill is not None:
+                self.spill.drop(tuple(tokens))
 
     def restore(self, found: Restore, prompt: Sequence[int], target: StateTarget) -> Restore | None:
         """Carry out ``found`` (a ``lookup`` for ``prompt``) into ``target``: load its state
@@ -206,14 +278,28 @@ class PromptCache:
             return before - self.nbytes
 
     def clear(self) -> None:
+        """Forget the states held in memory (the slower tier keeps its own)."""
         with self._lock:
             self._states.clear()
 
+    def persist(self) -> int:
+        """Give every state held in memory to the slower tier too (at close); how many."""
+        with self._lock:
+            if self.spill is None:
+                return 0
+            for tokens, state in self._states.items():
+                self.spill.put(tokens, state.blob)
+            return len(self._states)
+
     def _fit(self) -> None:
-        """Drop least recently used states until within the limit (the lock held)."""
+        """Drop least recently used states until within the limit, into the slower tier
+        where there is one (the lock held)."""
         while self.limit_bytes is not None and self._states and self.nbytes > self.limit_bytes:
-            self._states.popitem(last=False)
+            tokens, state = self._states.popitem(last=False)
             self.counters.evicted += 1
+            if self.spill is not None:
+                self.spill.put(tokens, state.blob)
+                self.counters.spilled += 1
 
     def check_valid(self) -> None:
         """Assert the invariants (for tests)."""

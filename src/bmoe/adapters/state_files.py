@@ -1,0 +1,225 @@
+"""The prompt cache's disk tier (``--cache-disk DIR``): conversations' states that left
+memory, kept as files, so a conversation that comes back after its state was pushed out of
+``--cache-ram`` (or after a restart) still costs only its new tokens.
+
+- **Where**: ``DIR/<identity>/<tokens' hash>.state``. The identity is a hash of the model's
+  content key (:func:`bmoe.adapters.usage_profile_file.model_key`) and of what shapes a
+  state (llama.cpp's version, the cache's types, the context's layout): a state made by
+  another model, or for another context, lives in another folder and is never looked at.
+- **A file**: a magic line, the format's version, the identity, the tokens the state
+  follows, the state's bytes, then a SHA-256 of everything before it. Written to a
+  temporary file beside it and renamed over (a crash leaves the old file or the new one).
+- **Trust**: the folder is read once at start (the headers only) into an index; a file is
+  read whole and checked only when a prompt wants its state. One whose checksum, magic,
+  version or identity is wrong (corrupt, truncated, copied from elsewhere) is refused with a
+  warning, removed, and never restored: the prompt is prefilled.
+- **Room**: at most ``limit_bytes`` of files; the least recently used (a file's mtime,
+  touched when read) go first. A state bigger than the limit alone is not written.
+- **Several processes** may share the folder: a file another one removed is simply gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from bmoe.domain.decide.prefix_cache import StateBlob
+
+MAGIC = b"BMOE-STATE\n"
+VERSION = 1
+SUFFIX = ".state"
+DIGEST = 32
+DEFAULT_CACHE_DISK_MIB = 4096
+"""``--cache-disk-mb``'s default: room for many long conversations on a phone's flash."""
+_HEAD = struct.Struct("<I32sI")  # version, identity, token count
+
+
+def state_identity(model_key: str, shape: Sequence[object]) -> str:
+    """The folder name for states of the model ``model_key`` made by a context of ``shape``
+    (llama.cpp's version, the cache's types, its layout): 32 hex digits."""
+    digest = hashlib.sha256(b"bmoe-state-identity-1")
+    digest.update(model_key.encode())
+    for item in shape:
+        digest.update(repr(item).encode() + b"\0")
+    return digest.hexdigest()[:32]
+
+
+def _name(tokens: tuple[int, ...]) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:40] + SUFFIX
+
+
+@attrs.define
+class _File:
+    path: Path
+    nbytes: int
+
+
+class StateFiles:
+    """The disk tier: ``StateSpill`` (:mod:`bmoe.domain.prompt_cache`) over a folder.
+    ``warn`` receives a line for every file refused."""
+
+    def __init__(
+        self, root: Path, identity: str, limit_bytes: int, warn: Callable[[str], None] | None = None
+    ) -> None:
+        if limit_bytes < 0:
+            raise ValueError("the disk tier's limit must be >= 0 bytes")
+        self.dir = Path(root) / identity
+        self.identity = bytes.fromhex(identity).ljust(DIGEST, b"\0")
+        self.limit_bytes = limit_bytes
+        self.warn = warn or (lambda line: None)
+        self.refused = 0  # files refused (corrupt, foreign) and removed
+        self._lock = threading.Lock()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._index: dict[tuple[int, ...], _File] = {}
+        for path in sorted(self.dir.glob("*" + SUFFIX), key=_mtime):
+            tokens = self._read_head(path)
+            if tokens is not None:
+                self._index[tokens] = _File(path, path.stat().st_size)
+        self._fit()
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(f.nbytes for f in self._index.values())
+
+    def held(self) -> list[tuple[int, ...]]:
+        with self._lock:
+            return list(self._index)
+
+    def put(self, tokens: tuple[int, ...], blob: StateBlob) -> None:
+        body = self._encode(tokens, blob)
+        if len(body) > self.limit_bytes:
+            return
+        path = self.dir / _name(tokens)
+        with self._lock:
+            held = self._index.get(tokens)
+            if held is not None and held.nbytes == len(body) and held.path.exists():
+                os.utime(held.path)  # the same state: just used
+                return
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        with self._lock:
+            self._index[tokens] = _File(path, len(body))
+            self._fit()
+
+    def take(self, tokens: tuple[int, ...]) -> StateBlob | None:
+        with self._lock:
+            held = self._index.get(tokens)
+        if held is None:
+            return None
+        try:
+            data = held.path.read_bytes()
+        except FileNotFoundError:  # another process removed it
+            self.drop(tokens)
+            return None
+        blob, why = self._decode(data, tokens)
+        if blob is None:
+            self._refuse(held.path, why)
+            self.drop(tokens)
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(held.path)
+        return blob
+
+    def drop(self, tokens: tuple[int, ...]) -> None:
+        with self._lock:
+            held = self._index.pop(tokens, None)
+        if held is not None:
+            held.path.unlink(missing_ok=True)
+
+    def _fit(self) -> None:
+        """Remove least recently used files until within the limit (the lock held)."""
+        total = sum(f.nbytes for f in self._index.values())
+        for tokens in sorted(self._index, key=lambda t: _mtime(self._index[t].path)):
+            if total <= self.limit_bytes:
+                break
+            gone = self._index.pop(tokens)
+            gone.path.unlink(missing_ok=True)
+            total -= gone.nbytes
+
+    def _encode(self, tokens: tuple[int, ...], blob: StateBlob) -> bytes:
+        ids = np.asarray(tokens, dtype="<i4").tobytes()
+        head = MAGIC + _HEAD.pack(VERSION, self.identity, len(tokens)) + ids
+        body = head + struct.pack("<Q", blob.nbytes) + np.ascontiguousarray(blob).tobytes()
+        return body + hashlib.sha256(body).digest()
+
+    def _decode(self, data: bytes, tokens: tuple[int, ...]) -> tuple[StateBlob | None, str]:
+        """The state in ``data`` (the whole file), or None and why it is refused."""
+        if len(data) < len(MAGIC) + _HEAD.size + 8 + DIGEST:
+            return None, "truncated"
+        body, digest = data[:-DIGEST], data[-DIGEST:]
+        if hashlib.sha256(body).digest() != digest:
+            return None, "checksum mismatch (corrupt or truncated)"
+        found = self._parse_head(body)
+        if isinstance(found, str):
+            return None, found
+        if found != tokens:
+            return None, "its tokens are not its name's"
+        at = len(MAGIC) + _HEAD.size + 4 * len(tokens)
+        (n,) = struct.unpack_from("<Q", body, at)
+        if at + 8 + n != len(body):
+            return None, "its length does not add up"
+        blob = np.frombuffer(body, dtype=np.uint8, count=n, offset=at + 8).copy()
+        blob.flags.writeable = False
+        return blob, ""
+
+    def _parse_head(self, data: bytes) -> tuple[int, ...] | str:
+        """The tokens a file's head names, or why it is refused."""
+        if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _HEAD.size:
+            return "not a bmoe state file"
+        version, identity, n = _HEAD.unpack_from(data, len(MAGIC))
+        if version != VERSION:
+            return f"format version {version}, this bmoe writes {VERSION}"
+        if identity != self.identity:
+            return "made for another model or context"
+        ids = data[len(MAGIC) + _HEAD.size : len(MAGIC) + _HEAD.size + 4 * n]
+        if len(ids) != 4 * n:
+            return "truncated"
+        return tuple(int(t) for t in np.frombuffer(ids, dtype="<i4"))
+
+    def _read_head(self, path: Path) -> tuple[int, ...] | None:
+        """The tokens ``path`` follows (its head only); None (refused, removed) for a file
+        that is not one of this folder's states."""
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(MAGIC) + _HEAD.size)
+                if len(head) == len(MAGIC) + _HEAD.size and head.startswith(MAGIC):
+                    (n,) = struct.unpack_from("<I", head, len(head) - 4)
+                    head += f.read(4 * min(n, 1 << 24))
+        except FileNotFoundError:
+            return None
+        found = self._parse_head(head)
+        if isinstance(found, str):
+            self._refuse(path, found)
+            return None
+        if path.name != _name(found):
+            self._refuse(path, "its tokens are not its name's")
+            return None
+        return found
+
+    def _refuse(self, path: Path, why: str) -> None:
+        self.refused += 1
+        path.unlink(missing_ok=True)
+        self.warn(f"bmoe: prompt cache: refused {path} ({why}); removed, its prompt will be prefilled")
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
