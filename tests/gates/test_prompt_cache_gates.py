@@ -1,8 +1,8 @@
 """The prompt cache (``--cache-ram``) on real sessions: two conversations taking turns over
 one context (what ``-np 1`` serves when an agent and its subagent interleave) each restore
 their own state when they come back and prefill only their new tokens, and every answer is
-the one a fresh session serving that conversation alone gives (tokens bit for bit,
-log-probabilities to 1e-6), resident and streamed, warm from the usage profile too, on a plain attention
+the one a fresh session serving that conversation alone gives (tokens and log-probabilities
+bit for bit; a sliding-window model's log-probabilities to 1e-6), resident and streamed, warm from the usage profile too, on a plain attention
 model, a hybrid (recurrent) one whose memory cannot be trimmed and a sliding-window one."""
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ def ask(session: Session, history: list[ChatMessage], prompt: str) -> RunResult:
     return result
 
 
-def close(a: tuple[TokenLogprob, ...], b: tuple[TokenLogprob, ...]) -> bool:
-    """The same choices, log-probabilities within 1e-6."""
+def close(a: tuple[TokenLogprob, ...], b: tuple[TokenLogprob, ...], tolerance: float) -> bool:
+    """The same choices, log-probabilities within ``tolerance``."""
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
         pairs = [(x.chosen, y.chosen), *zip(x.top, y.top, strict=True)]
         if len(x.top) != len(y.top) or any(
-            p.token != q.token or abs(p.logprob - q.logprob) > 1e-6 for p, q in pairs
+            p.token != q.token or abs(p.logprob - q.logprob) > tolerance for p, q in pairs
         ):
             return False
     return True
@@ -74,10 +74,11 @@ def test_conversations_taking_turns_answer_as_if_each_had_the_context_alone(
 ) -> None:
     """The reference for each turn is a fresh session without a prompt cache whose context
     holds that turn's conversation as it left it (``alone``): the same tokens, prefilled in
-    the same pieces. Tokens are compared bit for bit; log-probabilities to 1e-6 only: a
-    restored state puts its cells where a fresh prefill puts them (``load_seq_state``),
-    while a context that served two conversations holds them where the cells were free, and
-    attention sums over cells in that order (the design's "compare like with like": a
+    the same pieces. Tokens and log-probabilities are compared bit for bit, but for the
+    sliding-window model's log-probabilities (to 1e-6; measured 2026-12-04: 6e-9 at most):
+    its window's cache is a ring whose cells a long history has moved round, while a
+    restored state (``llama_state_seq_set_data``) lays its cells out from the ring's start,
+    and attention sums over cells in that order (the design's "compare like with like": a
     restored state is exact, another layout of the same tokens is not)."""
     path = tiny_model_path(name)
     profile = str(tmp_path / "profile.json") if streamed else "off"
@@ -91,7 +92,7 @@ def test_conversations_taking_turns_answer_as_if_each_had_the_context_alone(
         with Session.open(config(path, 0, streamed, profile)) as fresh:  # streamed: warm from the profile
             reference = replay(fresh, alone(i))[-1]
         assert result.tokens == reference.tokens, i
-        assert close(result.logprobs, reference.logprobs), i
+        assert close(result.logprobs, reference.logprobs, 1e-6 if name == "gpt-oss" else 0.0), i
         assert result.n_prompt == reference.n_prompt, i  # only what the conversation added
         assert (result.n_restored > 0) == (i >= 2), (i, result)
         assert result.tokens == without[i].tokens, i
