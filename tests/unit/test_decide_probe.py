@@ -18,7 +18,7 @@ from bmoe.adapters.decide_probe import probe_line
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, LastPrefixCache, log_softmax
 from bmoe.domain.decide.probe import OutputHead, ProbeObservation, ProbeRecord, lens, probe_record
 from bmoe.errors import ChoiceCollisionError, ConfigError, DecodeError
-from bmoe.runtime.options import decide_config
+from bmoe.frontend.configs import decide_config
 from bmoe.serve.flags import build_parser as serve_parser
 from bmoe.service.decider import run_decide
 from bmoe.testing.fake_decide_backend import ScriptedDecideBackend

@@ -10,6 +10,7 @@ import pytest
 
 from bmoe import cli
 from bmoe.domain.sampling import SamplingParams
+from bmoe.frontend.configs import sampling_params
 from bmoe.serve.flags import build_parser, model_id, serve_defaults, session_config
 from bmoe.serve.mapping import ServeDefaults
 
@@ -43,7 +44,7 @@ def test_sampling_flags_are_the_defaults_of_requests() -> None:
     cli_args = cli.build_parser().parse_args(
         ["--temp", "0.7", "--top-k", "20", "--top-p", "0.9", "--seed", "5"]
     )
-    assert serve_defaults(args).sampling == cli._sampling(cli_args)
+    assert serve_defaults(args).sampling == sampling_params(cli_args)
 
 
 def test_by_default_requests_are_greedy_and_may_fill_the_context() -> None:

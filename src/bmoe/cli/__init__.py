@@ -14,32 +14,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+import attrs
+
 from bmoe.adapters.protocol import Error, encode_response
 from bmoe.cli.session_loop import SessionLoop
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.metrics import MemorySample, parse_proc_status, preamble, row_line, run_summary, token_row
 from bmoe.domain.metrics import trailer as metrics_trailer
 from bmoe.domain.perplexity import PplAccumulator, PplWindow
-from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB
 from bmoe.domain.summary import generation_line, stream_lines, stream_mode_line, timing_line
 from bmoe.errors import BmoeError
-from bmoe.runtime import Session, SessionConfig
-from bmoe.runtime.options import (
+from bmoe.frontend.configs import resolve_model, sampling_params, session_config
+from bmoe.frontend.devices import list_devices
+from bmoe.frontend.flags import (
     add_context_options,
     add_decide_options,
     add_model_options,
+    add_run_options,
     add_stream_options,
-    chat_template_text,
-    chosen_model,
-    context_params,
-    decide_config,
-    list_devices,
-    placement_config,
-    stream_config,
 )
+from bmoe.runtime import Session, SessionConfig
 
-DEFAULT_MODEL_FIXTURE = "qwen3moe"
 DEFAULT_PROMPT = "Hello, world"
 
 
@@ -57,12 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chatml", action="store_true", help="wrap the prompt as a user turn with the chat template"
     )
-    p.add_argument("--no-think", action="store_true", help="with --chatml: render with thinking off")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default: 0)")
-    p.add_argument("--top-k", type=int, default=40, help="top-k when --temp > 0 (default: 40)")
-    p.add_argument("--top-p", type=float, default=0.95, help="top-p when --temp > 0 (default: 0.95)")
-    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
+    add_run_options(p, server=False)
     p.add_argument(
         "--ppl",
         type=Path,
@@ -96,38 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _default_model() -> Path:
-    from bmoe.tinymodel import default_model_path
-
-    path = default_model_path()
-    print(
-        f"bmoe: no -m given, using the built-in tiny model ({DEFAULT_MODEL_FIXTURE}, random weights): {path}",
-        file=sys.stderr,
-    )
-    return path
-
-
 def _config(args: argparse.Namespace) -> SessionConfig:
-    return SessionConfig(
-        model_path=chosen_model(args) or _default_model(),
-        context=context_params(args),
-        chat=args.chatml,
-        think=not args.no_think,
-        n_predict=args.n_predict,
-        verbose=args.verbose,
-        n_expert_used=args.n_expert_used,
-        repack=not args.no_repack,
-        amx=args.amx,
-        decide=decide_config(args),
-        stream=stream_config(args),
-        placement=placement_config(args),
-        chat_template=chat_template_text(args),
-        cache_ram_mb=args.cache_ram,
-    )
-
-
-def _sampling(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    """The shared flags' session (``bmoe.frontend``), with the CLI's own: ``--chatml``, ``-n``."""
+    config = session_config(args, resolve_model(args, "bmoe"))
+    return attrs.evolve(config, chat=args.chatml, n_predict=args.n_predict)
 
 
 def _open(config: SessionConfig) -> Session:
@@ -158,7 +121,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     with session:
         loop = SessionLoop(
-            session, sys.stdin.buffer, sys.stdout.buffer, progress=args.progress, sampling=_sampling(args)
+            session,
+            sys.stdin.buffer,
+            sys.stdout.buffer,
+            progress=args.progress,
+            sampling=sampling_params(args),
         )
         return loop.run()
 
@@ -273,7 +240,7 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
         config = _config(args)
         request = GenerateRequest(
             prompt=args.prompt,
-            sampling=_sampling(args),
+            sampling=sampling_params(args),
         )
         display = None
         if args.progress:

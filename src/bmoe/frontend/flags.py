@@ -1,6 +1,7 @@
-"""The command-line options ``python -m bmoe.cli`` and ``python -m bmoe.serve`` share: the
-expert-streaming group, the decision settings, and how they become a session's settings.
-One definition, so the two commands cannot drift apart."""
+"""The command-line flags ``python -m bmoe.cli`` and ``python -m bmoe.serve`` share, as
+argparse groups: the model, the context and placement, expert streaming, decisions, and the
+settings of a run (sampling, thinking). One definition, so the two commands cannot drift
+apart; ``bmoe.frontend.configs`` reads them into a session's settings."""
 
 from __future__ import annotations
 
@@ -8,18 +9,14 @@ import argparse
 from pathlib import Path
 
 from bmoe.adapters.cpu_topology import physical_cores
-from bmoe.adapters.llama import ContextParams
-from bmoe.adapters.llama import devices as ggml_devices
 from bmoe.adapters.llama.context import KV_CACHE_TYPES
 from bmoe.domain.cpu_features import AMX_MODES
-from bmoe.domain.decide import PREFIX_CACHE_MODES, DecideConfig
-from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_servers
+from bmoe.domain.decide import PREFIX_CACHE_MODES
 from bmoe.domain.prompt_cache import DEFAULT_CACHE_RAM_MIB
 from bmoe.domain.slots import DEFAULT_SIMILARITY
-from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES, StreamConfig, prompt_batch
+from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES
 from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
-from bmoe.errors import ConfigError
 
 
 def cache_mb(text: str) -> int | None:
@@ -127,17 +124,6 @@ def add_template_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def chat_template_text(args: argparse.Namespace) -> str | None:
-    """The ``--chat-template-file``'s text (``ConfigError`` when it cannot be read)."""
-    path: Path | None = args.chat_template_file
-    if path is None:
-        return None
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--chat-template-file {path}: {exc}") from exc
-
-
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """``-m`` and llama.cpp's ``-hf``/``-hff``: where the model comes from."""
     p.add_argument("-m", "--model", type=Path, help="GGUF file (for a split model: the first shard)")
@@ -153,19 +139,6 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-hff", "--hf-file", metavar="FILE", default=None, help="with -hf: this file of the repository"
     )
-
-
-def chosen_model(args: argparse.Namespace) -> Path | None:
-    """The model ``-m`` or ``-hf`` names (``-hf`` fetched when missing); ``None``: neither."""
-    if args.hf_repo is not None and args.model is not None:
-        raise ConfigError("give -m or -hf, not both")
-    if args.hf_file is not None and args.hf_repo is None:
-        raise ConfigError("--hf-file needs -hf USER/REPO")
-    if args.hf_repo is not None:
-        from bmoe.adapters.hf_hub import fetch_model
-
-        return fetch_model(args.hf_repo, args.hf_file)
-    return Path(args.model) if args.model is not None else None
 
 
 def add_placement_options(p: argparse.ArgumentParser) -> None:
@@ -206,26 +179,6 @@ def add_placement_options(p: argparse.ArgumentParser) -> None:
         help="keep the experts of the first N layers on the host (streamed); the experts of offloaded "
         "layers past them stay resident on their device",
     )
-
-
-def placement_config(args: argparse.Namespace) -> Placement:
-    return Placement(
-        n_gpu_layers=args.n_gpu_layers,
-        devices=parse_device_names(args.device),
-        rpc=parse_rpc_servers(args.rpc) if args.rpc else (),
-        n_cpu_moe=args.n_cpu_moe,
-        cpu_moe=args.cpu_moe,
-    )
-
-
-def list_devices(args: argparse.Namespace) -> int:
-    """``--list-devices``: the devices ggml knows (the RPC servers of ``--rpc`` added)."""
-    if args.rpc:
-        ggml_devices.add_rpc_servers(parse_rpc_servers(args.rpc))
-    print("Available devices:")
-    for device in ggml_devices.devices():
-        print(device.line())
-    return 0
 
 
 def add_stream_options(p: argparse.ArgumentParser) -> None:
@@ -408,53 +361,21 @@ def add_decide_options(group: argparse._ArgumentGroup, decide_help: str) -> None
     )
 
 
-def stream_config(args: argparse.Namespace) -> StreamConfig:
-    return StreamConfig(
-        enabled=args.moe_stream,
-        cache_mb=args.cache_mb,
-        cache_ceil_mb=args.cache_ceil_mb,
-        governor=args.cache_governor,
-        profile=args.profile,
-        profile_share=args.profile_share,
-        io_threads=args.io_threads,
-        odirect=not args.no_odirect,
-        policy=args.stream_policy,
-        eviction=args.cache_policy,
-        half_life=args.cache_half_life,
-        prefetch=args.prefetch,
-        prefill_ahead=not args.no_prefill_ahead,
-        predict_prefetch=args.predict_prefetch is not None,
-        predict_auto=args.predict_prefetch == "auto",
-        predict_spec_max=args.predict_spec_max,
-        predict_depth=args.predict_depth,
-        predict_log=args.predict_log,
-        route_ahead=args.route_ahead,
-        drop_cold=args.drop_cold_experts,
-        substitute=args.expert_substitute,
-        route_trace=args.route_trace,
-        io_trace=args.io_trace,
+def add_run_options(p: argparse.ArgumentParser, *, server: bool) -> None:
+    """``--no-think``, the sampling flags and ``--verbose``: a run's settings for the CLI, the
+    defaults of requests that leave them unsaid for the server (``server``)."""
+    default = "default " if server else ""
+    p.add_argument(
+        "--no-think",
+        action="store_true",
+        help="render chat turns with thinking off by default"
+        if server
+        else "with --chatml: render with thinking off",
     )
-
-
-def decide_config(args: argparse.Namespace) -> DecideConfig:
-    return DecideConfig(
-        enabled=args.decide,
-        prefix_cache=args.decide_prefix_cache,
-        prefix_slots=args.decide_prefix_slots,
-        probe=args.decide_probe,
+    p.add_argument("--seed", type=int, default=0, help=f"{default}sampling seed (default: 0)")
+    p.add_argument("--temp", type=float, default=0.0, help=f"{default}temperature; 0 = greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=40, help=f"{default}top-k when temperature > 0 (default: 40)")
+    p.add_argument(
+        "--top-p", type=float, default=0.95, help=f"{default}top-p when temperature > 0 (default: 0.95)"
     )
-
-
-def context_params(args: argparse.Namespace) -> ContextParams:
-    """``-c``, ``-b`` (streaming's default prompt batch when unsaid) and ``-t``."""
-    batch = prompt_batch(args.batch_size, streaming=args.moe_stream, n_ctx=args.ctx_size)
-    threads = args.threads if args.threads is not None else physical_cores()
-    return ContextParams(
-        n_ctx=args.ctx_size,
-        n_batch=batch,
-        n_ubatch=batch,
-        n_threads=threads,
-        flash_attn=args.flash_attn,
-        cache_type_k=args.cache_type_k,
-        cache_type_v=args.cache_type_v,
-    )
+    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")

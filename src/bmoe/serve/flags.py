@@ -1,7 +1,8 @@
-"""The server's command line: the CLI's model, context and streaming flags, plus its own.
+"""The server's command line: the front end's shared flags (``bmoe.frontend``), plus its own.
 
-The flags that open the session are spelled, defaulted and read as ``python -m bmoe.cli``'s
-(a test holds the two to the same ``SessionConfig``); sampling flags are the defaults for
+The flags that open the session are spelled, defaulted and read into a ``SessionConfig`` by
+the same code as ``python -m bmoe.cli``'s (a test holds the two to the same config for every
+flag they share); sampling flags are the defaults for
 requests that leave a setting unsaid; the server always renders chat requests through the
 model's chat template (there is no ``--chatml``).
 """
@@ -13,20 +14,16 @@ from pathlib import Path
 
 import attrs
 
-from bmoe.domain.sampling import SamplingParams
 from bmoe.errors import ConfigError
-from bmoe.runtime import SessionConfig
-from bmoe.runtime.options import (
+from bmoe.frontend import configs
+from bmoe.frontend.flags import (
     add_context_options,
     add_decide_options,
     add_model_options,
+    add_run_options,
     add_stream_options,
-    chat_template_text,
-    context_params,
-    decide_config,
-    placement_config,
-    stream_config,
 )
+from bmoe.runtime import SessionConfig
 from bmoe.serve.mapping import ServeDefaults
 
 
@@ -62,14 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve N requests at once as parallel sequences of one context, continuously batched "
         "(llama.cpp's -np; each request's default max_tokens fills n_ctx / N; default: 1)",
     )
-    p.add_argument("--no-think", action="store_true", help="render chat turns with thinking off by default")
-    p.add_argument("--seed", type=int, default=0, help="default sampling seed (default: 0)")
-    p.add_argument("--temp", type=float, default=0.0, help="default temperature; 0 = greedy (default: 0)")
-    p.add_argument("--top-k", type=int, default=40, help="default top-k when temperature > 0 (default: 40)")
-    p.add_argument(
-        "--top-p", type=float, default=0.95, help="default top-p when temperature > 0 (default: 0.95)"
-    )
-    p.add_argument("--verbose", action="store_true", help="show llama.cpp's log on stderr")
+    add_run_options(p, server=True)
     p.add_argument(
         "--log-level",
         default="info",
@@ -140,29 +130,16 @@ def http_options(args: argparse.Namespace) -> HttpOptions:
 
 
 def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:
-    """The session the server opens (chat mode; decisions when ``--decide``)."""
-    return SessionConfig(
-        model_path=model_path,
-        context=attrs.evolve(context_params(args), n_seq_max=args.parallel),
-        chat=True,
-        think=not args.no_think,
-        verbose=args.verbose,
-        n_expert_used=args.n_expert_used,
-        repack=not args.no_repack,
-        amx=args.amx,
-        decide=decide_config(args),
-        stream=stream_config(args),
-        placement=placement_config(args),
-        chat_template=chat_template_text(args),
-        cache_ram_mb=args.cache_ram,
-        slot_similarity=args.slot_prompt_similarity,
-    )
+    """The session the server opens: the shared flags' (``bmoe.frontend``), in chat mode,
+    with ``-np`` parallel sequences."""
+    config = configs.session_config(args, model_path)
+    return attrs.evolve(config, chat=True, context=attrs.evolve(config.context, n_seq_max=args.parallel))
 
 
 def serve_defaults(args: argparse.Namespace) -> ServeDefaults:
     """What requests that leave a setting unsaid get."""
     return ServeDefaults(
-        sampling=SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        sampling=configs.sampling_params(args),
         max_tokens=args.max_tokens,
     )
 

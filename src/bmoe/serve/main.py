@@ -9,11 +9,11 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from bmoe.errors import BmoeError
+from bmoe.frontend.configs import resolve_model
+from bmoe.frontend.devices import list_devices
 from bmoe.runtime import Session
-from bmoe.runtime.options import chosen_model, list_devices
 from bmoe.serve.api_responses import ModelCard
 from bmoe.serve.flags import build_parser, http_options, model_id, serve_defaults, session_config
 from bmoe.serve.service import ServedSession
@@ -55,18 +55,10 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _default_model() -> Path:
-    from bmoe.tinymodel import default_model_path
-
-    path = default_model_path()
-    print(f"bmoe.serve: no -m given, the built-in tiny model (random weights): {path}", file=sys.stderr)
-    return path
-
-
 def open_served(args: argparse.Namespace) -> ServedSession:
     """Open the session the parsed flags describe (raises ``BmoeError``)."""
     defaults = serve_defaults(args)
-    model_path = chosen_model(args) or _default_model()
+    model_path = resolve_model(args, "bmoe.serve")
     session = Session.open(session_config(args, model_path))
     return ServedSession(session, model_card(session, model_id(args, model_path)), defaults)
 
