@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
 
@@ -107,6 +107,19 @@ class DecidePlan:
             raise ValueError(f"n_prefix {self.n_prefix} outside [0, {len(self.tokens)})")
 
 
+class PromptFigures(TypedDict):
+    """A decision's prompt counts and times, named as ``BMOE_DECIDE`` and ``/v1/decide``
+    both report them (``DecideResult.prompt_figures``)."""
+
+    n_tokens: int
+    n_reused: int
+    n_prefilled: int
+    restore_s: float
+    store_s: float
+    prefill_s: float
+    prefill_tps: float
+
+
 @attrs.frozen
 class DecideResult:
     """The outcome of one decision (``BMOE_DECIDE``). Times in seconds.
@@ -150,3 +163,16 @@ class DecideResult:
         """The choices' probabilities rescaled to sum to 1 over the choices (all 0 when the
         model puts no mass on any)."""
         return tuple(float(p) for p in renormalise(self.choice_logp))
+
+    def prompt_figures(self) -> PromptFigures:
+        """The prompt's counts and times, one list for the line protocol's answer and the
+        server's, so that the two name them alike."""
+        return PromptFigures(
+            n_tokens=self.n_tokens,
+            n_reused=self.n_reused,
+            n_prefilled=self.n_prefilled,
+            restore_s=self.restore_s,
+            store_s=self.store_s,
+            prefill_s=self.prefill_s,
+            prefill_tps=self.prefill_tps,
+        )
