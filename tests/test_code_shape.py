@@ -29,7 +29,7 @@ def test_layers_hold_domain_imports_nothing_outward() -> None:
 
 
 def test_ruff_finds_nothing() -> None:
-    proc = _run(sys.executable, "-m", "ruff", "check", "src", "tests", "scripts", "bench")
+    proc = _run(sys.executable, "-m", "ruff", "check", "src", "tests", "tools")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -46,7 +46,7 @@ def test_no_source_file_is_longer_than_the_design_allows() -> None:
     """One module, one idea: the C engine included (its rooms, ``cext/stream/*.pxi``)."""
     long = {
         str(path.relative_to(ROOT)): n
-        for folder in ("src", "tests", "scripts", "bench")
+        for folder in ("src", "tests", "tools")
         for path in (ROOT / folder).rglob("*")
         if path.suffix in SOURCE_SUFFIXES and (n := len(path.read_text().splitlines())) > MAX_LINES
     }

@@ -1,11 +1,18 @@
-"""Every relative link between the docs lands: the file exists and its ``#anchor`` names a heading.
+"""Every relative link between the docs lands, and every repository path they name exists.
 
-Covers the links in ``README.md`` and ``docs/*.md`` to a ``.md`` file (``[text](other.md)``,
-``[text](other.md#section)``) and to a section of the same page (``[text](#section)``). Anchors
-follow GitHub's rule for headings: the heading's text lowercased, every space a ``-``, every
-character that is not a letter, a digit, ``-`` or ``_`` dropped, and ``-1``, ``-2``, ... added to
-a repeated one; an ``<a id="...">`` or ``<a name="...">`` on the page is an anchor too. Fenced
-code blocks and code spans hold no links or headings. No model, no network: a fast check.
+Links: those in ``README.md``, ``docs/*.md`` and ``tools/README.md`` to another file
+(``[text](other.md)``, ``[text](other.md#section)``, ``[text](../tools/README.md)``) and to a
+section of the same page (``[text](#section)``). Anchors follow GitHub's rule for headings:
+the heading's text lowercased, every space a ``-``, every character that is not a letter, a
+digit, ``-`` or ``_`` dropped, and ``-1``, ``-2``, ... added to a repeated one; an ``<a
+id="...">`` or ``<a name="...">`` on the page is an anchor too. Fenced code blocks and code
+spans hold no links or headings.
+
+Paths: every path from the repository's root that a page names, in its prose, its code spans
+or its commands (``tools/replay_eviction.py``, ``src/bmoe/cext/stream/*.pxi``,
+``tests/gates/``), exists in the checkout (a pattern: matches at least one file). The folders
+that moved away (``scripts/``, the top-level ``bench/``) are looked for too, so a page that
+still names them fails. No model, no network: a fast check.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tools" / "README.md"]
 
 # Links known to be broken in pages this change could not edit: (page, target) -> why. Each is
 # skipped only while it stays broken; once mended it is checked like any other.
@@ -74,15 +81,14 @@ def anchors(page: Path) -> frozenset[str]:
 
 
 def _links(page: Path) -> list[tuple[int, str]]:
-    """(line, target) of each relative link to a .md page or to an anchor of this one."""
+    """(line, target) of each relative link: to a file or folder of the checkout, or to an
+    anchor of this page."""
     links: list[tuple[int, str]] = []
     for number, line in _prose_lines(page):
         for target in _LINK.findall(_CODE_SPAN.sub("``", line)):
             if re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith("/"):
                 continue  # a URL (https:, mailto:) or an absolute path: not this test's
-            path = target.split("#", 1)[0]
-            if path.endswith(".md") or target.startswith("#"):
-                links.append((number, target))
+            links.append((number, target))
     return links
 
 
@@ -90,9 +96,9 @@ def _broken(page: Path, target: str) -> str | None:
     """Why a link does not resolve, or None when it does."""
     path, _, anchor = target.partition("#")
     dest = (page.parent / path).resolve() if path else page
-    if not dest.is_file():
-        return "no such file"
-    if anchor and anchor not in anchors(dest):
+    if not dest.exists():
+        return "no such file or folder"
+    if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
         return f"no heading in {dest.relative_to(ROOT)} has the anchor #{anchor}"
     return None
 
@@ -133,3 +139,57 @@ def test_relative_link_resolves(page: str, line: int, target: str) -> None:
     if why is not None and (page, target) in KNOWN_BROKEN:
         pytest.skip(f"{page}:{line} -> {target}: {KNOWN_BROKEN[(page, target)]}")
     assert why is None, f"{page}:{line}: the link to {target} does not resolve: {why}"
+
+
+# A path from the repository's root: one of its top folders (and the two that moved away,
+# so that a page still naming them fails), then the rest of the path; not part of a longer
+# path (``~/.cache/bmoe/bench/...``, ``/tmp/bench/...``) nor of a dotted name.
+_TOP_FOLDERS = ("src", "tests", "tools", "docs", ".ci", "scripts", "bench")
+_TOP = "|".join(re.escape(folder) for folder in _TOP_FOLDERS)
+_REPO_PATH = re.compile(rf"(?<![\w./~$-])((?:{_TOP})/[\w./*-]*)")
+
+
+# Paths the docs name in another project's tree, by prefix -> whose.
+ELSEWHERE = {"src/models/": "llama.cpp's source (its per-architecture graphs), not bmoe's"}
+
+
+def _repo_paths(page: Path) -> list[tuple[int, str]]:
+    """(line, path) of each repository path the page names, code blocks included."""
+    found: list[tuple[int, str]] = []
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+        for path in _REPO_PATH.findall(line):
+            path = path.rstrip(".-")
+            if path.rstrip("/") in _TOP_FOLDERS:  # ``bench/``: the cache's folder of that name
+                continue
+            if not any(path.startswith(prefix) for prefix in ELSEWHERE):
+                found.append((number, path))
+    return found
+
+
+def _exists(path: str) -> bool:
+    if "*" in path:
+        return any(ROOT.glob(path.rstrip("/")))
+    return (ROOT / path).exists()
+
+
+PATH_CASES = [(str(page.relative_to(ROOT)), n, path) for page in PAGES for n, path in _repo_paths(page)]
+
+
+def test_the_pages_name_paths_to_check() -> None:
+    assert len(PATH_CASES) > 50, "the path pattern finds almost nothing: it is broken, not the docs"
+    assert _repo_paths(ROOT / "tools" / "README.md"), "tools/README.md names no path"
+
+
+def test_the_path_pattern_skips_paths_outside_the_checkout(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`~/.cache/bmoe/bench/m.gguf`, /tmp/bench/x, `bench/` under the cache root, bmoe.tools/x,\n"
+        "```sh\npython tools/replay_eviction.py --x\n```\nsee src/bmoe/cext/stream/*.pxi.\n",
+        encoding="utf-8",
+    )
+    assert _repo_paths(page) == [(3, "tools/replay_eviction.py"), (5, "src/bmoe/cext/stream/*.pxi")]
+
+
+@pytest.mark.parametrize(("page", "line", "path"), PATH_CASES, ids=[f"{p}:{n}:{t}" for p, n, t in PATH_CASES])
+def test_a_repo_path_named_in_the_docs_exists(page: str, line: int, path: str) -> None:
+    assert _exists(path), f"{page}:{line} names {path}, which is not in the checkout"

@@ -5,7 +5,7 @@ nobody is OOM-killed, the text equals an unpressured run's, and the budget grows
 other process has freed its memory. Bounded: the allocator stops by itself after a few
 seconds, the session after the allocator is done or 120 s. Skipped where no memory cgroup can
 be made. The two processes are ``python -m bmoe.bench.pressure session|hog``;
-``scripts/governor_cycles.py`` runs the same for 20 cycles and charts it."""
+``tools/governor_cycles.py`` runs the same for 20 cycles and charts it."""
 
 from __future__ import annotations
 

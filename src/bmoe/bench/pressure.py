@@ -1,5 +1,5 @@
 """Memory pressure on a streamed session: the two processes the governor's pressure gate
-(tests/gates/test_governor_pressure.py) and ``scripts/governor_cycles.py`` run in one memory
+(tests/gates/test_governor_pressure.py) and ``tools/governor_cycles.py`` run in one memory
 cgroup, each a ``python -m bmoe.bench.pressure`` subcommand.
 
 - ``session MODEL SIGNALS``: a streamed session that generates turn after turn (4 greedy

@@ -1,8 +1,8 @@
 """Benchmark (not a test): a four-step agent trace of decisions, by prefix-cache mode.
 
-    python scripts/bench_decide.py [--model PATH | --fixture qwen35moe] [--moe-stream --cache-mb N]
-                                   [--rounds N] [--modes auto,on,off] [--resident-too]
-                                   [--disk-mib-s N]
+    python tools/bench_decide.py [--model PATH | --fixture qwen35moe] [--moe-stream --cache-mb N]
+                                 [--rounds N] [--modes auto,on,off] [--resident-too]
+                                 [--disk-mib-s N]
 
 Prints one Markdown table per prefix-cache mode and round (modes interleaved: auto, on, off,
 auto, ...; each in a fresh session): reused/prefilled tokens, prefill, restore and store

@@ -1,8 +1,8 @@
 """Benchmark (not a test): replay decode routing through the cache's evictions, no timing.
 
-    python scripts/replay_eviction.py --route-trace rt.csv [rt2.csv ...] [--shares 10,25,50]
-    python scripts/replay_eviction.py --trained-weights DIR/trained-weights.npz [--windows 32]
-    python scripts/replay_eviction.py --trained-weights DIR/trained-weights.npz --sequences 1,2,4,8
+    python tools/replay_eviction.py --route-trace rt.csv [rt2.csv ...] [--shares 10,25,50]
+    python tools/replay_eviction.py --trained-weights DIR/trained-weights.npz [--windows 32]
+    python tools/replay_eviction.py --trained-weights DIR/trained-weights.npz --sequences 1,2,4,8
 
 The routing is either the decode rows of ``--route-trace`` CSVs (what ``--route-trace`` wrote
 for a run fed one token per ``llama_decode``: docs/telemetry.md), or the trained bench

@@ -1,7 +1,7 @@
 """Benchmark (not a test): ``Session.generate_batch``'s aggregate tok/s at several sequences.
 
-    python scripts/bench_parallel.py MODEL [--parallel 1,2,4] [--cache-mb N] [--rounds N]
-                                     [--tokens N]
+    python tools/bench_parallel.py MODEL [--parallel 1,2,4] [--cache-mb N] [--rounds N]
+                                   [--tokens N]
 
 Four requests (40-word pieces of README.md, sampled at temperature 1, one seed each) are
 answered together at each ``--parallel`` count, resident and streamed (``--cache-mb``; 0

@@ -2,7 +2,7 @@
 with ``-np 1`` and ``-np 4`` (both servers up, rounds interleaved): the first client's and
 the last client's time to first token, and the time until all four are answered (medians).
 
-    python scripts/bench_serve_parallel.py MODEL [--rounds N] [--tokens N]
+    python tools/bench_serve_parallel.py MODEL [--rounds N] [--tokens N]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark (not a test): a cache that holds every expert against resident, in one process.
 
-    python scripts/bench_warm_cache.py MODEL [--tokens N] [--cache-mb N] [--threads N] [--pass-too]
+    python tools/bench_warm_cache.py MODEL [--tokens N] [--cache-mb N] [--threads N] [--pass-too]
 
 Opens two bmoe sessions on MODEL in this process, one resident and one streaming with a
 cache of ``--cache-mb`` (default: enough for every expert), prefills the bench's fixed text's

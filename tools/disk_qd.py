@@ -1,7 +1,7 @@
 """Benchmark (not a test): the disk's random O_DIRECT read bandwidth by request size and by
 reads in flight, over a model file (what expert streaming's lanes ask of it).
 
-    python scripts/disk_qd.py MODEL.gguf [--mib 768]
+    python tools/disk_qd.py MODEL.gguf [--mib 768]
 
 Reads ``--mib`` MiB per cell at random page-aligned offsets with N threads (each blocking in
 ``preadv``, the GIL released), after nothing else: run it on a quiet machine. The guest page

@@ -19,7 +19,7 @@ Reported per turn: tokens prefilled, tokens restored from the prompt cache, MiB 
 read during the prefill (streamed), and the time to the first token; a markdown table on
 stdout. Time figures move with the machine: run nothing else meanwhile.
 
-    python scripts/bench_agent_turns.py -m model.gguf --cache-mb 1536 --modes np1,np1-cache
+    python tools/bench_agent_turns.py -m model.gguf --cache-mb 1536 --modes np1,np1-cache
 """
 
 from __future__ import annotations

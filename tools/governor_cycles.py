@@ -2,8 +2,8 @@
 generates throughout while another process in the same memory cgroup takes the memory free
 to it plus ``--over-mib``, holds it, frees it, ``--cycles`` times.
 
-    python scripts/governor_cycles.py [--cycles 20] [--limit-mib 1536] [--cache-mib 400]
-                                      [--out DIR] [--chart PNG] [--model PATH]
+    python tools/governor_cycles.py [--cycles 20] [--limit-mib 1536] [--cache-mib 400]
+                                    [--out DIR] [--chart PNG] [--model PATH]
 
 The two processes are those of the governor's pressure gate (``python -m bmoe.bench.pressure
 session|hog``, tests/gates/test_governor_pressure.py) on its model (``pressure_shape()``: 8

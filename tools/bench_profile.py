@@ -14,7 +14,7 @@ disk throttle (docs/benchmarks.md, "A cache that learns").
    point). Each warm run starts from a fresh copy of its profile (the run's own learning is
    thrown away).
 
-    python scripts/bench_profile.py --disk-mib-s 400 --cache-share 0.5 --rounds 3
+    python tools/bench_profile.py --disk-mib-s 400 --cache-share 0.5 --rounds 3
 
 Figures: decode tok/s of the measured tokens, their hit rate, the prefill's seconds, and the
 warm start over the cold start of the same round (median of the rounds' ratios).

@@ -1,9 +1,9 @@
 """Replay ``--route-trace`` CSVs offline through bmoe's own cache policy, to separate why decode
 hits less after a long prompt than after a short one (issue 11).
 
-    python bench/sim_decode_after_prefill.py --short rt20.csv --long rt2000.csv --cache-mb 1296
-    python bench/sim_decode_after_prefill.py --compare rt20_s*.csv rt2000_s*.csv --cache-mb 648 1296
-    python bench/sim_decode_after_prefill.py --compare rt*.csv --cache-share 0.25 0.5
+    python tools/sim_decode_after_prefill.py --short rt20.csv --long rt2000.csv --cache-mb 1296
+    python tools/sim_decode_after_prefill.py --compare rt20_s*.csv rt2000_s*.csv --cache-mb 648 1296
+    python tools/sim_decode_after_prefill.py --compare rt*.csv --cache-share 0.25 0.5
 
 A trace's layer calls (rows sharing turn, phase, step, layer, in file order) are fed to
 ``ExpertCachePolicy.request(layer, experts, n_tokens)`` exactly as the fast engine does (the
