@@ -162,7 +162,7 @@ def main() -> None:
     source.add_argument("--route-trace", type=Path, nargs="+")
     source.add_argument("--trained-weights", type=Path)
     p.add_argument("--windows", type=int, default=32, help="held-out windows of the trained model")
-    p.add_argument("--shares", default="10,25,50", help="budgets, % of all (layer, expert) entries")
+    p.add_argument("--shares", default="10,25,50", help="budgets, %% of all (layer, expert) entries")
     p.add_argument("--half-lives", default="16,32,64,128,256", help="LFU's half-lives, decode tokens")
     p.add_argument("--no-belady", action="store_true")
     p.add_argument("--sequences", default="", help="with --trained-weights: windows decoded N at a time")
