@@ -107,7 +107,7 @@ class BmoeStepper:
     def __init__(self, spec: dict[str, Any]) -> None:
         from bmoe.adapters.llama import ContextParams
         from bmoe.domain.streaming import StreamConfig
-        from bmoe.runtime.session import Session, SessionConfig
+        from bmoe.runtime import Session, SessionConfig
 
         stream = StreamConfig(
             enabled=spec["kind"] == "stream",

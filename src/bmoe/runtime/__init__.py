@@ -1,14 +1,16 @@
 """Wiring: where concrete adapters meet the use cases (a composition root, as in
 cosmicpython's ``bootstrap``).
 
-- ``Session`` / ``SessionConfig``: load once, generate many times (spec/session.md);
+- ``Session`` / ``SessionConfig`` (``session_config``): load once, generate many times
+  (spec/session.md);
 - ``run(config, request)``: the one-shot path, a thin wrapper over a session.
 """
 
 from __future__ import annotations
 
 from bmoe.domain.generation import GenerateRequest, RunResult
-from bmoe.runtime.session import Session, SessionConfig
+from bmoe.runtime.session import Session
+from bmoe.runtime.session_config import SessionConfig
 from bmoe.service.session_engine import OnProgress
 
 

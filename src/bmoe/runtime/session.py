@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 import numpy as np
@@ -24,7 +23,7 @@ from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.cpu_topology import machine_load, other_cpu_busy
 from bmoe.adapters.decide_probe import LlamaDecideProbe
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable, has_streamable_experts
-from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
+from bmoe.adapters.llama import LlamaContext, LlamaModel
 from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
 from bmoe.adapters.llama.context import CCallback
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
@@ -38,16 +37,14 @@ from bmoe.adapters.resident_placement import place_resident
 from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
-from bmoe.domain.cpu_features import AmxMode, check_amx_mode
-from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
+from bmoe.domain.decide import DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.decide.piece_policy import PieceMeter
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
 from bmoe.domain.pieces import Piece
-from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
-from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotMemory
+from bmoe.domain.slots import SlotMemory
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
 from bmoe.domain.threads import busy_machine_note
@@ -64,13 +61,12 @@ from bmoe.runtime import pieces
 from bmoe.runtime import placement as model_placement
 from bmoe.runtime.cpu_choice import amx_choice
 from bmoe.runtime.governor import CacheGovernor
+from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
 from bmoe.service.batch_generation import BatchJob, BatchOutput, BatchRun, run_batch
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
-
-OnLoad = Callable[[str, float], None]  # (phase, fraction done)
 
 
 @attrs.frozen
@@ -129,78 +125,6 @@ class _Following:
 
     def wants_stop(self) -> bool:
         return self.sink.wants_stop()
-
-
-@attrs.frozen
-class SessionConfig:
-    """Everything fixed when a session opens.
-
-    - ``context``: context length, batch sizes, threads (fixed for the session's life);
-    - ``chat``: prompts are user messages rendered through the model's chat template, and
-      ``clear_kv=False`` continues the engine-held conversation; otherwise prompts are raw
-      text and ``clear_kv=False`` continues the text;
-    - ``think`` / ``n_predict``: defaults for requests that leave them unsaid;
-    - ``stream``: expert streaming (off by default: the model is resident);
-    - ``decide``: decisions (off by default: a session without them allocates nothing for
-      them and refuses them);
-    - ``n_expert_used``: run a MoE model with this many experts per token instead of its
-      own top-k (lossy; ``ConfigError`` outside ``1..n_expert`` or for a dense model).
-    - ``repack``: compute with weights in llama.cpp's repacked layout (``CPU_REPACK``), as
-      stock llama.cpp does by default: resident, llama.cpp repacks at load; streamed, bmoe
-      repacks the same weights (each expert as it is read). False (``--no-repack``): the
-      file's layout everywhere. Either way streamed output equals resident output.
-    - ``placement``: the dense part of some layers on a GPU or llama.cpp RPC servers
-      (``-ngl``, ``--device``, ``--rpc``, ``--n-cpu-moe``; docs/devices.md); experts kept on
-      the host are streamed as without it.
-    - ``chat_template``: a Jinja chat template to use in place of the model's
-      (``--chat-template-file``); ``None``: the model's own.
-    - ``amx``: llama.cpp's AMX buffer type (``--amx``): ``auto`` where a probe ran its tile
-      instructions on this machine, ``on`` wherever llama.cpp offers it, ``off`` never
-      (``bmoe.domain.cpu_features``; docs/machines.md).
-    - ``cache_ram_mb``: the prompt cache (``--cache-ram``, llama.cpp's flag): at most this
-      many MiB of conversations' states kept in host memory when another conversation takes
-      the context, restored when theirs comes back (``bmoe.domain.prompt_cache``); 0 off
-      (the library's default), -1 no limit.
-    - ``slot_similarity``: with parallel sequences (``run_parallel``), a slot keeps its KV
-      after its request and a new request takes the free slot sharing the longest prefix
-      with its prompt when that prefix is at least this share of the prompt
-      (``--slot-prompt-similarity``, llama.cpp's; ``bmoe.domain.slots``).
-    """
-
-    model_path: Path
-    context: ContextParams = attrs.field(factory=ContextParams)
-    chat: bool = False
-    think: bool = True
-    n_predict: int = 128
-    verbose: bool = False
-    stream: StreamConfig = attrs.field(factory=StreamConfig)
-    decide: DecideConfig = attrs.field(factory=DecideConfig)
-    n_expert_used: int | None = None
-    repack: bool = True
-    placement: Placement = attrs.field(factory=Placement)
-    chat_template: str | None = None
-    amx: AmxMode = "auto"
-    cache_ram_mb: int = 0
-    slot_similarity: float = DEFAULT_SIMILARITY
-
-    @classmethod
-    def from_hf(cls, spec: str, hf_file: str | None = None, **fields: Any) -> SessionConfig:
-        """A config for the Hub model ``spec`` names (``USER/REPO[:QUANT]``, llama.cpp's
-        ``-hf``; ``hf_file`` names the file outright), fetched into the Hugging Face cache
-        when it is not there yet (needs ``bmoe[hf]``; ``ModelFetchError`` when it cannot)."""
-        from bmoe.adapters.hf_hub import fetch_model
-
-        return cls(model_path=fetch_model(spec, hf_file), **fields)
-
-    def __attrs_post_init__(self) -> None:
-        check_amx_mode(self.amx)
-        if self.n_predict < 0:
-            raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
-        check_placement(self.placement, self.stream, self.decide)
-        if not 0.0 <= self.slot_similarity <= 1.0:
-            raise ConfigError(f"slot_similarity must be in [0, 1], not {self.slot_similarity}")
-        if self.cache_ram_mb < -1:
-            raise ConfigError(f"cache_ram_mb takes MiB, 0 (off) or -1 (no limit), not {self.cache_ram_mb}")
 
 
 class Session:
