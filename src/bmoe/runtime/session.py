@@ -38,10 +38,9 @@ from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult, new_prefix_cache
-from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.decide.piece_policy import PieceMeter
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
-from bmoe.domain.perplexity import PplAccumulator, PplWindow, plan_windows
+from bmoe.domain.perplexity import PplAccumulator
 from bmoe.domain.pieces import Piece
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
 from bmoe.domain.slots import SlotMemory
@@ -52,7 +51,6 @@ from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
     ConfigError,
-    ContextOverflowError,
     DecideDisabledError,
     ModelFileTruncatedError,
     StreamingFaultError,
@@ -64,25 +62,12 @@ from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
+from bmoe.service import perplexity as ppl
 from bmoe.service.batch_generation import BatchJob, BatchOutput, BatchRun, run_batch
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
+from bmoe.service.perplexity import OnWindow, Perplexity
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
-
-@attrs.frozen
-class Perplexity:
-    """``logp[i]``: log p(tokens[i + 1] | tokens[: i + 1]) over the whole vocabulary."""
-
-    tokens: tuple[int, ...]
-    logp: tuple[float, ...]
-
-    @property
-    def value(self) -> float:
-        """exp(mean negative log-likelihood)."""
-        return float(np.exp(-np.mean(self.logp)))
-
-
-OnWindow = Callable[[PplWindow, PplAccumulator], None]
 T = TypeVar("T")
 
 
@@ -688,26 +673,11 @@ class Session:
 
     def perplexity(self, text: str) -> Perplexity:
         """Log-probability of each token of ``text`` (as is, specials parsed) given the ones
-        before it, from one prefill computing every row; uses the log-softmax decisions use.
-        Runs as a request in flight (the chat's KV is forgotten, as after a decision)."""
+        before it, from one prefill computing every row (``bmoe.service.perplexity``). Runs
+        as a request in flight (the chat's KV is forgotten, as after a decision)."""
         self._refuse_if_faulted()
         self._slot_memory = None
-        tokens = self.model.tokenize_prompt(text)
-        if len(tokens) < 2:
-            raise ConfigError("perplexity needs at least two tokens")
-        if len(tokens) > self.ctx.n_ctx:
-            raise ContextOverflowError(f"{len(tokens)} tokens exceed the context of {self.ctx.n_ctx}")
-
-        def work() -> Perplexity:
-            self.ctx.clear()
-            try:
-                rows = self.ctx.decode_all_rows(tokens, 0)
-            finally:
-                self.ctx.clear()
-            logp = log_softmax(rows[:-1])[np.arange(len(tokens) - 1), tokens[1:]]
-            return Perplexity(tokens=tuple(tokens), logp=tuple(float(x) for x in logp))
-
-        return self.engine.run_exclusive(work)
+        return ppl.perplexity(self.engine, self.ctx, self.model.tokenize_prompt, text)
 
     def perplexity_windows(
         self, text: str, n_ctx: int | None = None, on_window: OnWindow | None = None
@@ -720,31 +690,10 @@ class Session:
         self._refuse_if_faulted()
         self._slot_memory = None
         n_ctx = n_ctx or self.config.context.n_ctx  # -c as given (llama.cpp may pad the context)
-        if n_ctx > self.ctx.n_ctx:
-            raise ContextOverflowError(f"a window of {n_ctx} exceeds the context of {self.ctx.n_ctx}")
-        tokens = self.model.tokenize_prompt(text)
-        windows = plan_windows(len(tokens), n_ctx)
         bos = self.model.bos if self.model.add_bos else None
-
-        def work() -> PplAccumulator:
-            acc = PplAccumulator()
-            try:
-                for w in windows:
-                    chunk = tokens[w.start : w.start + w.n_ctx]
-                    if bos is not None:
-                        chunk = [bos, *chunk[1:]]
-                    self.ctx.clear()
-                    rows = self.ctx.decode_rows(chunk, 0, w.first)
-                    targets = chunk[w.first + 1 :]
-                    logp = log_softmax(rows[: w.n_scored])[np.arange(w.n_scored), targets]
-                    acc.add(float(x) for x in logp)
-                    if on_window is not None:
-                        on_window(w, acc)
-            finally:
-                self.ctx.clear()
-            return acc
-
-        return self.engine.run_exclusive(work)
+        return ppl.perplexity_windows(
+            self.engine, self.ctx, self.model.tokenize_prompt, text, n_ctx, bos, on_window
+        )
 
     def set_cache_budget(self, budget_mb: int) -> None:
         """Shrink or grow the expert cache (evicts in eviction order). From any thread: during a
