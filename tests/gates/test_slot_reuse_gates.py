@@ -18,7 +18,7 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.streaming import StreamConfig
 from bmoe.runtime import Session, SessionConfig
-from bmoe.runtime.session import ParallelEntry
+from bmoe.service.parallel_jobs import ParallelEntry
 
 TinyModel = Callable[[str], Path]
 PARAMS = ContextParams(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2, n_seq_max=2)

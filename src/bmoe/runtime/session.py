@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
-from typing import Protocol, TypeVar
 
 import attrs
 import numpy as np
@@ -39,15 +38,13 @@ from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.piece_policy import PieceMeter
-from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.perplexity import PplAccumulator
 from bmoe.domain.pieces import Piece
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
-from bmoe.domain.slots import SlotMemory
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
 from bmoe.domain.threads import busy_machine_note
-from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
     ConfigError,
@@ -63,53 +60,13 @@ from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
 from bmoe.service import perplexity as ppl
-from bmoe.service.batch_generation import BatchJob, BatchOutput, BatchRun, run_batch
 from bmoe.service.decider import DECIDE_DISABLED, run_decide
+from bmoe.service.parallel_jobs import ParallelEntry, ParallelJobs, ParallelSink, Take
 from bmoe.service.perplexity import OnWindow, Perplexity
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
 
-T = TypeVar("T")
-
-
-class ParallelSink(Protocol):
-    """Who follows one request of ``Session.run_parallel`` (the server's reply)."""
-
-    def progress(self, p: Progress) -> None: ...
-
-    def wants_stop(self) -> bool: ...
-
-    def done(self, result: RunResult) -> None: ...
-
-    def failed(self, error: BaseException) -> None: ...
-
-
-@attrs.frozen
-class ParallelEntry:
-    """A request for ``run_parallel``: ``history`` the conversation before it (chat)."""
-
-    request: GenerateRequest
-    sink: ParallelSink
-    chat: bool = True
-    history: Sequence[ChatMessage] | None = None
-
-
-@attrs.define
-class _Following:
-    """A batch slot's tokens as a ``ParallelSink`` hears them (``Progress``)."""
-
-    sink: ParallelSink
-    steps: int
-    _step: int = 0
-    _last: float = attrs.field(factory=time.perf_counter)
-
-    def token(self, token: int, text: str, reasoning: str, logprob: TokenLogprob | None) -> None:
-        now = time.perf_counter()
-        self._step += 1
-        wall_ms, self._last = (now - self._last) * 1000.0, now
-        self.sink.progress(Progress(self._step, self.steps, wall_ms, text, reasoning, logprob=logprob))
-
-    def wants_stop(self) -> bool:
-        return self.sink.wants_stop()
+# names that moved out of this module, still importable from it
+__all__ = ["OnLoad", "OnWindow", "ParallelEntry", "ParallelSink", "Perplexity", "Session", "SessionConfig"]
 
 
 class Session:
@@ -127,8 +84,6 @@ class Session:
         self.config = config
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
-        self.parallel_peak = 0  # the most sequences one decode step of run_parallel held
-        self.parallel_running = 0  # ... the last step held (0 between runs)
         if os.environ.get("BMOE_BUSY_WARNING", "1") != "0":
             busy = self._busy_note(config.context.n_threads)
             if busy is not None:
@@ -189,8 +144,16 @@ class Session:
             EngineDefaults(chat=config.chat, think=config.think, n_predict=config.n_predict),
             self.prompt_cache,
         )
+        self._parallel = ParallelJobs(
+            self.engine,
+            config.n_predict,
+            lambda on_step: LlamaBatchBackend(self.model, self.ctx, on_step),
+            config.slot_similarity,
+            self.prompt_cache,
+            rows=self.streaming,
+            after=self._learn,
+        )
         self._prefix_cache = new_prefix_cache(config.decide.prefix_slots) if config.decide.enabled else None
-        self._slot_memory: SlotMemory | None = None  # what -np's slots hold between runs
         self._decide_backend = (
             LlamaDecideBackend(self.model, self.ctx, self.template) if config.decide.enabled else None
         )
@@ -353,8 +316,23 @@ class Session:
     @property
     def slot_tokens(self) -> tuple[int, ...] | None:
         """The tokens each parallel slot's KV keeps between runs; None: nothing kept."""
-        memory = self._slot_memory
+        memory = self._parallel.memory
         return None if memory is None else tuple(len(held) for held in memory.held)
+
+    @property
+    def parallel_peak(self) -> int:
+        """The most sequences one decode step of parallel sequences held (settable: 0 starts
+        counting again)."""
+        return self._parallel.peak
+
+    @parallel_peak.setter
+    def parallel_peak(self, n: int) -> None:
+        self._parallel.peak = n
+
+    @property
+    def parallel_running(self) -> int:
+        """The sequences the last step held (0 between runs)."""
+        return self._parallel.running
 
     @property
     def n_expert(self) -> int:
@@ -425,7 +403,7 @@ class Session:
         ``history`` is the whole conversation before ``request.prompt``, in place of the
         engine-held one; ``chat`` overrides the session's mode for this request)."""
         self._refuse_if_faulted()
-        self._slot_memory = None  # the context is the conversation's now
+        self._parallel.memory = None  # the context is the conversation's now
         if self._prefix_cache is not None:
             self._prefix_cache.clear()  # a chat turn drops the kept decision state
         if self.streaming is None:
@@ -504,62 +482,17 @@ class Session:
         forgotten, as a decision forgets it). With experts streamed, a step reads each
         expert once for all its sequences. The results in the requests' order."""
         self._refuse_parallel()
-        self._slot_memory = None
-        chat = self.config.chat if chat is None else chat
-        jobs = [self._batch_job(r, chat) for r in requests]
+        return self._parallel.generate_batch(requests, self.config.chat if chat is None else chat)
 
-        def work(backend: LlamaBatchBackend) -> list[RunResult]:
-            outputs = run_batch(backend, jobs)
-            return [
-                self._batch_result(r, job, out, chat)
-                for r, job, out in zip(requests, jobs, outputs, strict=True)
-            ]
-
-        return self._run_sequences(work)
-
-    def run_parallel(self, take: Callable[[bool], Sequence[ParallelEntry]]) -> None:
+    def run_parallel(self, take: Take) -> None:
         """Serve requests as they come, as parallel sequences (``generate_batch``'s way):
         ``take(idle)`` is asked before each step for new entries (``idle``: nothing runs or
         waits; an empty answer then ends the run). Each entry's ``sink`` hears its tokens
         (``progress``), is asked after each whether to end it (``wants_stop``), and gets its
-        ``RunResult`` (``done``) or the error that refused or ended it (``failed``)."""
+        ``RunResult`` (``done``) or the error that refused or ended it (``failed``). The
+        slots keep their KV for the next run (``bmoe.service.parallel_jobs``)."""
         self._refuse_parallel()
-
-        def work(backend: LlamaBatchBackend) -> None:
-            memory, self._slot_memory = self._slot_memory, None  # unknown if the run fails
-            run = BatchRun(
-                backend,
-                memory,
-                keep_slots=True,
-                similarity=self.config.slot_similarity,
-                chunked=True,
-                prompt_cache=self.prompt_cache,
-            )
-            live: dict[int, tuple[ParallelEntry, BatchJob]] = {}
-            try:
-                while True:
-                    for entry in take(run.idle):
-                        try:
-                            job = self._batch_job(entry.request, entry.chat, entry.history)
-                            ticket = run.add(job, _Following(entry.sink, job.n_predict))
-                        except ConfigError as exc:
-                            entry.sink.failed(exc)
-                            continue
-                        live[ticket] = (entry, job)
-                    if run.idle:
-                        self._slot_memory = run.memory  # the slots keep their KV for the next run
-                        return
-                    for ticket, out in run.step():
-                        entry, job = live.pop(ticket)
-                        entry.sink.done(self._batch_result(entry.request, job, out, entry.chat))
-            except BaseException as exc:
-                for entry, _ in live.values():
-                    entry.sink.failed(exc)
-                raise
-            finally:
-                run.close()
-
-        self._run_sequences(work, keep=True)
+        self._parallel.run_parallel(take)
 
     def _refuse_parallel(self) -> None:
         """Before parallel sequences run: refused after a fault or with routing policies;
@@ -570,79 +503,11 @@ class Session:
         if self._prefix_cache is not None:
             self._prefix_cache.clear()
 
-    def _run_sequences(self, work: Callable[[LlamaBatchBackend], T], *, keep: bool = False) -> T:
-        """``work`` on a batch backend over the session's context, as a request in flight
-        (serialised with ``generate``; the conversation's KV is forgotten): each step tells
-        the streamer how many sequences it holds; after it, the context is empty again,
-        unless ``keep`` (the slots keep their KV where the work left ``_slot_memory``)."""
-        streaming = self.streaming
-
-        def on_step(n: int) -> None:
-            self.parallel_peak = max(self.parallel_peak, n)
-            self.parallel_running = n
-            if streaming is not None:
-                streaming.set_decode_rows(n)
-
-        backend = LlamaBatchBackend(self.model, self.ctx, on_step)
-        try:
-            result = self.engine.run_exclusive(lambda: work(backend))
-        finally:
-            self.parallel_running = 0
-            if streaming is not None:
-                streaming.set_decode_rows(1)
-                streaming.end_turn()
-            if not keep or self._slot_memory is None:
-                self._slot_memory = None
-                self.ctx.clear()
-        if streaming is not None:
-            self._learn()
-        return result
-
-    def _batch_job(
-        self, request: GenerateRequest, chat: bool, history: Sequence[ChatMessage] | None = None
-    ) -> BatchJob:
-        alone = attrs.evolve(request, clear_kv=True)
-        prompt = self.engine.render_prompt(alone, history=(history or []) if chat else None, chat=chat)
-        n_predict = self.config.n_predict if request.n_predict is None else request.n_predict
-        return BatchJob(
-            prompt=tuple(prompt),
-            n_predict=n_predict,
-            sampling=request.sampling,
-            constraint=self.engine.constraint(request),
-            logprobs=request.logprobs,
-            specials=ToolUse.shown(request.tools) is not None,
-        )
-
-    def _batch_result(
-        self, request: GenerateRequest, job: BatchJob, out: BatchOutput, chat: bool
-    ) -> RunResult:
-        text, reasoning = out.text, out.reasoning
-        calls: tuple[ToolCall, ...] = ()
-        tools = ToolUse.shown(request.tools) if chat else None
-        fmt = self.engine.renderer.tool_format
-        if tools is not None and fmt is not None:
-            cut = not out.stopped_at_eog and len(out.tokens) >= job.n_predict
-            reply = parse_reply(fmt, out.text, parallel=tools.parallel, cut=cut)
-            text, calls, reasoning = reply.content, reply.calls, reasoning + reply.reasoning
-        return RunResult(
-            text=text,
-            reasoning=reasoning,
-            tokens=out.tokens,
-            n_prompt=len(job.prompt) - out.reused,
-            n_restored=out.restored,
-            n_past=len(job.prompt) + len(out.tokens),
-            prefill_s=out.prefill_s,
-            decode_s=out.decode_s,
-            stopped_at_eog=out.stopped_at_eog,
-            tool_calls=calls,
-            logprobs=out.logprobs,
-        )
-
     def decide(self, request: DecideRequest, on_begin: OnBegin | None = None) -> DecideResult:
         """Score ``request.choices`` from one prefill (spec/decide.md). Refusals raise
         ``DecideRefusedError`` kinds before anything is computed; the session stays usable."""
         self._refuse_if_faulted()
-        self._slot_memory = None
+        self._parallel.memory = None
         if self._decide_backend is None or self._prefix_cache is None:
             raise DecideDisabledError(DECIDE_DISABLED)
         backend, cache, probe = self._decide_backend, self._prefix_cache, self._decide_probe
@@ -676,7 +541,7 @@ class Session:
         before it, from one prefill computing every row (``bmoe.service.perplexity``). Runs
         as a request in flight (the chat's KV is forgotten, as after a decision)."""
         self._refuse_if_faulted()
-        self._slot_memory = None
+        self._parallel.memory = None
         return ppl.perplexity(self.engine, self.ctx, self.model.tokenize_prompt, text)
 
     def perplexity_windows(
@@ -688,7 +553,7 @@ class Session:
         half scored. ``on_window(window, accumulator)`` after each window. Raises
         ``ConfigError`` for a text shorter than two windows. Runs as a request in flight."""
         self._refuse_if_faulted()
-        self._slot_memory = None
+        self._parallel.memory = None
         n_ctx = n_ctx or self.config.context.n_ctx  # -c as given (llama.cpp may pad the context)
         bos = self.model.bos if self.model.add_bos else None
         return ppl.perplexity_windows(

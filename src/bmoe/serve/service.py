@@ -24,7 +24,6 @@ from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.tools import ToolUse
 from bmoe.errors import BmoeError, ContextOverflowError
 from bmoe.runtime import Session
-from bmoe.runtime.session import ParallelEntry
 from bmoe.serve.api_requests import CompletionRequest
 from bmoe.serve.api_responses import ModelCard
 from bmoe.serve.errors import RequestCancelledError, ServerClosedError
@@ -42,6 +41,7 @@ from bmoe.serve.neutral import ChatRequest, Delta, Outcome
 from bmoe.serve.prometheus import ServedTotals
 from bmoe.serve.reply import ReplyStream
 from bmoe.serve.worker import Job, SessionWorker
+from bmoe.service.parallel_jobs import ParallelEntry
 
 T = TypeVar("T")
 
