@@ -30,7 +30,7 @@ def test_a_session_on_a_busy_machine_says_so_unless_silenced(monkeypatch: pytest
     from one's own previous run (the machine idle now) is no warning."""
     from bmoe.adapters.llama import ContextParams
     from bmoe.runtime import Session, SessionConfig
-    from bmoe.runtime import session as session_module
+    from bmoe.runtime import cpu_choice as session_module
     from bmoe.testing.fixtures import fixture_path
 
     sampled: list[float] = []

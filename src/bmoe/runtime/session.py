@@ -8,7 +8,6 @@ around it, so both paths are the same machinery.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
@@ -19,20 +18,16 @@ import numpy.typing as npt
 
 from bmoe.adapters import crash_line
 from bmoe.adapters.chat_template import JinjaChatTemplate
-from bmoe.adapters.cpu_topology import machine_load, other_cpu_busy
 from bmoe.adapters.decide_probe import LlamaDecideProbe
-from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable, has_streamable_experts
+from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
 from bmoe.adapters.llama import LlamaContext, LlamaModel
 from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
 from bmoe.adapters.llama.context import CCallback
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
-from bmoe.adapters.llama.model import ModelParams
-from bmoe.adapters.llama.repack import offered_buffer_types
 from bmoe.adapters.memory_room import ProcessMemoryRoom
 from bmoe.adapters.model_files import MappedFiles
-from bmoe.adapters.resident_placement import place_resident
 from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
@@ -44,7 +39,6 @@ from bmoe.domain.pieces import Piece
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
-from bmoe.domain.threads import busy_machine_note
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
     ConfigError,
@@ -52,10 +46,10 @@ from bmoe.errors import (
     ModelFileTruncatedError,
     StreamingFaultError,
 )
-from bmoe.runtime import pieces
+from bmoe.runtime import cpu_choice, pieces
 from bmoe.runtime import placement as model_placement
-from bmoe.runtime.cpu_choice import amx_choice
 from bmoe.runtime.governor import CacheGovernor
+from bmoe.runtime.placement import LoadChoice
 from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
@@ -84,44 +78,16 @@ class Session:
         self.config = config
         self._flag = AbortFlag()
         self.notes: list[str] = []  # lines for the user about how the session runs
-        if os.environ.get("BMOE_BUSY_WARNING", "1") != "0":
-            busy = self._busy_note(config.context.n_threads)
-            if busy is not None:
-                self.notes.append(busy)
+        busy = cpu_choice.busy_note(config.context.n_threads)
+        if busy is not None:
+            self.notes.append(busy)
         self.streaming: StreamingControl | None = None
         self._on_load = on_load
-        # a model without routed experts in the registry runs resident even if asked to
-        # stream: it is loaded as one (llama.cpp repacks it)
-        streams_experts = config.stream.enabled and has_streamable_experts(config.model_path)
-        # AMX refused (its tiles fault here, or --amx off): bmoe places the weights itself
-        self.amx = amx_choice(config.amx, config.repack)
-        self._repack_at_load = config.repack and not streams_experts and not self.amx.self_placed
-        self._placed: WeightLayout | None = None  # resident, placed by bmoe
-        self._placement = model_placement.resolve(
-            config.placement, config.model_path, streaming=config.stream.enabled
-        )
-        self.model = LlamaModel(
-            config.model_path,
-            ModelParams(
-                n_gpu_layers=self._placement.n_gpu_layers,
-                devices=self._placement.devices,
-                host_patterns=self._placement.host_patterns,
-                # resident: llama.cpp repacks at load; streamed: attach repacks (the experts
-                # must stay where the streamer reads them)
-                use_extra_bufts=self._repack_at_load,
-                # streamed: the load need not read the experts (bmoe reads them as routed)
-                populate=not streams_experts,
-                n_expert_used=config.n_expert_used,
-                on_progress=None if on_load is None else (lambda f: on_load("loading the model", f)),
-            ),
-        )
+        self._load = LoadChoice.of(config)
+        self.amx = self._load.amx
+        self.model = LlamaModel(config.model_path, self._load.model_params(config.n_expert_used, on_load))
         self._mapped = MappedFiles.snapshot(config.model_path)
-        if config.repack and not streams_experts and self.amx.self_placed:
-            try:
-                self._placed = place_resident(self.model, self.amx.refused)
-            except BaseException:
-                self.model.close()
-                raise
+        self._placed: WeightLayout | None = self._load.place(self.model)  # resident, placed by bmoe
         self._decide_probe: LlamaDecideProbe | None = None  # --decide-probe
         self._meter: PieceMeter | None = None  # decisions' piece costs, streamed
         try:
@@ -174,7 +140,7 @@ class Session:
         try:
             streamer, layout, found = ExpertStreaming.new_streamer(self.model, self._flag.fault_address)
         except StreamingUnavailable as why:
-            self.notes.append(f"moe-stream: {why}; running resident{self._layout_note(config)}")
+            self.notes.append(f"moe-stream: {why}; running resident{self._load.layout_note()}")
             ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(None))
             return ctx, None
         context = config.context
@@ -198,7 +164,7 @@ class Session:
             if self._on_load is not None:
                 self._on_load("setting up expert streaming", 1.0)
         except StreamingUnavailable as why:
-            self.notes.append(f"moe-stream: {why}; running resident{self._layout_note(config)}")
+            self.notes.append(f"moe-stream: {why}; running resident{self._load.layout_note()}")
             return ctx, None
         except BaseException:
             ctx.close()
@@ -264,23 +230,6 @@ class Session:
         """The profile's lines, moved to the session's ``notes``."""
         self.notes.extend(keeper.notes)
         keeper.notes.clear()
-
-    @staticmethod
-    def _busy_note(threads: int) -> str | None:
-        """The busy-machine warning: only where the load average says the machine may be
-        busy is the CPU sampled (0.2 s), and that sample decides."""
-        cpus, load = machine_load()
-        if busy_machine_note(threads, cpus, load) is None:
-            return None
-        busy = other_cpu_busy()
-        return busy_machine_note(threads, cpus, busy) if busy is not None else None
-
-    def _layout_note(self, config: SessionConfig) -> str:
-        """What a resident fallback of a streamed load computes with: a model loaded for
-        streaming keeps its weights in the file's layout."""
-        if config.repack and not self._repack_at_load:
-            return " (weights in the file's layout: loaded for streaming)"
-        return ""
 
     def _hook(self, inner: CCallback | None) -> CCallback | None:
         """The context's eval callback: ``inner`` (the streamer's, or none), wrapped by the
@@ -351,31 +300,13 @@ class Session:
     @property
     def weight_layout(self) -> WeightLayout:
         """Which weights compute in llama.cpp's repacked layout (and AMX's refusal, if any)."""
-        layout = self._layout()
-        return attrs.evolve(layout, note=self.amx.note) if self.amx.note and layout.asked else layout
-
-    def _layout(self) -> WeightLayout:
-        if self.streaming is not None:
-            return self.streaming.info.repack
-        if not self.config.repack:
-            return WeightLayout(asked=False)
-        if self._placed is not None:
-            return self._placed
-        if not self._repack_at_load:
-            return WeightLayout(asked=True, streaming_load=True)
-        extra = set(offered_buffer_types())
-        buffers = tuple((name, n) for name, n in self.model.weight_buffers.items() if name in extra and n)
-        repacked = sum(n for _, n in buffers) if buffers else self.model.repacked_bytes
-        return WeightLayout(asked=True, available=True, by_llama=True, dense_bytes=repacked, buffers=buffers)
+        streamed = self.streaming.info.repack if self.streaming is not None else None
+        return self._load.layout(self.model, streamed, self._placed)
 
     @property
     def weight_buffer_types(self) -> tuple[str, ...]:
         """The buffer types holding the weights (``CPU_Mapped``, ``CPU_REPACK``, ``AMX``...)."""
-        names = [name for name, n in self.model.weight_buffers.items() if n]
-        names += [name for name, n in self.weight_layout.buffers if n]
-        if self.weight_layout.expert_tensors:
-            names.append("CPU_REPACK")
-        return tuple(dict.fromkeys(names))
+        return model_placement.buffer_types(self.model, self.weight_layout)
 
     @property
     def feeding(self) -> tuple[int, int]:
