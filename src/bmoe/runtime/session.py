@@ -19,26 +19,22 @@ import numpy.typing as npt
 from bmoe.adapters import crash_line
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.decide_probe import LlamaDecideProbe
-from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
-from bmoe.adapters.llama import LlamaContext, LlamaModel
+from bmoe.adapters.llama import LlamaModel
 from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
 from bmoe.adapters.llama.context import CCallback
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
-from bmoe.adapters.memory_room import ProcessMemoryRoom
 from bmoe.adapters.model_files import MappedFiles
-from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.piece_policy import PieceMeter
-from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.perplexity import PplAccumulator
 from bmoe.domain.pieces import Piece
-from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
-from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
-from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
+from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes
+from bmoe.domain.streaming import MIB
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import (
     ConfigError,
@@ -46,7 +42,7 @@ from bmoe.errors import (
     ModelFileTruncatedError,
     StreamingFaultError,
 )
-from bmoe.runtime import cpu_choice, pieces
+from bmoe.runtime import cpu_choice, pieces, session_streaming
 from bmoe.runtime import placement as model_placement
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
@@ -82,7 +78,6 @@ class Session:
         if busy is not None:
             self.notes.append(busy)
         self.streaming: StreamingControl | None = None
-        self._on_load = on_load
         self._load = LoadChoice.of(config)
         self.amx = self._load.amx
         self.model = LlamaModel(config.model_path, self._load.model_params(config.n_expert_used, on_load))
@@ -91,7 +86,9 @@ class Session:
         self._decide_probe: LlamaDecideProbe | None = None  # --decide-probe
         self._meter: PieceMeter | None = None  # decisions' piece costs, streamed
         try:
-            self.ctx, self.streaming = self._open_context(config)
+            self.ctx, self.streaming = session_streaming.open_context(
+                self.model, config, self._flag, self._hook, self._load, self.notes, on_load
+            )
         except BaseException:
             if self._decide_probe is not None:
                 self._decide_probe.close()
@@ -125,111 +122,17 @@ class Session:
         )
         self.governor: CacheGovernor | None = None
         if self.streaming is not None and config.stream.governed:
-            self.governor = self._start_governor(config.stream, self.streaming)
+            self.governor = session_streaming.start_governor(
+                self.streaming, config.stream, self.prompt_cache, config.cache_ram_mb
+            )
         self.profile: ProfileKeeper | None = None
         if self.streaming is not None and config.stream.profile != "off":
-            self.profile = self._open_profile(config.stream, self.streaming)
+            self.profile = session_streaming.open_profile(
+                self.streaming, config.stream, self.model.n_expert_used, self.notes
+            )
         self.load_s = time.perf_counter() - t0
         self._closed = False
         crash_line.arm(f"running {config.model_path.name}", self.weight_buffer_types)
-
-    def _open_context(self, config: SessionConfig) -> tuple[LlamaContext, StreamingControl | None]:
-        if not config.stream.enabled:
-            ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(None))
-            return ctx, None
-        try:
-            streamer, layout, found = ExpertStreaming.new_streamer(self.model, self._flag.fault_address)
-        except StreamingUnavailable as why:
-            self.notes.append(f"moe-stream: {why}; running resident{self._load.layout_note()}")
-            ctx = LlamaContext(self.model, config.context, abort=self._flag, eval_callback=self._hook(None))
-            return ctx, None
-        context = config.context
-        if config.placement.offloaded:  # streamed experts are computed where they are read
-            context = attrs.evolve(context, op_offload=False)
-        ctx = LlamaContext(self.model, context, abort=self._flag, eval_callback=self._hook(streamer))
-        try:
-            if self._on_load is not None:
-                self._on_load("setting up expert streaming", 0.0)
-            streaming = ExpertStreaming.attach(
-                self.model,
-                ctx,
-                streamer,
-                layout,
-                found,
-                config.stream,
-                memory_room=ProcessMemoryRoom().read,  # the governor's reading too (MemoryProbe)
-                repack=config.repack,
-                refuse=self.amx.refused,
-            )
-            if self._on_load is not None:
-                self._on_load("setting up expert streaming", 1.0)
-        except StreamingUnavailable as why:
-            self.notes.append(f"moe-stream: {why}; running resident{self._load.layout_note()}")
-            return ctx, None
-        except BaseException:
-            ctx.close()
-            raise
-        control = StreamingControl(streaming, config.stream)
-        ctx.decode_lock = control  # lock held around each decode; a pending budget applied first
-        ctx.explain_abort = control.check
-        if config.stream.policy == "reference":
-            self.notes.append("moe-stream: reference policy (Python, slow): for checking the fast path")
-        if streaming.info.budget.warning:
-            self.notes.append(f"moe-cache: warning: {streaming.info.budget.warning}")
-        if not streaming.info.odirect and config.stream.odirect:
-            self.notes.append("moe-stream: the filesystem refused O_DIRECT: buffered reads")
-        if streaming.info.recycling_off:
-            off = streaming.info.recycling_off
-            self.notes.append(f"moe-cache: evicted pages are given back, not recycled: {off}")
-        return ctx, control
-
-    def _start_governor(self, stream: StreamConfig, control: StreamingControl) -> CacheGovernor:
-        """The memory-pressure governor (``--cache-governor``), between the token cycle and
-        ``--cache-ceil-mb`` (else the budget at start). Its changes are kept in
-        ``governor.changes``; a front end sets ``governor.on_change`` to show them."""
-        info = control.streaming.info
-        start = info.budget.bytes
-        ceil = stream.cache_ceil_mb * MIB if stream.cache_ceil_mb is not None else start
-        floor = min(info.token_cycle_bytes, ceil)
-        governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=ceil))
-        cache, configured = self.prompt_cache, cache_ram_bytes(self.config.cache_ram_mb)
-        if cache is not None:  # under pressure, the kept conversations give their room back too
-
-            def follow(change: BudgetChange) -> None:
-                follow_budget(cache, configured, change.before, change.after)
-
-            governor.followers.append(follow)
-        governor.start()
-        return governor
-
-    def _open_profile(self, stream: StreamConfig, control: StreamingControl) -> ProfileKeeper | None:
-        """The usage profile (``--profile``): warm the cache from it now (in the background)
-        and learn into it from now on. Its lines go to ``notes``."""
-        paths = control.streaming.layout.paths
-        try:
-            key = model_key(paths)
-        except OSError as exc:
-            self.notes.append(f"moe-profile: cannot read the model to key its profile: {exc}")
-            return None
-        path = profile_path(stream.profile, key)
-        if path is None:
-            return None
-        keeper = ProfileKeeper(control, path, key, self.model.n_expert_used)
-        if control.counters().budget_bytes > 0:
-            keeper.warm(stream.profile_share)
-        self._take_notes(keeper)
-        return keeper
-
-    def _learn(self) -> None:
-        """After a request: the profile counts it (and merges every few requests)."""
-        if self.profile is not None:
-            self.profile.after_request()
-            self._take_notes(self.profile)
-
-    def _take_notes(self, keeper: ProfileKeeper) -> None:
-        """The profile's lines, moved to the session's ``notes``."""
-        self.notes.extend(keeper.notes)
-        keeper.notes.clear()
 
     def _hook(self, inner: CCallback | None) -> CCallback | None:
         """The context's eval callback: ``inner`` (the streamer's, or none), wrapped by the
@@ -240,6 +143,9 @@ class Session:
             self.model, self.config.context.n_ubatch, self.config.decide.probe, inner
         )
         return self._decide_probe.callback
+
+    def _learn(self) -> None:
+        session_streaming.learn(self.profile, self.notes)
 
     @classmethod
     def open(cls, config: SessionConfig, on_load: OnLoad | None = None) -> Session:
@@ -332,14 +238,19 @@ class Session:
     ) -> RunResult:
         """Run one request against the loaded state (see ``SessionEngine.generate``:
         ``history`` is the whole conversation before ``request.prompt``, in place of the
-        engine-held one; ``chat`` overrides the session's mode for this request)."""
+        engine-held one; ``chat`` overrides the session's mode for this request). Streamed,
+        the result carries the run's ``StreamReport`` and each ``Progress`` its reads."""
         self._refuse_if_faulted()
         self._parallel.memory = None  # the context is the conversation's now
         if self._prefix_cache is not None:
             self._prefix_cache.clear()  # a chat turn drops the kept decision state
         if self.streaming is None:
             return self.engine.generate(request, on_progress, on_begin, history=history, chat=chat)
-        return self._generate_streamed(self.streaming, request, on_progress, on_begin, history, chat)
+        result = session_streaming.generate_streamed(
+            self.streaming, self.engine, request, on_progress, on_begin, history, chat
+        )
+        self._learn()
+        return result
 
     def stream(
         self,
@@ -364,44 +275,6 @@ class Session:
         """``stream`` for asyncio: an async iterator, the event loop never blocked."""
         reader = pieces.reader(self.engine, request, chat)
         return pieces.astream(self, reader, request, history=history, chat=chat)
-
-    def _generate_streamed(
-        self,
-        streaming: StreamingControl,
-        request: GenerateRequest,
-        on_progress: OnProgress | None,
-        on_begin: OnBegin | None,
-        history: Sequence[ChatMessage] | None,
-        chat: bool | None,
-    ) -> RunResult:
-        """``generate`` plus the streaming figures: prefill ends at the first token."""
-        marks = [streaming.counters()]  # before, after the prefill
-        last = [marks[0]]
-        times = [0.0]
-
-        def progress(p: Progress) -> None:
-            now = streaming.counters()
-            if p.step == 1:  # sampled from the prefill's logits: the prefill's reads are not its own
-                marks.append(now)
-                times.append(time.perf_counter())
-                last[0] = now
-            if on_progress is not None:
-                on_progress(attrs.evolve(p, stream=now - last[0]))
-            last[0] = now
-
-        result = self.engine.generate(request, progress, on_begin, history=history, chat=chat)
-        end = streaming.counters()
-        streaming.end_turn()
-        after_prefill = marks[1] if len(marks) > 1 else end
-        decode_wall = time.perf_counter() - times[1] if len(times) > 1 else 0.0
-        report = StreamReport(
-            prefill=after_prefill - marks[0],
-            decode=end - after_prefill,
-            decode_steps=max(0, len(result.tokens) - 1),
-            decode_wall_s=decode_wall,
-        )
-        self._learn()
-        return attrs.evolve(result, stream=report)
 
     def generate_batch(
         self, requests: Sequence[GenerateRequest], *, chat: bool | None = None

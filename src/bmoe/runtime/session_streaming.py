@@ -1,0 +1,190 @@
+"""A session's expert streaming, wired: the context opened with the streamer attached (or
+resident, with the line saying why), the memory-pressure governor, the usage profile, and
+``generate`` with its stream report (``StreamReport``: the prefill's reads, the decode's).
+
+``Session`` calls these while it opens and after each request; what they have to say goes
+to the ``notes`` list they are handed (the session's lines for the user).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
+from bmoe.adapters.llama import LlamaContext, LlamaModel
+from bmoe.adapters.llama.context import CCallback
+from bmoe.adapters.memory_room import ProcessMemoryRoom
+from bmoe.adapters.usage_profile_file import model_key, profile_path
+from bmoe.cext.abort_flag import AbortFlag
+from bmoe.domain.chat import ChatMessage
+from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
+from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
+from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
+from bmoe.runtime.governor import CacheGovernor
+from bmoe.runtime.placement import LoadChoice
+from bmoe.runtime.session_config import OnLoad, SessionConfig
+from bmoe.runtime.streaming import StreamingControl
+from bmoe.runtime.usage_profile import ProfileKeeper
+from bmoe.service.session_engine import OnBegin, OnProgress, SessionEngine
+
+Hook = Callable[[CCallback | None], CCallback | None]
+"""The context's eval callback made of the streamer's (or none): the decide probe's wrapping."""
+
+
+def open_context(
+    model: LlamaModel,
+    config: SessionConfig,
+    flag: AbortFlag,
+    hook: Hook,
+    load: LoadChoice,
+    notes: list[str],
+    on_load: OnLoad | None,
+) -> tuple[LlamaContext, StreamingControl | None]:
+    """The session's context; with ``config.stream`` on, the streamer attached to it and its
+    control (None, and a note, where streaming is unavailable: the model runs resident)."""
+    if not config.stream.enabled:
+        return LlamaContext(model, config.context, abort=flag, eval_callback=hook(None)), None
+    try:
+        streamer, layout, found = ExpertStreaming.new_streamer(model, flag.fault_address)
+    except StreamingUnavailable as why:
+        notes.append(f"moe-stream: {why}; running resident{load.layout_note()}")
+        return LlamaContext(model, config.context, abort=flag, eval_callback=hook(None)), None
+    context = config.context
+    if config.placement.offloaded:  # streamed experts are computed where they are read
+        context = attrs.evolve(context, op_offload=False)
+    ctx = LlamaContext(model, context, abort=flag, eval_callback=hook(streamer))
+    try:
+        if on_load is not None:
+            on_load("setting up expert streaming", 0.0)
+        streaming = ExpertStreaming.attach(
+            model,
+            ctx,
+            streamer,
+            layout,
+            found,
+            config.stream,
+            memory_room=ProcessMemoryRoom().read,  # the governor's reading too (MemoryProbe)
+            repack=config.repack,
+            refuse=load.amx.refused,
+        )
+        if on_load is not None:
+            on_load("setting up expert streaming", 1.0)
+    except StreamingUnavailable as why:
+        notes.append(f"moe-stream: {why}; running resident{load.layout_note()}")
+        return ctx, None
+    except BaseException:
+        ctx.close()
+        raise
+    control = StreamingControl(streaming, config.stream)
+    ctx.decode_lock = control  # lock held around each decode; a pending budget applied first
+    ctx.explain_abort = control.check
+    if config.stream.policy == "reference":
+        notes.append("moe-stream: reference policy (Python, slow): for checking the fast path")
+    if streaming.info.budget.warning:
+        notes.append(f"moe-cache: warning: {streaming.info.budget.warning}")
+    if not streaming.info.odirect and config.stream.odirect:
+        notes.append("moe-stream: the filesystem refused O_DIRECT: buffered reads")
+    if streaming.info.recycling_off:
+        off = streaming.info.recycling_off
+        notes.append(f"moe-cache: evicted pages are given back, not recycled: {off}")
+    return ctx, control
+
+
+def start_governor(
+    control: StreamingControl, stream: StreamConfig, cache: PromptCache | None, cache_ram_mb: int
+) -> CacheGovernor:
+    """The memory-pressure governor (``--cache-governor``), between the token cycle and
+    ``--cache-ceil-mb`` (else the budget at start); under pressure the prompt ``cache``
+    gives its room back too. Its changes are kept in ``governor.changes``; a front end sets
+    ``governor.on_change`` to show them."""
+    info = control.streaming.info
+    start = info.budget.bytes
+    ceil = stream.cache_ceil_mb * MIB if stream.cache_ceil_mb is not None else start
+    floor = min(info.token_cycle_bytes, ceil)
+    governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=ceil))
+    configured = cache_ram_bytes(cache_ram_mb)
+    if cache is not None:  # under pressure, the kept conversations give their room back too
+
+        def follow(change: BudgetChange) -> None:
+            follow_budget(cache, configured, change.before, change.after)
+
+        governor.followers.append(follow)
+    governor.start()
+    return governor
+
+
+def open_profile(
+    control: StreamingControl, stream: StreamConfig, n_expert_used: int, notes: list[str]
+) -> ProfileKeeper | None:
+    """The usage profile (``--profile``): warm the cache from it now (in the background)
+    and learn into it from now on. Its lines go to ``notes``."""
+    paths = control.streaming.layout.paths
+    try:
+        key = model_key(paths)
+    except OSError as exc:
+        notes.append(f"moe-profile: cannot read the model to key its profile: {exc}")
+        return None
+    path = profile_path(stream.profile, key)
+    if path is None:
+        return None
+    keeper = ProfileKeeper(control, path, key, n_expert_used)
+    if control.counters().budget_bytes > 0:
+        keeper.warm(stream.profile_share)
+    take_notes(keeper, notes)
+    return keeper
+
+
+def learn(profile: ProfileKeeper | None, notes: list[str]) -> None:
+    """After a request: the profile counts it (and merges every few requests)."""
+    if profile is not None:
+        profile.after_request()
+        take_notes(profile, notes)
+
+
+def take_notes(keeper: ProfileKeeper, notes: list[str]) -> None:
+    """The profile's lines, moved to ``notes``."""
+    notes.extend(keeper.notes)
+    keeper.notes.clear()
+
+
+def generate_streamed(
+    streaming: StreamingControl,
+    engine: SessionEngine,
+    request: GenerateRequest,
+    on_progress: OnProgress | None,
+    on_begin: OnBegin | None,
+    history: Sequence[ChatMessage] | None,
+    chat: bool | None,
+) -> RunResult:
+    """``engine.generate`` plus the streaming figures: each token's ``Progress`` carries its
+    reads, and the result the run's ``StreamReport`` (the prefill ends at the first token)."""
+    marks = [streaming.counters()]  # before, after the prefill
+    last = [marks[0]]
+    times = [0.0]
+
+    def progress(p: Progress) -> None:
+        now = streaming.counters()
+        if p.step == 1:  # sampled from the prefill's logits: the prefill's reads are not its own
+            marks.append(now)
+            times.append(time.perf_counter())
+            last[0] = now
+        if on_progress is not None:
+            on_progress(attrs.evolve(p, stream=now - last[0]))
+        last[0] = now
+
+    result = engine.generate(request, progress, on_begin, history=history, chat=chat)
+    end = streaming.counters()
+    streaming.end_turn()
+    after_prefill = marks[1] if len(marks) > 1 else end
+    decode_wall = time.perf_counter() - times[1] if len(times) > 1 else 0.0
+    report = StreamReport(
+        prefill=after_prefill - marks[0],
+        decode=end - after_prefill,
+        decode_steps=max(0, len(result.tokens) - 1),
+        decode_wall_s=decode_wall,
+    )
+    return attrs.evolve(result, stream=report)
