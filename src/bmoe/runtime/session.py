@@ -1,9 +1,12 @@
 """``Session``: load a model once, answer many prompts (spec/session.md).
 
-The composition root of a session: it opens the llama.cpp model and context (with the C
-abort flag that makes ``cancel()`` work), and hands them, as ports, to the policy in
-``bmoe.service.session_engine``. ``run()`` in ``bmoe.runtime`` is a thin one-shot wrapper
-around it, so both paths are the same machinery.
+The composition root of a session: it opens the llama.cpp model (``runtime.placement``: where
+the weights sit, the AMX choice) and context (with the C abort flag that makes ``cancel()``
+work; streamed, ``runtime.session_streaming`` attaches the streamer), and hands them, as
+ports, to the policy in ``bmoe.service``: ``session_engine`` (generate), ``parallel_jobs``
+(parallel sequences), ``decider``, ``perplexity``. It owns the lifecycle: what was opened is
+closed once, in order. ``run()`` in ``bmoe.runtime`` is a thin one-shot wrapper around it,
+so both paths are the same machinery.
 """
 
 from __future__ import annotations
@@ -12,45 +15,35 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 
 from bmoe.adapters import crash_line
 from bmoe.adapters.chat_template import JinjaChatTemplate
-from bmoe.adapters.decide_probe import LlamaDecideProbe
 from bmoe.adapters.llama import LlamaModel
 from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
-from bmoe.adapters.llama.context import CCallback
-from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.model_files import MappedFiles
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
-from bmoe.domain.decide import DecideRequest, DecideResult, new_prefix_cache
-from bmoe.domain.decide.piece_policy import PieceMeter
+from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.perplexity import PplAccumulator
 from bmoe.domain.pieces import Piece
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes
 from bmoe.domain.streaming import MIB
 from bmoe.domain.weight_layout import WeightLayout
-from bmoe.errors import (
-    ConfigError,
-    DecideDisabledError,
-    ModelFileTruncatedError,
-    StreamingFaultError,
-)
+from bmoe.errors import ConfigError, ModelFileTruncatedError, StreamingFaultError
 from bmoe.runtime import cpu_choice, pieces, session_streaming
 from bmoe.runtime import placement as model_placement
+from bmoe.runtime.decisions import SessionDecisions
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
 from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
 from bmoe.service import perplexity as ppl
-from bmoe.service.decider import DECIDE_DISABLED, run_decide
 from bmoe.service.parallel_jobs import ParallelEntry, ParallelJobs, ParallelSink, Take
 from bmoe.service.perplexity import OnWindow, Perplexity
 from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
@@ -83,15 +76,13 @@ class Session:
         self.model = LlamaModel(config.model_path, self._load.model_params(config.n_expert_used, on_load))
         self._mapped = MappedFiles.snapshot(config.model_path)
         self._placed: WeightLayout | None = self._load.place(self.model)  # resident, placed by bmoe
-        self._decide_probe: LlamaDecideProbe | None = None  # --decide-probe
-        self._meter: PieceMeter | None = None  # decisions' piece costs, streamed
+        self._decisions = SessionDecisions(config.decide, self.model, config.context.n_ubatch)
         try:
             self.ctx, self.streaming = session_streaming.open_context(
-                self.model, config, self._flag, self._hook, self._load, self.notes, on_load
+                self.model, config, self._flag, self._decisions.hook, self._load, self.notes, on_load
             )
         except BaseException:
-            if self._decide_probe is not None:
-                self._decide_probe.close()
+            self._decisions.close()
             self.model.close()
             raise
         self.template = JinjaChatTemplate(
@@ -116,10 +107,8 @@ class Session:
             rows=self.streaming,
             after=self._learn,
         )
-        self._prefix_cache = new_prefix_cache(config.decide.prefix_slots) if config.decide.enabled else None
-        self._decide_backend = (
-            LlamaDecideBackend(self.model, self.ctx, self.template) if config.decide.enabled else None
-        )
+        self._decisions.attach(self.engine, self.ctx, self.template, self.streaming, self._learn)
+        self._decide_backend, self._prefix_cache = self._decisions.backend, self._decisions.prefix_cache
         self.governor: CacheGovernor | None = None
         if self.streaming is not None and config.stream.governed:
             self.governor = session_streaming.start_governor(
@@ -133,16 +122,6 @@ class Session:
         self.load_s = time.perf_counter() - t0
         self._closed = False
         crash_line.arm(f"running {config.model_path.name}", self.weight_buffer_types)
-
-    def _hook(self, inner: CCallback | None) -> CCallback | None:
-        """The context's eval callback: ``inner`` (the streamer's, or none), wrapped by the
-        decide probe when ``--decide-probe`` asks for one (nothing is installed otherwise)."""
-        if self.config.decide.probe is None:
-            return inner
-        self._decide_probe = LlamaDecideProbe.open(
-            self.model, self.config.context.n_ubatch, self.config.decide.probe, inner
-        )
-        return self._decide_probe.callback
 
     def _learn(self) -> None:
         session_streaming.learn(self.profile, self.notes)
@@ -242,8 +221,7 @@ class Session:
         the result carries the run's ``StreamReport`` and each ``Progress`` its reads."""
         self._refuse_if_faulted()
         self._parallel.memory = None  # the context is the conversation's now
-        if self._prefix_cache is not None:
-            self._prefix_cache.clear()  # a chat turn drops the kept decision state
+        self._decisions.forget()  # a chat turn drops the kept decision state
         if self.streaming is None:
             return self.engine.generate(request, on_progress, on_begin, history=history, chat=chat)
         result = session_streaming.generate_streamed(
@@ -304,41 +282,14 @@ class Session:
         self._refuse_if_faulted()
         if self.streaming is not None and self.config.stream.routing_policies:
             raise ConfigError("parallel sequences do not combine with decode routing policies yet")
-        if self._prefix_cache is not None:
-            self._prefix_cache.clear()
+        self._decisions.forget()
 
     def decide(self, request: DecideRequest, on_begin: OnBegin | None = None) -> DecideResult:
         """Score ``request.choices`` from one prefill (spec/decide.md). Refusals raise
         ``DecideRefusedError`` kinds before anything is computed; the session stays usable."""
         self._refuse_if_faulted()
         self._parallel.memory = None
-        if self._decide_backend is None or self._prefix_cache is None:
-            raise DecideDisabledError(DECIDE_DISABLED)
-        backend, cache, probe = self._decide_backend, self._prefix_cache, self._decide_probe
-        streaming = self.streaming
-        before = streaming.counters() if streaming is not None else None
-        meter = self._piece_meter()
-        costs = meter.costs(before.budget_bytes) if meter is not None and before is not None else None
-        result = self.engine.run_exclusive(
-            lambda: run_decide(backend, cache, request, self.config.decide, probe, costs), on_begin
-        )
-        if streaming is not None and before is not None:
-            delta = streaming.counters() - before
-            result = attrs.evolve(result, stream=delta)
-            streaming.end_turn()
-            if meter is not None and not result.cancelled:
-                meter.observe(result.n_prefilled, result.prefill_s, delta.stall_s, delta.bytes_read)
-            self._learn()
-        return result
-
-    def _piece_meter(self) -> PieceMeter | None:
-        """Streamed: what a decision's prefill pieces cost, measured as decisions run."""
-        if self.streaming is None:
-            return None
-        if self._meter is None:
-            info = self.streaming.info
-            self._meter = PieceMeter(info.expert_bytes, self.model.n_expert, self.model.n_expert_used)
-        return self._meter
+        return self._decisions.decide(request, on_begin)
 
     def perplexity(self, text: str) -> Perplexity:
         """Log-probability of each token of ``text`` (as is, specials parsed) given the ones
@@ -426,8 +377,7 @@ class Session:
         if self.streaming is not None:
             self.streaming.close()
         self.ctx.close()
-        if self._decide_probe is not None:
-            self._decide_probe.close()
+        self._decisions.close()
         self.model.close()
 
     def __enter__(self) -> Session:

@@ -13,23 +13,30 @@ After any failure the memory is emptied; the kept states stay valid (they are co
 
 With a probe (``--decide-probe``), it observes steps 2-3 only (restoring computes nothing),
 and an answered decision appends one record; a refused, cancelled or failed one appends none.
+
+``Decider`` is a session's decisions: ``run_decide`` as a request in flight of its engine;
+streamed, the result carries its reads and an answered decision teaches the piece costs.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
 from bmoe.domain.decide.choice_scorer import first_tokens, score_choices
-from bmoe.domain.decide.piece_policy import PieceCosts, choose_pieces
+from bmoe.domain.decide.piece_policy import PieceCosts, PieceMeter, choose_pieces
 from bmoe.domain.decide.prefix_cache import IPrefixCache, StateBlob
 from bmoe.domain.decide.probe import probe_record
 from bmoe.domain.decide.prompt_split import split_prefix
 from bmoe.domain.decide.values import MIB, DecideConfig, DecidePlan, DecideRequest, DecideResult
+from bmoe.domain.streaming import StreamCounters
 from bmoe.errors import DecideDisabledError, DecideOverflowError, DecideRefusedError, DecodeAbortedError
 from bmoe.ports.decide_backend import IDecideBackend
 from bmoe.ports.decide_probe import IDecideProbe
+from bmoe.service.session_engine import OnBegin, SessionEngine
 
 DECIDE_DISABLED = "decide is not enabled in this session (start it with --decide)"
 
@@ -175,3 +182,55 @@ def run_decide(
         observed = probe.observation(run.plan.choice_tokens)
         probe.write(probe_record(observed, request.choices, result))
     return result
+
+
+class StreamReads(Protocol):
+    """The streamer's side of a decision (``StreamingControl`` is one)."""
+
+    def counters(self) -> StreamCounters:
+        """The streaming counters now."""
+        ...
+
+    def end_turn(self) -> None:
+        """A request ended (its figures and traces are closed)."""
+        ...
+
+
+@attrs.define
+class Decider:
+    """One session's decisions over ``backend``, keeping prefix states in ``cache``, run as
+    requests in flight of ``engine``. Streamed (``streaming`` and ``meter`` given), each
+    decision weighs its pieces with the costs ``meter`` measured (against the budget now),
+    its result carries its reads, an answered one teaches ``meter``, and ``after`` follows."""
+
+    engine: SessionEngine
+    backend: IDecideBackend
+    cache: IPrefixCache
+    config: DecideConfig
+    probe: IDecideProbe | None = None
+    streaming: StreamReads | None = None
+    meter: PieceMeter | None = None
+    after: Callable[[], None] | None = None
+
+    def decide(self, request: DecideRequest, on_begin: OnBegin | None = None) -> DecideResult:
+        """``run_decide`` once the engine is free (``on_begin`` then)."""
+
+        def run(costs: PieceCosts | None) -> DecideResult:
+            def work() -> DecideResult:
+                return run_decide(self.backend, self.cache, request, self.config, self.probe, costs)
+
+            return self.engine.run_exclusive(work, on_begin)
+
+        streaming, meter = self.streaming, self.meter
+        if streaming is None or meter is None:
+            return run(None)
+        before = streaming.counters()
+        result = run(meter.costs(before.budget_bytes))
+        delta = streaming.counters() - before
+        result = attrs.evolve(result, stream=delta)
+        streaming.end_turn()
+        if not result.cancelled:
+            meter.observe(result.n_prefilled, result.prefill_s, delta.stall_s, delta.bytes_read)
+        if self.after is not None:
+            self.after()
+        return result
