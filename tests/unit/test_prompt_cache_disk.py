@@ -173,3 +173,13 @@ def test_the_folder_stays_within_its_limit_least_recently_used_first(tmp_path: P
     assert (1,) not in store.held() and (0,) in store.held()
     store.put((9,), blob(1000))  # alone past the limit: not written
     assert (9,) not in store.held()
+
+
+def test_without_room_in_memory_states_go_straight_to_the_tier() -> None:
+    spill = DictSpill()
+    cache = PromptCache(0, spill)  # --cache-ram 0 --cache-disk DIR
+    cache.store([1, 2], blob(4))
+    cache.store([1, 2, 3], blob(4))  # supersedes its conversation's earlier state there too
+    assert len(cache) == 0 and spill.held() == [(1, 2, 3)] and cache.counters.spilled == 2
+    found = cache.lookup([1, 2, 3, 4])
+    assert found is not None and found.shared == 3 and len(cache) == 0  # lent, not kept

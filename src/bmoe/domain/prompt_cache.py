@@ -70,7 +70,8 @@ class PromptCacheCounters:
     evicted: int = 0  # states dropped for room (the limit, or a lower one)
     superseded: int = 0  # states dropped because a longer state of their conversation came
     refused: int = 0  # states bigger than the limit alone: not kept
-    spilled: int = 0  # states that left memory for the slower tier (counted in evicted too)
+    spilled: int = 0  # states given to the slower tier: pushed out of memory (counted in evicted
+    # too), or too big for it
     unspilled: int = 0  # states read back from the slower tier for a restore
     refused_spilled: int = 0  # states the slower tier refused to give back (corrupt, foreign)
 
@@ -213,13 +214,15 @@ class PromptCache:
     def store(self, tokens: Sequence[int], blob: StateBlob) -> bool:
         """Keep ``blob`` as the state after ``tokens`` (most recently used), dropping the
         states it supersedes and then, least recently used first, what no longer fits.
-        False (nothing kept, nothing dropped) when the state alone exceeds the limit."""
+        A state bigger than the limit alone goes to the slower tier where there is one;
+        False (nothing kept, nothing dropped) where there is none."""
         key = tuple(tokens)
         if not key:
             raise ValueError("a kept state needs at least one token")
         state = KeptState(key, blob)
         with self._lock:
-            if self.limit_bytes is not None and state.nbytes > self.limit_bytes:
+            too_big = self.limit_bytes is not None and state.nbytes > self.limit_bytes
+            if too_big and self.spill is None:
                 self.counters.refused += 1
                 return False
             for old in [k for k in self._states if len(k) <= len(key) and key[: len(k)] == k]:
@@ -229,9 +232,13 @@ class PromptCache:
             if self.spill is not None:  # the tier's earlier states of this conversation too
                 for old in [k for k in self.spill.held() if len(k) < len(key) and key[: len(k)] == k]:
                     self.spill.drop(old)
-            self._states[key] = state
             self._last_stored = key
             self.counters.stored += 1
+            if too_big and self.spill is not None:  # too big for memory: straight to the tier
+                self.spill.put(key, blob)
+                self.counters.spilled += 1
+                return True
+            self._states[key] = state
             self._fit()
             return True
 
