@@ -148,5 +148,7 @@ def session_config(args: argparse.Namespace, model: Path) -> SessionConfig:
         placement=placement_config(args),
         chat_template=chat_template_text(args),
         cache_ram_mb=args.cache_ram,
+        cache_disk=args.cache_disk,
+        cache_disk_mb=args.cache_disk_mb,
         slot_similarity=args.slot_prompt_similarity,
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.llama.context import KV_CACHE_TYPES
+from bmoe.adapters.state_files import DEFAULT_CACHE_DISK_MIB
 from bmoe.domain.cpu_features import AMX_MODES
 from bmoe.domain.decide import PREFIX_CACHE_MODES
 from bmoe.domain.prompt_cache import DEFAULT_CACHE_RAM_MIB
@@ -53,6 +54,24 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         "in memory when another conversation takes the context, and restore a conversation's state "
         f"when it comes back, so it prefills only its new tokens (0: off, -1: no limit; default: "
         f"{DEFAULT_CACHE_RAM_MIB})",
+    )
+    p.add_argument(
+        "--cache-disk",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the prompt cache's disk tier: conversations' states pushed out of --cache-ram (all of "
+        "them with --cache-ram 0) are kept as files in DIR, and those in memory are written there at "
+        "exit, so a conversation that comes back, even after a restart, prefills only its new tokens; "
+        "a corrupt or foreign file is refused with a warning (default: off)",
+    )
+    p.add_argument(
+        "--cache-disk-mb",
+        type=int,
+        default=DEFAULT_CACHE_DISK_MIB,
+        metavar="MiB",
+        help=f"at most this many MiB of state files in --cache-disk, least recently used removed first "
+        f"(default: {DEFAULT_CACHE_DISK_MIB})",
     )
     p.add_argument(
         "-sps",

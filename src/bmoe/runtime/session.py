@@ -31,7 +31,6 @@ from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.perplexity import PplAccumulator
 from bmoe.domain.pieces import Piece
-from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes
 from bmoe.domain.streaming import MIB
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import ConfigError, ModelFileTruncatedError, StreamingFaultError
@@ -40,6 +39,7 @@ from bmoe.runtime import placement as model_placement
 from bmoe.runtime.decisions import SessionDecisions
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
+from bmoe.runtime.prompt_states import keep_at_close, open_prompt_cache
 from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
@@ -91,7 +91,7 @@ class Session:
             eos_token=self.model.eos_text,
         )
         self._backend = LlamaGenerateBackend(self.model, self.ctx, self._flag)
-        self.prompt_cache = PromptCache(cache_ram_bytes(config.cache_ram_mb)) if config.cache_ram_mb else None
+        self.prompt_cache = open_prompt_cache(config, self.notes)
         self.engine = SessionEngine(
             self._backend,
             self.template,
@@ -373,6 +373,7 @@ class Session:
         if self.governor is not None:
             self.governor.close()
         self._backend.close_sampler()
+        keep_at_close(self.prompt_cache, self.engine.keep_context_state)
         if self.profile is not None:
             self.profile.save()
         if self.streaming is not None:

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from bmoe.adapters.llama import ContextParams
+from bmoe.adapters.state_files import DEFAULT_CACHE_DISK_MIB
 from bmoe.domain.cpu_features import AmxMode, check_amx_mode
 from bmoe.domain.decide import DecideConfig
 from bmoe.domain.placement import Placement, check_placement
@@ -50,6 +51,12 @@ class SessionConfig:
       many MiB of conversations' states kept in host memory when another conversation takes
       the context, restored when theirs comes back (``bmoe.domain.prompt_cache``); 0 off
       (the library's default), -1 no limit.
+    - ``cache_disk`` / ``cache_disk_mb``: the prompt cache's disk tier (``--cache-disk DIR``,
+      ``--cache-disk-mb``): states pushed out of memory (all of them with ``cache_ram_mb``
+      0) are kept as files in ``DIR`` within this many MiB, and those in memory are written
+      there at close, so a conversation that comes back, even to a restarted session, still
+      costs only its new tokens (``bmoe.adapters.state_files``: checked whole before use; a
+      corrupt or foreign file is refused with a warning and removed). None: no disk tier.
     - ``slot_similarity``: with parallel sequences (``run_parallel``), a slot keeps its KV
       after its request and a new request takes the free slot sharing the longest prefix
       with its prompt when that prefix is at least this share of the prompt
@@ -71,6 +78,8 @@ class SessionConfig:
     amx: AmxMode = "auto"
     cache_ram_mb: int = 0
     slot_similarity: float = DEFAULT_SIMILARITY
+    cache_disk: Path | None = None
+    cache_disk_mb: int = DEFAULT_CACHE_DISK_MIB
 
     @classmethod
     def from_hf(cls, spec: str, hf_file: str | None = None, **fields: Any) -> SessionConfig:
@@ -90,3 +99,5 @@ class SessionConfig:
             raise ConfigError(f"slot_similarity must be in [0, 1], not {self.slot_similarity}")
         if self.cache_ram_mb < -1:
             raise ConfigError(f"cache_ram_mb takes MiB, 0 (off) or -1 (no limit), not {self.cache_ram_mb}")
+        if self.cache_disk_mb < 0:
+            raise ConfigError(f"cache_disk_mb takes MiB (>= 0), not {self.cache_disk_mb}")

@@ -371,6 +371,12 @@ class SessionEngine:
         """The names of the conversations held (the current one first)."""
         return [self.conversation, *self._parked]
 
+    def keep_context_state(self) -> None:
+        """Save what the context holds in the prompt cache now: from ``close``'s
+        ``release`` (no request running), so that a disk tier writes it for the next
+        session."""
+        self._keep_state()
+
     def _keep_state(self) -> None:
         """Save the context's state in the prompt cache (if there is one, and the state is
         not kept already) before the context loses tokens."""
