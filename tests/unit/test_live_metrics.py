@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -323,3 +324,16 @@ def test_the_event_says_what_the_prompt_cache_holds_and_spared() -> None:
         "restored": 1,
         "tokens_restored": 3,
     }
+
+
+def test_with_a_disk_tier_the_event_says_what_went_there_and_came_back(tmp_path: Path) -> None:
+    from bmoe.adapters.state_files import StateFiles
+
+    cache = PromptCache(0, StateFiles(tmp_path, "ab" * 16, 8 << 20))
+    cache.store([1, 2, 3], np.zeros(1 << 10, dtype=np.uint8))  # no room in memory: to the disk
+    assert cache.lookup([1, 2, 3, 4]) is not None
+    body = MetricsFeed("tiny", streaming=False).event(
+        MonitorView(finished=0), None, now=1.0, prompt_cache=cache
+    )
+    assert body["prompt_cache"]["entries"] == 0
+    assert body["prompt_cache"]["disk"] == {"entries": 1, "written": 1, "read_back": 1, "refused": 0}

@@ -139,15 +139,24 @@ def cache_body(
 
 def prompt_cache_body(cache: PromptCache) -> Json:
     """The prompt cache's fill and what it spared: states kept, their MiB, the states
-    restored and the prompt tokens they held."""
+    restored and the prompt tokens they held; with a disk tier (``--cache-disk``) the states
+    written there, read back, and refused (corrupt, foreign)."""
     c = cache.counters
-    return {
+    body: Json = {
         "entries": len(cache),
         "mib": _round(cache.nbytes / (1 << 20)),
         "limit_mib": None if cache.limit_bytes is None else _round(cache.limit_bytes / (1 << 20)),
         "restored": c.restored,
         "tokens_restored": c.tokens_restored,
     }
+    if cache.spill is not None:
+        body["disk"] = {
+            "entries": len(cache.spill.held()),
+            "written": c.spilled,
+            "read_back": c.unspilled,
+            "refused": c.refused_spilled,
+        }
+    return body
 
 
 def next_tick(view: MonitorView, cooling: bool) -> float | None:
