@@ -2,8 +2,9 @@
 one context (what ``-np 1`` serves when an agent and its subagent interleave) each restore
 their own state when they come back and prefill only their new tokens, and every answer is
 the one a fresh session serving that conversation alone gives (tokens and log-probabilities
-bit for bit; a sliding-window model's log-probabilities to 1e-6), resident and streamed, warm from the usage profile too, on a plain attention
-model, a hybrid (recurrent) one whose memory cannot be trimmed and a sliding-window one."""
+bit for bit; a sliding-window model's log-probabilities to 1e-6), resident and streamed,
+warm from the usage profile too, on a plain attention model, a hybrid (recurrent) one whose
+memory cannot be trimmed and a sliding-window one."""
 
 from __future__ import annotations
 
