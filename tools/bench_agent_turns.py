@@ -13,11 +13,19 @@ with the same long system prompt and tool list, and every turn adds a tool resul
 - ``stock-cache``: llama-cpp-python's own ``Llama`` with its RAM prompt cache
   (``LlamaRAMCache``, what ``python -m llama_cpp.server --cache`` uses), resident, its
   defaults (weights repacked); it does not say what its prompt held nor what it prefilled
-  (``-1``).
+  (``-1``);
+- ``stock-server``: the same transcript over HTTP against ``python -m llama_cpp.server``
+  (``--cache True``, 512 MiB, its defaults otherwise), streamed chat completions (needs
+  llama-cpp-python's ``server`` extra).
 
 Reported per turn: tokens prefilled, tokens restored from the prompt cache, MiB of experts
-read during the prefill (streamed), and the time to the first token; a markdown table on
-stdout. Time figures move with the machine: run nothing else meanwhile.
+read during the prefill (streamed), the time to the first token (from the request to its
+first token: saving the other conversation's state and restoring this one's included), the
+time the prefill of the new tokens alone took (``llama_decode`` of what was not restored),
+and the first's ratio to the second; a markdown table on stdout. Run it inside the memory
+and read limits to compare against (a cgroup: ``--mem-limit-mb``/``--disk-mib-s`` of
+``python -m bmoe.bench`` describe one). Time figures move with the machine: run nothing else
+meanwhile.
 
     python tools/bench_agent_turns.py -m model.gguf --cache-mb 1536 --modes np1,np1-cache
 """
@@ -25,6 +33,9 @@ stdout. Time figures move with the machine: run nothing else meanwhile.
 from __future__ import annotations
 
 import argparse
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,10 +47,10 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.streaming import MIB, StreamConfig
 from bmoe.runtime import Session, SessionConfig
-from bmoe.runtime.session import ParallelEntry
+from bmoe.service.parallel_jobs import ParallelEntry
 from bmoe.tinymodel import default_model_path
 
-MODES = ("np1", "np1-cache", "np2-plain", "np2", "stock-cache")
+MODES = ("np1", "np1-cache", "np2-plain", "np2", "stock-cache", "stock-server")
 CODE = "def handler_{i}(request):\n    value = request.get('field_{i}', {i})\n    return value * {j} + {i}\n"
 
 
@@ -63,6 +74,7 @@ class Turn:
     restored: int
     read_mib: float
     first_token_s: float
+    prefill_s: float = -1.0  # the new tokens' llama_decode alone (-1: not known)
 
 
 @attrs.define
@@ -116,9 +128,83 @@ def run_stock(args: argparse.Namespace, system: str, tools: Sequence[str]) -> li
     return turns
 
 
+def run_stock_server(args: argparse.Namespace, system: str, tools: Sequence[str]) -> list[Turn]:
+    """The transcript against ``python -m llama_cpp.server`` with its prompt cache on
+    (``--cache True``, RAM, 512 MiB), its defaults otherwise, streamed chat completions."""
+    import openai
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(args.model),
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(args.ctx),
+        "--n_batch",
+        str(args.batch),
+        "--n_threads",
+        str(args.threads),
+        "--cache",
+        "True",
+        "--cache_size",
+        str(512 << 20),
+        "--verbose",
+        "False",
+    ]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=3600)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"llama_cpp.server did not start: {server.stderr.read() if server.stderr else ''}"
+                    ) from None
+                time.sleep(1)
+        turns: list[Turn] = []
+        histories: dict[str, list[dict[str, str]]] = {
+            w: [{"role": "system", "content": system}] for w in "ab"
+        }
+        for t in range(args.turns):
+            for who in "ab":
+                prompt = f"Tool result ({who}, turn {t}):\n{tools[2 * t + (who == 'b')]}"
+                histories[who].append({"role": "user", "content": prompt})
+                t0 = time.perf_counter()
+                first, text = 0.0, []
+                for chunk in client.chat.completions.create(
+                    model="m",
+                    messages=histories[who],
+                    max_tokens=args.gen,
+                    temperature=0.0,
+                    stream=True,  # type: ignore[arg-type]
+                ):
+                    delta = chunk.choices[0].delta.content if chunk.choices else None
+                    if delta:
+                        first = first or time.perf_counter() - t0
+                        text.append(delta)
+                histories[who].append({"role": "assistant", "content": "".join(text)})
+                turns.append(Turn("stock-server", who, t, -1, -1, -1, 0.0, first))
+        return turns
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[str]) -> list[Turn]:
     if mode == "stock-cache":
         return run_stock(args, system, tools)
+    if mode == "stock-server":
+        return run_stock_server(args, system, tools)
     parallel = mode.startswith("np2")
     context = ContextParams(
         n_ctx=args.ctx,
@@ -171,17 +257,31 @@ def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[s
                             r.n_restored,
                             read / 2,
                             sinks[who].first,
+                            r.prefill_s,
                         )
                     )
                     histories[who] += [ChatMessage("user", prompts[who]), ChatMessage("assistant", r.text)]
                 continue
             for who in "ab":
+                first = Sink(time.perf_counter())
                 r = s.generate(
-                    GenerateRequest(prompts[who], n_predict=args.gen, clear_kv=False), history=histories[who]
+                    GenerateRequest(prompts[who], n_predict=args.gen, clear_kv=False),
+                    history=histories[who],
+                    on_progress=first.progress,
                 )
                 read = r.stream.prefill.bytes_read / MIB if r.stream is not None else 0.0
                 turns.append(
-                    Turn(mode, who, t, r.n_past - len(r.tokens), r.n_prompt, r.n_restored, read, r.prefill_s)
+                    Turn(
+                        mode,
+                        who,
+                        t,
+                        r.n_past - len(r.tokens),
+                        r.n_prompt,
+                        r.n_restored,
+                        read,
+                        first.first,
+                        r.prefill_s,
+                    )
                 )
                 histories[who] += [ChatMessage("user", prompts[who]), ChatMessage("assistant", r.text)]
     return turns
@@ -226,12 +326,17 @@ def main() -> None:
         f"model {args.model.name}, {how}, system {args.system_tokens} tokens, tool results "
         f"{args.tool_tokens}, {args.gen} generated, -b {args.batch}\n"
     )
-    print("| mode | conversation | turn | prompt tokens | prefilled | restored | MiB read | first token s |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| mode | conversation | turn | prompt tokens | prefilled | restored | MiB read | first token s "
+        "| prefill alone s | ratio |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
+        alone = f"{r.prefill_s:.3f}" if r.prefill_s >= 0 else "-"
+        ratio = f"{r.first_token_s / r.prefill_s:.2f}" if r.prefill_s > 0 else "-"
         print(
             f"| {r.mode} | {r.who} | {r.turn} | {r.prompt_tokens} | {r.prefilled} | {r.restored} | "
-            f"{r.read_mib:.1f} | {r.first_token_s:.3f} |"
+            f"{r.read_mib:.1f} | {r.first_token_s:.3f} | {alone} | {ratio} |"
         )
 
 
