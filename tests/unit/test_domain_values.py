@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from bmoe.domain.generation import GenerateRequest, RunResult
@@ -51,3 +52,19 @@ def test_generate_request_validates() -> None:
     with pytest.raises(ConfigError, match="n_predict must be >= 0, not -1"):
         GenerateRequest(prompt="x", n_predict=-1)
     assert GenerateRequest(prompt="x").clear_kv
+
+
+def test_the_timing_line_says_how_many_times_over_the_prefill_read_the_experts() -> None:
+    from bmoe.domain.streaming import MIB, StreamReport
+    from bmoe.domain.streaming.counters import StreamCounters
+
+    result = RunResult(
+        text="", reasoning="", tokens=(1,), n_prompt=2048, n_past=2049, prefill_s=2.0, decode_s=0.0
+    )
+    report = StreamReport(
+        StreamCounters(bytes_read=3000 * MIB, stall_s=0.5), StreamCounters(), 0, 0.0, 1000 * MIB
+    )
+    line = timing_line(attrs.evolve(result, stream=report), load_s=1.0)
+    assert line.endswith("; prefill read 3000.0 MiB (the experts 3.00 times over), waited 0.500 s for reads")
+    unknown = attrs.evolve(report, expert_bytes=0)
+    assert "times over" not in timing_line(attrs.evolve(result, stream=unknown), load_s=1.0)

@@ -24,8 +24,11 @@ def timing_line(result: RunResult, load_s: float) -> str:
     if result.n_restored:
         line += f"; {result.n_restored} restored from the prompt cache"
     if result.stream is not None:
-        p = result.stream.prefill
-        line += f"; prefill read {p.read_mib:.1f} MiB, waited {p.stall_s:.3f} s for reads"
+        p, passes = result.stream.prefill, result.stream.prefill_passes
+        line += f"; prefill read {p.read_mib:.1f} MiB"
+        if passes is not None:
+            line += f" (the experts {passes:.2f} times over)"
+        line += f", waited {p.stall_s:.3f} s for reads"
     return line
 
 

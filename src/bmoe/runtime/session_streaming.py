@@ -186,5 +186,6 @@ def generate_streamed(
         decode=end - after_prefill,
         decode_steps=max(0, len(result.tokens) - 1),
         decode_wall_s=decode_wall,
+        expert_bytes=streaming.info.expert_bytes,
     )
     return attrs.evolve(result, stream=report)

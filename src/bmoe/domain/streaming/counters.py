@@ -157,6 +157,13 @@ class StreamReport:
     decode: StreamCounters
     decode_steps: int  # decode steps the decode counters cover
     decode_wall_s: float
+    expert_bytes: int = 0  # all routed experts of the model (0: not known)
+
+    @property
+    def prefill_passes(self) -> float | None:
+        """How many times over the prefill read the model's experts (MiB read / expert
+        MiB; about once per ubatch of a long prompt); None where the size is not known."""
+        return self.prefill.bytes_read / self.expert_bytes if self.expert_bytes > 0 else None
 
     def per_token(self, seconds: float) -> float:
         return seconds / self.decode_steps if self.decode_steps > 0 else 0.0
