@@ -16,6 +16,11 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def extends(tokens: Sequence[int], prefix: Sequence[int]) -> bool:
+    """Whether ``tokens`` begin with the whole of ``prefix`` (equal included)."""
+    return len(prefix) <= len(tokens) and tuple(tokens[: len(prefix)]) == tuple(prefix)
+
+
 @attrs.frozen
 class ReusePlan:
     """Keep ``keep`` tokens of the memory, prefill ``prompt[keep:]``.

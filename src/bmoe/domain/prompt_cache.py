@@ -44,7 +44,7 @@ from typing import Protocol
 import attrs
 
 from bmoe.domain.decide.prefix_cache import KeptState, StateBlob
-from bmoe.domain.kv_reuse import common_prefix_len
+from bmoe.domain.kv_reuse import common_prefix_len, extends
 
 MIB = 1024 * 1024
 DEFAULT_CACHE_RAM_MIB = 512
@@ -225,12 +225,12 @@ class PromptCache:
             if too_big and self.spill is None:
                 self.counters.refused += 1
                 return False
-            for old in [k for k in self._states if len(k) <= len(key) and key[: len(k)] == k]:
+            for old in [k for k in self._states if extends(key, k)]:
                 del self._states[old]
                 if old != key:
                     self.counters.superseded += 1
             if self.spill is not None:  # the tier's earlier states of this conversation too
-                for old in [k for k in self.spill.held() if len(k) < len(key) and key[: len(k)] == k]:
+                for old in [k for k in self.spill.held() if k != key and extends(key, k)]:
                     self.spill.drop(old)
             self._last_stored = key
             self.counters.stored += 1
@@ -316,7 +316,7 @@ class PromptCache:
             assert self.limit_bytes is None or self.nbytes <= self.limit_bytes
             # the state stored last superseded its conversation's earlier ones
             last = self._last_stored
-            assert not any(k != last and len(k) < len(last) and last[: len(k)] == k for k in keys)
+            assert not any(k != last and extends(last, k) for k in keys)
 
 
 def follow_budget(cache: PromptCache, configured: int | None, before: int, after: int) -> int:

@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from bmoe.domain.kv_reuse import extends
 from bmoe.errors import ConfigError
 
 StateBlob = npt.NDArray[np.uint8]
@@ -55,10 +56,6 @@ class KeptState:
         return int(self.blob.nbytes)
 
 
-def _extends(tokens: Sequence[int], kept: tuple[int, ...]) -> bool:
-    return len(kept) <= len(tokens) and tuple(tokens[: len(kept)]) == kept
-
-
 class IPrefixCache(Protocol):
     """Where decisions keep prefix states. Holding nothing is always a valid state."""
 
@@ -96,7 +93,7 @@ class LruPrefixCache:
         self._states: OrderedDict[tuple[int, ...], KeptState] = OrderedDict()
 
     def lookup(self, prefix: Sequence[int]) -> KeptState | None:
-        hits = [kept for kept in self._states.values() if _extends(prefix, kept.tokens)]
+        hits = [kept for kept in self._states.values() if extends(prefix, kept.tokens)]
         if not hits:
             return None
         best = max(hits, key=lambda kept: len(kept.tokens))
