@@ -183,3 +183,16 @@ def test_without_room_in_memory_states_go_straight_to_the_tier() -> None:
     assert len(cache) == 0 and spill.held() == [(1, 2, 3)] and cache.counters.spilled == 2
     found = cache.lookup([1, 2, 3, 4])
     assert found is not None and found.shared == 3 and len(cache) == 0  # lent, not kept
+
+
+def test_a_file_is_sized_as_written_and_a_state_held_already_is_not_written_again(tmp_path: Path) -> None:
+    store, _ = files(tmp_path)
+    store.put((1, 2, 3), blob(100, 1))
+    path = store.dir / _name((1, 2, 3))
+    assert store.nbytes == path.stat().st_size
+    inode = path.stat().st_ino
+    store.put((1, 2, 3), blob(100, 1))  # persisted again at close: the file stays
+    assert path.stat().st_ino == inode
+    store.put((1, 2, 3), blob(101, 1))  # another state for the same tokens replaces it
+    got = store.take((1, 2, 3))
+    assert got is not None and got.nbytes == 101

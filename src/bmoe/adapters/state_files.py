@@ -96,15 +96,16 @@ class StateFiles:
             return list(self._index)
 
     def put(self, tokens: tuple[int, ...], blob: StateBlob) -> None:
-        body = self._encode(tokens, blob)
-        if len(body) > self.limit_bytes:
+        size = _file_size(len(tokens), blob.nbytes)
+        if size > self.limit_bytes:
             return
-        path = self.dir / _name(tokens)
         with self._lock:
             held = self._index.get(tokens)
-            if held is not None and held.nbytes == len(body) and held.path.exists():
-                os.utime(held.path)  # the same state: just used
+            if held is not None and held.nbytes == size and held.path.exists():
+                os.utime(held.path)  # the same state (read back from here): just used
                 return
+        body = self._encode(tokens, blob)
+        path = self.dir / _name(tokens)
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=SUFFIX)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -172,7 +173,7 @@ class StateFiles:
             return None, "its tokens are not its name's"
         at = len(MAGIC) + _HEAD.size + 4 * len(tokens)
         (n,) = struct.unpack_from("<Q", body, at)
-        if at + 8 + n != len(body):
+        if _file_size(len(tokens), n) != len(data):
             return None, "its length does not add up"
         blob = np.frombuffer(body, dtype=np.uint8, count=n, offset=at + 8).copy()
         blob.flags.writeable = False
@@ -216,6 +217,11 @@ class StateFiles:
         self.refused += 1
         path.unlink(missing_ok=True)
         self.warn(f"bmoe: prompt cache: refused {path} ({why}); removed, its prompt will be prefilled")
+
+
+def _file_size(n_tokens: int, n_bytes: int) -> int:
+    """The bytes of a file holding a state of ``n_bytes`` after ``n_tokens`` tokens."""
+    return len(MAGIC) + _HEAD.size + 4 * n_tokens + 8 + n_bytes + DIGEST
 
 
 def _mtime(path: Path) -> float:
