@@ -76,6 +76,12 @@ class Turn:
     first_token_s: float
     prefill_s: float = -1.0  # the new tokens' llama_decode alone (-1: not known)
 
+    @classmethod
+    def of(cls, mode: str, who: str, turn: int, r: RunResult, read_mib: float, first_s: float) -> Turn:
+        """A bmoe turn from its result."""
+        prompt = r.n_past - len(r.tokens)
+        return cls(mode, who, turn, prompt, r.n_prompt, r.n_restored, read_mib, first_s, r.prefill_s)
+
 
 @attrs.define
 class Sink:
@@ -247,19 +253,7 @@ def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[s
                 read = (s.streaming.counters() - before).bytes_read / MIB if s.streaming and before else 0.0
                 for who in "ab":
                     r = sinks[who].results[0]
-                    turns.append(
-                        Turn(
-                            mode,
-                            who,
-                            t,
-                            r.n_past - len(r.tokens),
-                            r.n_prompt,
-                            r.n_restored,
-                            read / 2,
-                            sinks[who].first,
-                            r.prefill_s,
-                        )
-                    )
+                    turns.append(Turn.of(mode, who, t, r, read / 2, sinks[who].first))
                     histories[who] += [ChatMessage("user", prompts[who]), ChatMessage("assistant", r.text)]
                 continue
             for who in "ab":
@@ -270,37 +264,31 @@ def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[s
                     on_progress=first.progress,
                 )
                 read = r.stream.prefill.bytes_read / MIB if r.stream is not None else 0.0
-                turns.append(
-                    Turn(
-                        mode,
-                        who,
-                        t,
-                        r.n_past - len(r.tokens),
-                        r.n_prompt,
-                        r.n_restored,
-                        read,
-                        first.first,
-                        r.prefill_s,
-                    )
-                )
+                turns.append(Turn.of(mode, who, t, r, read, first.first))
                 histories[who] += [ChatMessage("user", prompts[who]), ChatMessage("assistant", r.text)]
     return turns
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def session_flags(p: argparse.ArgumentParser, ctx: int) -> None:
+    """The model and context flags of the tools that run a session (``-m``, ``--ctx``, ``-b``,
+    ``-t``, ``--cache-mb``); ``args.model`` is None for the built-in tiny model."""
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF (default: the built-in tiny model)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma separated, of {', '.join(MODES)}")
-    p.add_argument("--turns", type=int, default=8)
-    p.add_argument("--system-tokens", type=int, default=3000)
-    p.add_argument("--tool-tokens", type=int, default=200)
-    p.add_argument("--gen", type=int, default=64)
-    p.add_argument("--ctx", type=int, default=16384)
+    p.add_argument("--ctx", type=int, default=ctx)
     p.add_argument("-b", "--batch", type=int, default=512)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument(
         "--cache-mb", type=int, default=None, help="stream the experts with this cache (default: resident)"
     )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    session_flags(p, ctx=16384)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma separated, of {', '.join(MODES)}")
+    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--system-tokens", type=int, default=3000)
+    p.add_argument("--tool-tokens", type=int, default=200)
+    p.add_argument("--gen", type=int, default=64)
     args = p.parse_args()
     args.model = args.model or default_model_path()
     import llama_cpp

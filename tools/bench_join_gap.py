@@ -17,9 +17,9 @@ import argparse
 import statistics
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import attrs
+from bench_agent_turns import filler, session_flags  # a sibling: run as python tools/...
 
 from bmoe import GenerateRequest, Session, SessionConfig, StreamConfig
 from bmoe.adapters.llama import ContextParams
@@ -27,8 +27,6 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import Progress, RunResult
 from bmoe.service.parallel_jobs import ParallelEntry
 from bmoe.tinymodel import default_model_path
-
-CODE = "def handler_{i}(request):\n    value = request.get('field_{i}', {i})\n    return value * {j} + {i}\n"
 
 
 @attrs.define
@@ -51,15 +49,6 @@ class Clock:
         raise error
 
 
-def long_prompt(session: Session, tokens: int) -> str:
-    out: list[str] = []
-    i = 0
-    while len(session.model.tokenize_prompt("".join(out))) < tokens:
-        out.append(CODE.format(i=i, j=i % 7 + 1))
-        i += 1
-    return "".join(out)
-
-
 def run(args: argparse.Namespace) -> None:
     context = ContextParams(
         n_ctx=args.ctx, n_batch=args.batch, n_ubatch=args.batch, n_threads=args.threads, n_seq_max=2
@@ -68,7 +57,7 @@ def run(args: argparse.Namespace) -> None:
     config = SessionConfig(model_path=args.model, context=context, chat=True, think=False, stream=stream)
     system = ChatMessage("system", "You are a coding agent.")
     with Session.open(config) as s:
-        text = long_prompt(s, args.prompt_tokens)
+        text = filler(args.prompt_tokens, s.model.tokenize_prompt, 0)
         runner, joiner = Clock(), Clock()
         entries = {
             "runner": ParallelEntry(
@@ -87,14 +76,10 @@ def run(args: argparse.Namespace) -> None:
             return []
 
         s.run_parallel(take)
-    before = [b - a for a, b in zip(runner.at, runner.at[1:], strict=False) if b <= joined_at[0]]
+    steps = list(zip(runner.at, runner.at[1:], strict=False))  # (a token, the next) of the stream
     first = joiner.at[0]
-    during = [
-        b - a
-        for a, b in zip(runner.at, runner.at[1:], strict=False)
-        if a >= joined_at[0] - 1e-9 and a < first
-    ]
-    during += [b - a for a, b in zip(runner.at, runner.at[1:], strict=False) if a < joined_at[0] < b]
+    before = [b - a for a, b in steps if b <= joined_at[0]]
+    during = [b - a for a, b in steps if b > joined_at[0] and a < first]  # the gaps the join touched
     median = statistics.median(before)
     longest = max(during) if during else 0.0
     n_prompt = joiner.results[0].n_prompt
@@ -116,16 +101,10 @@ def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("-m", "--model", type=Path, default=None, help="GGUF (default: the built-in tiny model)")
+    session_flags(p, ctx=4096)
     p.add_argument("--prompt-tokens", type=int, default=2000)
     p.add_argument("--gen", type=int, default=160)
     p.add_argument("--join-at", type=int, default=8)
-    p.add_argument("--ctx", type=int, default=4096)
-    p.add_argument("-b", "--batch", type=int, default=512)
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument(
-        "--cache-mb", type=int, default=None, help="stream the experts with this cache (default: resident)"
-    )
     args = p.parse_args()
     args.model = args.model or default_model_path()
     run(args)
