@@ -25,8 +25,13 @@ SYSTEM = ChatMessage("system", "You are a coding agent. Tools: read_file, write_
 TURNS = [("a", "read main.py"), ("b", "list the files"), ("c", "run the tests"), ("a", "now edit it")]
 
 
-def config(path: Path, streamed: bool, ram_mb: int, disk: Path | None) -> SessionConfig:
-    stream = StreamConfig(enabled=streamed, cache_mb=2, governor="off")
+def config(
+    path: Path, streamed: bool, ram_mb: int, disk: Path | None, profile: Path | None = None
+) -> SessionConfig:
+    """Streamed with ``profile``: each session after the first warm from the usage profile
+    the ones before it learned (the command line's default, ``--profile auto``)."""
+    learned = str(profile) if streamed and profile is not None else "off"
+    stream = StreamConfig(enabled=streamed, cache_mb=2, governor="off", profile=learned)
     return SessionConfig(
         model_path=path, context=PARAMS, chat=True, stream=stream, cache_ram_mb=ram_mb, cache_disk=disk
     )
@@ -50,15 +55,16 @@ def replay(
 def test_a_state_pushed_out_of_memory_comes_back_from_the_disk(
     tiny_model_path: TinyModel, streamed: bool, tmp_path: Path
 ) -> None:
-    path = tiny_model_path("qwen3moe")
-    with Session.open(config(path, streamed, 0, None)) as plain:
+    path, disk, profile = tiny_model_path("qwen3moe"), tmp_path / "states", tmp_path / "profile.json"
+    with Session.open(config(path, streamed, 0, None, profile)) as plain:
         without = replay(plain, TURNS, {})
-    with Session.open(config(path, streamed, 0, tmp_path)) as s:  # no room in memory: disk only
+    assert profile.is_file() == streamed  # the sessions below start warm from it
+    with Session.open(config(path, streamed, 0, disk, profile)) as s:  # no room in memory: disk only
         got = replay(s, TURNS, {})
         cache = s.prompt_cache
         assert cache is not None and len(cache) == 0
         assert cache.counters.spilled == 3 and cache.counters.unspilled == 1  # each switch; a came back
-    with Session.open(config(path, streamed, 0, None)) as fresh:  # a's state as a left it
+    with Session.open(config(path, streamed, 0, None, profile)) as fresh:  # a's state as a left it
         alone = replay(fresh, [TURNS[0], TURNS[3]], {})[-1]
     assert [r.tokens for r in got] == [r.tokens for r in without]
     assert [r.logprobs for r in got[:3]] == [r.logprobs for r in without[:3]]
@@ -66,24 +72,26 @@ def test_a_state_pushed_out_of_memory_comes_back_from_the_disk(
     assert got[3].n_restored > 0 and got[3].n_prompt < without[3].n_prompt
 
 
-def test_a_restarted_session_finds_what_the_last_one_left(tiny_model_path: TinyModel, tmp_path: Path) -> None:
-    path = tiny_model_path("qwen3moe")
+@pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
+def test_a_restarted_session_finds_what_the_last_one_left(
+    tiny_model_path: TinyModel, streamed: bool, tmp_path: Path
+) -> None:
+    path, disk, profile = tiny_model_path("qwen3moe"), tmp_path / "states", tmp_path / "profile.json"
     histories: dict[str, list[ChatMessage]] = {}
-    with Session.open(config(path, False, 64, tmp_path)) as s:
+    with Session.open(config(path, streamed, 64, disk, profile)) as s:
         replay(s, TURNS[:2], histories)  # a went to memory when b came; b is in the context
-    assert len(list(tmp_path.rglob("*.state"))) == 2  # both written at close
+    assert len(list(disk.rglob("*.state"))) == 2  # both written at close
+    assert profile.is_file() == streamed
     again = [("a", "now edit it"), ("b", "and count them")]
-    saved = {who: list(h) for who, h in histories.items()}
-    with Session.open(config(path, False, 64, tmp_path)) as s:
+    with Session.open(config(path, streamed, 64, disk, profile)) as s:  # streamed: warm from the profile
         got = replay(s, again, histories)
-    with Session.open(config(path, False, 0, None)) as plain:
+    with Session.open(config(path, streamed, 0, None, profile)) as plain:
         expected = [
             replay(plain, [*[(w, p) for w, p in TURNS[:2] if w == who], (who, p)], {})[-1] for who, p in again
         ]
     assert all(r.n_restored > 0 for r in got), [r.n_restored for r in got]
     assert [r.tokens for r in got] == [r.tokens for r in expected]
     assert [r.logprobs for r in got] == [r.logprobs for r in expected]
-    assert saved  # the histories carried over are the first session's
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncated", "foreign"])
