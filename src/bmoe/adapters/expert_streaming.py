@@ -332,7 +332,12 @@ class ExpertStreaming:
         memory_room: Callable[[], MemoryRoom],
         repack: bool = True,
         refuse: tuple[str, ...] = (),
+        kept_compute_bytes: int | None = None,
     ) -> ExpertStreaming:
+        """The streamer set up on ``ctx``'s graph. ``kept_compute_bytes``: what llama.cpp's
+        compute buffer keeps beside the cache (``--cache-mb auto`` subtracts it); None, all
+        it reserved; less where the cache lends a prompt-sized buffer its room
+        (``bmoe.domain.streaming.prefill_memory``)."""
         # 1. capture: where did llama.cpp put each file?
         abort = ctx.abort
         if not (
@@ -416,7 +421,9 @@ class ExpertStreaming:
             memory_room(),
             dense_bytes=dense,
             kv_bytes=ctx.kv_bytes,
-            compute_buffer_bytes=ctx.compute_buffer_bytes,
+            compute_buffer_bytes=(
+                ctx.compute_buffer_bytes if kept_compute_bytes is None else kept_compute_bytes
+            ),
         )
         budget = resolve_budget(config, memory=memory, token_cycle_bytes=cycle)
         streamer.set_budget(budget.bytes)

@@ -203,6 +203,12 @@ cdef class ExpertStreamer:
     def mode(self) -> int:
         return self.s.mode
 
+    @property
+    def compute_buffer(self) -> int:
+        """The address of the ``ggml_backend_buffer`` the last graph's routing node lived in
+        (llama.cpp's compute buffer, where it is host memory), 0 before any graph ran."""
+        return <uintptr_t> self.s.compute_buffer
+
     @mode.setter
     def mode(self, int value):
         if value not in (MODE_OFF, MODE_CAPTURE, MODE_STREAM, MODE_REFERENCE):

@@ -211,7 +211,7 @@ def _metrics_config(args: argparse.Namespace, config: SessionConfig, session: Se
         "n_expert": session.n_expert,
         "n_expert_used": session.n_expert_used,
         "n_ctx": session.n_ctx,
-        "prompt_batch": config.context.n_batch,
+        "prompt_batch": session.config.context.n_batch,
         "threads": config.context.n_threads,
         "n_predict": args.n_predict,
         "chatml": args.chatml,
@@ -270,7 +270,8 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
                     display.close()
             if session.streaming is not None:
                 info = session.streaming.info
-                mode = stream_mode_line(info.budget, info.lanes, info.odirect, config.context.n_ubatch)
+                batch = session.streaming.prompt_batch or session.config.context.n_ubatch
+                mode = stream_mode_line(info.budget, info.lanes, info.odirect, batch)
             else:
                 mode = "mode: resident" + ("" if args.moe_stream else " (expert streaming not enabled)")
             if session.n_expert:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bmoe.domain.generation import RunResult
 from bmoe.domain.streaming import MIB, Budget, StreamReport
+from bmoe.domain.streaming.prefill_memory import PromptBatch
 
 
 def generation_line(result: RunResult) -> str:
@@ -32,12 +33,16 @@ def timing_line(result: RunResult, load_s: float) -> str:
     return line
 
 
-def stream_mode_line(budget: Budget, lanes: int, odirect: bool, prompt_batch: int) -> str:
-    """``mode:`` of a streaming run (``auto``: its arithmetic, ``Budget.arithmetic``)."""
+def stream_mode_line(budget: Budget, lanes: int, odirect: bool, prompt_batch: int | PromptBatch) -> str:
+    """``mode:`` of a streaming run (``auto``: its arithmetic, ``Budget.arithmetic``; a prompt
+    batch sized from the room: its arithmetic, ``PromptBatch.describe``)."""
     how = budget.arithmetic() if budget.auto else "set"
     reads = "O_DIRECT" if odirect else "buffered reads"
     cache = "cache off" if budget.bytes == 0 else f"cache {budget.bytes / MIB:.0f} MiB ({how})"
-    return f"mode: expert streaming, {cache}, {lanes} lanes, {reads}, prompt batch {prompt_batch}"
+    batch = (
+        prompt_batch.describe() if isinstance(prompt_batch, PromptBatch) else f"prompt batch {prompt_batch}"
+    )
+    return f"mode: expert streaming, {cache}, {lanes} lanes, {reads}, {batch}"
 
 
 def stream_lines(result: RunResult) -> list[str]:

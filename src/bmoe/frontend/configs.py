@@ -77,6 +77,7 @@ def placement_config(args: argparse.Namespace) -> Placement:
 def stream_config(args: argparse.Namespace) -> StreamConfig:
     return StreamConfig(
         enabled=args.moe_stream,
+        size_prompt_batch=args.moe_stream and args.batch_size is None,  # -b unsaid: sized from the room
         cache_mb=args.cache_mb,
         cache_ceil_mb=args.cache_ceil_mb,
         governor=args.cache_governor,

@@ -88,7 +88,8 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=None,
-        help="prompt batch and ubatch size (default: 64; 512 with --moe-stream, at most -c)",
+        help="prompt batch and ubatch size (default: 64; with --moe-stream the largest the memory room "
+        "allows, up to -c: a long prompt reads the experts once)",
     )
     p.add_argument(
         "-fa",

@@ -26,21 +26,21 @@ class SessionDecisions:
     """``hook`` while the context is created, ``attach`` once the engine is there, ``close``
     with the session (the probe's file and head)."""
 
-    def __init__(self, config: DecideConfig, model: LlamaModel, n_ubatch: int) -> None:
+    def __init__(self, config: DecideConfig, model: LlamaModel) -> None:
         self.config = config
         self.model = model
-        self.n_ubatch = n_ubatch
         self.probe: LlamaDecideProbe | None = None
         self.prefix_cache = new_prefix_cache(config.prefix_slots) if config.enabled else None
         self.backend: LlamaDecideBackend | None = None
         self.decider: Decider | None = None
 
-    def hook(self, inner: CCallback | None) -> CCallback | None:
-        """The context's eval callback: ``inner`` (the streamer's, or none), wrapped by the
-        decide probe when ``--decide-probe`` asks for one (nothing is installed otherwise)."""
+    def hook(self, inner: CCallback | None, n_ubatch: int) -> CCallback | None:
+        """The eval callback of a context of ubatch ``n_ubatch``: ``inner`` (the streamer's,
+        or none), wrapped by the decide probe when ``--decide-probe`` asks for one (nothing is
+        installed otherwise)."""
         if self.config.probe is None:
             return inner
-        self.probe = LlamaDecideProbe.open(self.model, self.n_ubatch, self.config.probe, inner)
+        self.probe = LlamaDecideProbe.open(self.model, n_ubatch, self.config.probe, inner)
         return self.probe.callback
 
     def attach(

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 
@@ -76,7 +77,7 @@ class Session:
         self.model = LlamaModel(config.model_path, self._load.model_params(config.n_expert_used, on_load))
         self._mapped = MappedFiles.snapshot(config.model_path)
         self._placed: WeightLayout | None = self._load.place(self.model)  # resident, placed by bmoe
-        self._decisions = SessionDecisions(config.decide, self.model, config.context.n_ubatch)
+        self._decisions = SessionDecisions(config.decide, self.model)
         try:
             self.ctx, self.streaming = session_streaming.open_context(
                 self.model, config, self._flag, self._decisions.hook, self._load, self.notes, on_load
@@ -85,6 +86,7 @@ class Session:
             self._decisions.close()
             self.model.close()
             raise
+        self.config = attrs.evolve(config, context=self.ctx.params)  # the batch chosen, if it was
         self.template = JinjaChatTemplate(
             config.chat_template or self.model.chat_template,
             bos_token=self.model.bos_text,

@@ -24,15 +24,23 @@ from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
+from bmoe.domain.streaming.prefill_memory import (
+    PrefillLending,
+    PromptBatch,
+    decode_compute_bytes,
+    lending_floor,
+)
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
+from bmoe.runtime.prompt_sizing import size_prompt_batch
 from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
 from bmoe.service.session_engine import OnBegin, OnProgress, SessionEngine
 
-Hook = Callable[[CCallback | None], CCallback | None]
-"""The context's eval callback made of the streamer's (or none): the decide probe's wrapping."""
+Hook = Callable[[CCallback | None, int], CCallback | None]
+"""The context's eval callback made of the streamer's (or none) for a context of that
+``n_ubatch``: the decide probe's wrapping."""
 
 
 def open_context(
@@ -46,17 +54,27 @@ def open_context(
 ) -> tuple[LlamaContext, StreamingControl | None]:
     """The session's context; with ``config.stream`` on, the streamer attached to it and its
     control (None, and a note, where streaming is unavailable: the model runs resident)."""
+    n_ubatch = config.context.n_ubatch
     if not config.stream.enabled:
-        return LlamaContext(model, config.context, abort=flag, eval_callback=hook(None)), None
+        return LlamaContext(model, config.context, abort=flag, eval_callback=hook(None, n_ubatch)), None
     try:
         streamer, layout, found = ExpertStreaming.new_streamer(model, flag.fault_address)
     except StreamingUnavailable as why:
         notes.append(f"moe-stream: {why}; running resident{load.layout_note()}")
-        return LlamaContext(model, config.context, abort=flag, eval_callback=hook(None)), None
+        return LlamaContext(model, config.context, abort=flag, eval_callback=hook(None, n_ubatch)), None
     context = config.context
     if config.placement.offloaded:  # streamed experts are computed where they are read
         context = attrs.evolve(context, op_offload=False)
-    ctx = LlamaContext(model, context, abort=flag, eval_callback=hook(streamer))
+    memory_room = ProcessMemoryRoom().read  # the governor's reading too (MemoryProbe)
+    batch: PromptBatch | None = None
+    if config.stream.size_prompt_batch:
+        try:
+            context, batch = size_prompt_batch(model, context, layout, found, memory_room)
+        except BaseException:
+            streamer.close()
+            raise
+    ctx = LlamaContext(model, context, abort=flag, eval_callback=hook(streamer, context.n_ubatch))
+    per_token = ctx.compute_buffer_bytes / context.n_ubatch
     try:
         if on_load is not None:
             on_load("setting up expert streaming", 0.0)
@@ -67,9 +85,10 @@ def open_context(
             layout,
             found,
             config.stream,
-            memory_room=ProcessMemoryRoom().read,  # the governor's reading too (MemoryProbe)
+            memory_room=memory_room,
             repack=config.repack,
             refuse=load.amx.refused,
+            kept_compute_bytes=None if batch is None else decode_compute_bytes(per_token, context.n_ubatch),
         )
         if on_load is not None:
             on_load("setting up expert streaming", 1.0)
@@ -81,6 +100,11 @@ def open_context(
         raise
     control = StreamingControl(streaming, config.stream)
     ctx.decode_lock = control  # lock held around each decode; a pending budget applied first
+    if batch is not None:  # a prompt-sized ubatch borrows the cache's room; its pages go back after
+        control.prompt_batch = batch
+        floor = lending_floor(streaming.info.token_cycle_bytes, streaming.info.entry_bytes * model.n_expert)
+        control.lend_to_prompts(PrefillLending(per_token, floor))
+        ctx.before_decode = control.before_decode
     ctx.explain_abort = control.check
     if config.stream.policy == "reference":
         notes.append("moe-stream: reference policy (Python, slow): for checking the fast path")

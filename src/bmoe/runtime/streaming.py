@@ -27,6 +27,7 @@ from pathlib import Path
 
 import attrs
 
+from bmoe.adapters.compute_buffer import release_compute_buffer
 from bmoe.adapters.expert_source import LaneExpertSource
 from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingInfo
 from bmoe.adapters.process_usage import faults_and_system
@@ -36,6 +37,7 @@ from bmoe.cext import expert_stream
 from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.streaming import Entry, StreamConfig, StreamCounters, StreamFault
 from bmoe.domain.streaming.decode_routing import Routers, RoutingSettings
+from bmoe.domain.streaming.prefill_memory import LEND_FROM_TOKENS, PrefillLending, PromptBatch
 from bmoe.errors import StreamingFaultError
 from bmoe.service.expert_streaming import PolicyStreaming
 
@@ -66,6 +68,10 @@ class StreamingControl:
         self._router_view: StreamerRouterView | None = None
         self._traces: TraceFiles | None = None
         self._turn = 0
+        self._lending: PrefillLending | None = None  # the cache lends a prompt-sized ubatch its room
+        self._release_compute = False  # give the compute buffer's pages back before the next decode
+        self.compute_released_bytes = 0  # ... given back so far
+        self.prompt_batch: PromptBatch | None = None  # chosen from the room when the session opened
         streamer = streaming.streamer
         self._layers = tuple(layer for layer in range(streamer.n_layer) if streamer.entry_bytes(layer) > 0)
         streamer.set_eviction(config.eviction, config.half_life)  # the reference's policy has its own
@@ -229,11 +235,53 @@ class StreamingControl:
         else:
             self.streaming.streamer.set_budget(budget)
 
+    def lend_to_prompts(self, lending: PrefillLending) -> None:
+        """From now on a prompt-sized ubatch borrows the cache's room and the compute buffer's
+        pages go back after it (``before_decode``; ``bmoe.domain.streaming.prefill_memory``)."""
+        self._lending = lending
+
+    @property
+    def lending(self) -> PrefillLending | None:
+        return self._lending
+
+    def before_decode(self, n_tokens: int) -> None:
+        """``ctx.before_decode``: a ``llama_decode`` of ``n_tokens`` comes. A prompt-sized
+        one lowers the budget by its compute buffer (left pending, applied as it enters the
+        lock); the first decode step after it gives the compute buffer's pages back and the
+        budget returns."""
+        lending = self._lending
+        if lending is None or (n_tokens <= LEND_FROM_TOKENS and lending.lent_from is None):
+            return
+        lend = lending.before(n_tokens, self.target_budget())
+        if lend.release:
+            self._release_compute = True
+        if lend.budget is not None:
+            with self._pending_lock:
+                self._pending_budget = lend.budget
+
+    def give_back_compute(self) -> int:
+        """llama.cpp's compute buffer's pages back to the system now (waits for a decode in
+        flight); the bytes given back (the pages a graph touched and the untouched alike)."""
+        with self.lock:
+            return self._give_back_compute()
+
+    def _give_back_compute(self) -> int:
+        """``give_back_compute`` with ``lock`` held (no decode running)."""
+        self._release_compute = False
+        if self._closed:
+            return 0
+        given = release_compute_buffer(self.streaming.streamer.compute_buffer)
+        self.compute_released_bytes += given
+        return given
+
     def __enter__(self) -> StreamingControl:
         """What the context holds around each ``llama_decode`` (``ctx.decode_lock``): ``lock``,
-        then a budget left pending applied."""
+        then the compute buffer given back if a prompt borrowed the cache's room, then a
+        budget left pending applied."""
         self.lock.acquire()
         try:
+            if self._release_compute:
+                self._give_back_compute()
             self._apply_pending_budget()
         except BaseException:
             self.lock.release()

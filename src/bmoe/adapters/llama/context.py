@@ -105,10 +105,12 @@ class LlamaContext:
     ``abort`` (the abort callback, e.g. an ``AbortFlag``) are optional; the context keeps a
     reference to each so they live as long as it does.
 
-    Two hooks a session may set: ``decode_lock`` is held around every ``llama_decode``
-    call (so another thread can act at a decode boundary), and ``explain_abort`` runs when
-    a decode was aborted, to raise the real cause (a streaming fault) instead of
-    ``DecodeAbortedError``, on every path that decodes.
+    Three hooks a session may set: ``decode_lock`` is held around every ``llama_decode``
+    call (so another thread can act at a decode boundary), ``before_decode`` is told the
+    token count of each ``llama_decode`` before its lock is taken (a prompt-sized ubatch
+    borrows the expert cache's room), and ``explain_abort`` runs when a decode was aborted,
+    to raise the real cause (a streaming fault) instead of ``DecodeAbortedError``, on every
+    path that decodes.
 
     ``feeding`` says how far the ``decode`` in flight (or the last one) went: ``(tokens
     decoded, tokens to decode)``, updated per ``n_batch`` chunk; any thread may read it
@@ -165,6 +167,7 @@ class LlamaContext:
         self._batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
         self._batch_live = True
         self.decode_lock: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        self.before_decode: Callable[[int], None] | None = None
         self.explain_abort: Callable[[], None] | None = None
         self.feeding: tuple[int, int] = (0, 0)
 
@@ -283,6 +286,8 @@ class LlamaContext:
     def _decode_batch(self) -> None:
         """``llama_decode`` the prepared batch, at a decode boundary the session controls;
         an abort is explained (a streaming fault raises as itself)."""
+        if self.before_decode is not None:
+            self.before_decode(int(self._batch.n_tokens))
         with self.decode_lock:
             code = llama_cpp.llama_decode(self.ptr, self._batch)
         try:

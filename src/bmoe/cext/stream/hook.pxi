@@ -386,6 +386,8 @@ cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept 
         t = device_node(s, t, layer)
         if t == NULL:
             return 1
+    elif t.buffer != NULL:  # the graph's scratch memory, given back after a long prefill
+        s.compute_buffer = t.buffer
     if s.tr.route_on or s.tr.io_on:
         trace_ubatch(s, t, layer)
     count_routes(s, t, layer)

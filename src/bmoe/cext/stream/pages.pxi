@@ -276,9 +276,10 @@ def advise_hugepages(uintptr_t address, size_t length, bint on):
 
 
 def give_back(uintptr_t address, int64_t length) -> int:
-    """Give back the pages lying wholly inside ``[address, address + length)`` of the
-    overlay (memory nothing reads any more: a dense weight moved to a repacked buffer);
-    returns the bytes given back. Pages shared with a neighbour stay."""
+    """Give back the pages lying wholly inside ``[address, address + length)`` (memory
+    nothing reads any more: a dense weight of the overlay moved to a repacked buffer, or
+    llama.cpp's compute buffer between decodes); returns the bytes given back. Pages shared
+    with a neighbour stay."""
     cdef uintptr_t p0 = (address + PAGE - 1) & ~(<uintptr_t> (PAGE - 1))
     cdef uintptr_t p1 = (address + length) & ~(<uintptr_t> (PAGE - 1))
     if p1 <= p0:

@@ -317,6 +317,8 @@ cdef struct stream_t:
     int prefill_ahead              # read the whole next layer ahead in a prefill batch
     int decode_rows                # a graph call of at most this many tokens is a decode step
                                    # of that many sequences (one token each): decode, not a scan
+    void * compute_buffer          # the ggml_backend_buffer the last graph's topk node lived in
+                                   # (llama.cpp's compute buffer; host memory only), NULL before
     int32_t * last_route           # [n_layer * n_expert]
     int * last_route_n             # [n_layer]
     worker_arg_t * worker_args     # [n_lanes]

@@ -47,6 +47,11 @@ class StreamConfig:
       the traces, which want every call). Off by default: on this project's CPU it bought
       nothing measurable (docs/benchmarks.md), and a passed call's routing is not seen (the
       hit rate, the usage profile and the live grid count only the calls served).
+    - ``size_prompt_batch``: the context's prompt batch (``n_batch = n_ubatch``) is chosen
+      when the session opens, the largest the memory room allows up to the context, and the
+      expert cache lends it its room while a prompt runs
+      (:mod:`bmoe.domain.streaming.prefill_memory`); the command line's default where ``-b``
+      is unsaid. Off: the context's batch sizes as given.
     - ``engine``: developer-only, for A/B measurements and tests: how the C engine does its
       work (``EngineOptions``; the output and decisions stay the same); None reads the
       ``BMOE_*`` variables (``EngineOptions.from_environ``).
@@ -96,6 +101,7 @@ class StreamConfig:
     profile_share: float = WARM_SHARE  # --profile-share
     route_trace: str | None = None  # --route-trace FILE (docs/telemetry.md)
     io_trace: str | None = None  # --io-trace FILE
+    size_prompt_batch: bool = False
     engine: EngineOptions | None = None
 
     @property
@@ -219,7 +225,9 @@ def prompt_batch(requested: int | None, *, streaming: bool, n_ctx: int) -> int:
     route to nearly every expert of every layer: with 64-token ubatches a 512-token prompt
     read the bench model's experts 5.6 times over (20.5 GB, 20.4 s), with one 512-token
     ubatch once (3.7 GB, 8.4-9.4 s; docs/benchmarks.md). So streaming prefills in batches of
-    512 (at most the context), resident runs in batches of 64.
+    512 (at most the context), resident runs in batches of 64. With ``-b`` unsaid, a
+    streamed session then sizes its batch from the memory room when it opens
+    (``StreamConfig.size_prompt_batch``): this figure is what its probe starts from.
     """
     if requested is not None:
         if requested < 1:

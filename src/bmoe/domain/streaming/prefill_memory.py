@@ -1,0 +1,151 @@
+"""A streamed session's prompt batch sized from the memory room, and the expert cache lending
+that room to it while a prompt runs.
+
+Streaming reads each expert a ubatch routes to once per ubatch, and a long prompt's ubatch
+routes to nearly every expert of every layer: a prompt of P tokens at ``-b 512`` reads the
+experts about P / 512 times. With ``-b`` unsaid, a streamed session therefore takes the
+largest ubatch the memory room allows, up to its context (``choose_prompt_batch``).
+
+What a ubatch costs in memory is llama.cpp's compute buffer, which grows in proportion to
+the ubatch (measured, n_ctx 4096: the 4-layer bench model 92 / 368 / 736 MiB at 512 / 2,048
+/ 4,096 tokens with flash attention, 294 / 1,176 / 2,352 without; the trained bench model,
+its experts 6,144 wide, 294 / 1,176 / 2,352 either way). So one probe context gives the
+bytes per token (``compute_per_token``), and the choice is arithmetic.
+
+The room it may take: a prompt-sized ubatch routes to about every expert of a layer, and
+the next layer is read whole while it computes (the prefill's read-ahead, which overlaps
+the reads with the compute), so while it runs memory holds the dense part, the KV cache,
+the compute buffer and two whole layers' experts, and ``PREFILL_FREE_MIB`` stays free (page
+cache, the allocator, Python).
+The expert cache's budget is not added to that: while a long prompt runs the cache is
+useless (the prompt reads nearly every expert anyway), so it *lends* the compute buffer its
+room (``PrefillLending``): before a ubatch of more than ``LEND_FROM_TOKENS`` tokens the
+budget drops by that ubatch's compute buffer (never below two layers, the one computing and
+the one read ahead, nor below one token cycle), and before the
+next decode step the session gives the compute buffer's pages back to the system and the
+budget returns. Peak memory is then dense + KV + the larger of the budget and compute
+buffer + two layers, never budget + a prompt-sized compute buffer.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from bmoe.domain.streaming.config import MIB
+
+PREFILL_FREE_MIB = 256  # left free while a prompt runs (the decode leaves AUTO_FLOOR_MIB)
+PROMPT_BATCH_FLOOR = 64  # the least a prompt batch is made (the resident default)
+PROMPT_BATCH_STEP = 64  # a chosen batch is a multiple of this (or the whole context)
+LEND_FROM_TOKENS = 64  # ubatches above this lend; a decode step's compute stays in the budget
+
+
+@attrs.frozen
+class PrefillRoom:
+    """The figures a prompt batch is chosen from, in bytes.
+
+    ``room_bytes``: the memory room read before the context was made and the dense part
+    copied in; ``dense_bytes``: the dense part still to copy; ``kv_bytes``: the KV cache;
+    ``layer_bytes``: the largest layer's experts (a prompt-sized ubatch holds two: the one
+    it computes, the next read ahead);
+    ``compute_per_token``: llama.cpp's compute buffer per ubatch token, from a probe context.
+    """
+
+    room_bytes: int
+    dense_bytes: int
+    kv_bytes: int
+    layer_bytes: int
+    compute_per_token: float
+
+    @property
+    def compute_room_bytes(self) -> int:
+        """What the compute buffer may take while a prompt runs."""
+        held = self.dense_bytes + self.kv_bytes + 2 * self.layer_bytes + PREFILL_FREE_MIB * MIB
+        return max(0, self.room_bytes - held)
+
+
+@attrs.frozen
+class PromptBatch:
+    """The chosen prompt batch (``tokens``, the ``n_batch`` and ``n_ubatch`` of the context)
+    and how it was chosen, for the ``mode:`` line."""
+
+    tokens: int
+    room: PrefillRoom | None = None
+
+    def describe(self) -> str:
+        """``prompt batch 2240 (sized from the room: compute buffer 1306 of 1324 MiB at 0.583
+        MiB a token, beside dense 14 + KV 32 + two layers' experts 324 + 256 free)``."""
+        r = self.room
+        if r is None:
+            return f"prompt batch {self.tokens}"
+        return (
+            f"prompt batch {self.tokens} (sized from the room: compute buffer "
+            f"{self.tokens * r.compute_per_token / MIB:.0f} of {r.compute_room_bytes / MIB:.0f} MiB at "
+            f"{r.compute_per_token / MIB:.3f} MiB a token, beside dense {r.dense_bytes / MIB:.0f} + KV "
+            f"{r.kv_bytes / MIB:.0f} + two layers' experts {2 * r.layer_bytes / MIB:.0f} "
+            f"+ {PREFILL_FREE_MIB} free)"
+        )
+
+
+def choose_prompt_batch(n_ctx: int, room: PrefillRoom, *, least: int = 1) -> PromptBatch:
+    """The largest prompt batch whose compute buffer fits ``room.compute_room_bytes``: the
+    whole context where it fits, else a multiple of ``PROMPT_BATCH_STEP``; never below
+    ``PROMPT_BATCH_FLOOR`` (nor ``least``, the sequences a decode step holds), nor above the
+    context."""
+    floor = min(n_ctx, max(PROMPT_BATCH_FLOOR, least))
+    if room.compute_per_token <= 0:
+        return PromptBatch(n_ctx, room)
+    fits = int(room.compute_room_bytes // room.compute_per_token)
+    if fits >= n_ctx:
+        return PromptBatch(n_ctx, room)
+    return PromptBatch(max(floor, fits - fits % PROMPT_BATCH_STEP), room)
+
+
+def decode_compute_bytes(compute_per_token: float, n_ubatch: int) -> int:
+    """The part of a prompt-sized compute buffer a decode step keeps (``--cache-mb auto``
+    subtracts it): that of a ``LEND_FROM_TOKENS`` step, at most the whole buffer."""
+    return int(compute_per_token * min(n_ubatch, LEND_FROM_TOKENS))
+
+
+def lending_floor(token_cycle_bytes: int, layer_bytes: int) -> int:
+    """The least budget a prompt leaves the cache: two layers (the one computing, the next
+    read ahead), at least one token cycle."""
+    return max(token_cycle_bytes, 2 * layer_bytes)
+
+
+@attrs.frozen
+class Lend:
+    """What to do before one ``llama_decode``: set the budget to ``budget`` (None: leave it),
+    and give the compute buffer's pages back first (``release``)."""
+
+    budget: int | None = None
+    release: bool = False
+
+
+@attrs.define
+class PrefillLending:
+    """The expert cache lending its room to a prompt-sized compute buffer (module docstring).
+
+    ``compute_per_token``: the compute buffer's bytes per ubatch token; ``floor_bytes``: the
+    least budget while lent (``lending_floor``). ``before(n_tokens, budget)`` is asked before
+    each ``llama_decode`` with its token count and the budget in force (or pending).
+    """
+
+    compute_per_token: float
+    floor_bytes: int
+    lent_from: int | None = None  # the budget before the lending, while lent
+    lent_to: int | None = None  # ... and the one it lent down to
+    lent_times: int = 0  # prompts that borrowed (each gave the compute buffer back after)
+
+    def before(self, n_tokens: int, budget: int) -> Lend:
+        if n_tokens > LEND_FROM_TOKENS:
+            if self.lent_from is not None:  # a later chunk of the same prompt: already lent
+                return Lend()
+            lent = max(min(budget, self.floor_bytes), budget - int(self.compute_per_token * n_tokens))
+            self.lent_from, self.lent_to = budget, lent
+            self.lent_times += 1
+            return Lend(budget=lent if lent != budget else None)
+        if self.lent_from is None:
+            return Lend()
+        back = self.lent_from if budget == self.lent_to else None  # another's change stands
+        self.lent_from = self.lent_to = None
+        return Lend(budget=back, release=True)

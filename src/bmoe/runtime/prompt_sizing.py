@@ -1,0 +1,53 @@
+"""A streamed session's prompt batch, chosen when it opens (``StreamConfig.size_prompt_batch``):
+a probe context measures llama.cpp's compute buffer per ubatch token and the KV cache, the
+memory room is read, and ``bmoe.domain.streaming.prefill_memory.choose_prompt_batch`` does
+the arithmetic. The probe has no eval callback and is freed before the session's context is
+made (its compute buffer was reserved, not touched)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation
+from bmoe.adapters.llama import LlamaContext, LlamaModel
+from bmoe.adapters.llama.context import ContextParams
+from bmoe.domain.memory_room import MemoryRoom
+from bmoe.domain.streaming.config import STREAMED_PROMPT_BATCH
+from bmoe.domain.streaming.prefill_memory import PrefillRoom, PromptBatch, choose_prompt_batch
+
+
+def expert_bytes_by_layer(found: Sequence[tuple[int, int, TensorLocation]]) -> dict[int, int]:
+    """Each layer's routed experts, in bytes (every projection of every expert)."""
+    by_layer: dict[int, int] = {}
+    for layer, _, loc in found:
+        by_layer[layer] = by_layer.get(layer, 0) + loc.n_bytes
+    return by_layer
+
+
+def size_prompt_batch(
+    model: LlamaModel,
+    context: ContextParams,
+    layout: ModelLayout,
+    found: Sequence[tuple[int, int, TensorLocation]],
+    memory_room: Callable[[], MemoryRoom],
+) -> tuple[ContextParams, PromptBatch]:
+    """``context`` with ``n_batch = n_ubatch`` the prompt batch the room allows, and how it
+    was chosen."""
+    room = memory_room().room_bytes  # nothing of this run's in memory yet but the model's maps
+    start = min(context.n_ctx, STREAMED_PROMPT_BATCH)
+    probe_params = attrs.evolve(context, n_batch=start, n_ubatch=start)
+    with LlamaContext(model, probe_params) as probe:
+        per_token = probe.compute_buffer_bytes / start
+        kv = probe.kv_bytes
+    layers = expert_bytes_by_layer(found)
+    prefill = PrefillRoom(
+        room_bytes=room,
+        dense_bytes=max(0, sum(layout.sizes) - sum(layers.values())),
+        kv_bytes=kv,
+        layer_bytes=max(layers.values(), default=0),
+        compute_per_token=per_token,
+    )
+    batch = choose_prompt_batch(context.n_ctx, prefill, least=context.n_seq_max)
+    return attrs.evolve(context, n_batch=batch.tokens, n_ubatch=batch.tokens), batch

@@ -1,0 +1,116 @@
+"""The prompt batch a streamed session takes from the memory room, and the expert cache
+lending that room to a prompt (``bmoe.domain.streaming.prefill_memory``)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bmoe.domain.streaming import MIB
+from bmoe.domain.streaming.prefill_memory import (
+    LEND_FROM_TOKENS,
+    PREFILL_FREE_MIB,
+    PROMPT_BATCH_FLOOR,
+    PROMPT_BATCH_STEP,
+    Lend,
+    PrefillLending,
+    PrefillRoom,
+    choose_prompt_batch,
+    decode_compute_bytes,
+    lending_floor,
+)
+
+# the trained bench model in a 2 GiB group, as measured: 0.583 MiB of compute buffer a token
+TRAINED = PrefillRoom(
+    room_bytes=1950 * MIB,
+    dense_bytes=14 * MIB,
+    kv_bytes=32 * MIB,
+    layer_bytes=162 * MIB,
+    compute_per_token=0.583 * MIB,
+)
+
+
+def test_the_whole_context_where_its_compute_buffer_fits() -> None:
+    batch = choose_prompt_batch(2048, TRAINED)
+    assert batch.tokens == 2048
+    assert 2048 * TRAINED.compute_per_token <= TRAINED.compute_room_bytes
+
+
+def test_else_the_largest_multiple_of_the_step_that_fits() -> None:
+    batch = choose_prompt_batch(16384, TRAINED)
+    room = 1950 - 14 - 32 - 2 * 162 - PREFILL_FREE_MIB  # 1324 MiB for the compute buffer
+    assert TRAINED.compute_room_bytes == room * MIB
+    assert batch.tokens == 2240  # 1324 / 0.583 = 2271, down to a multiple of 64
+    assert batch.tokens % PROMPT_BATCH_STEP == 0
+    assert (batch.tokens + PROMPT_BATCH_STEP) * TRAINED.compute_per_token > TRAINED.compute_room_bytes
+
+
+def test_never_below_the_floor_nor_the_sequences_nor_above_the_context() -> None:
+    starved = PrefillRoom(
+        room_bytes=100 * MIB, dense_bytes=0, kv_bytes=0, layer_bytes=0, compute_per_token=MIB
+    )
+    assert starved.compute_room_bytes == 0
+    assert choose_prompt_batch(4096, starved).tokens == PROMPT_BATCH_FLOOR
+    assert choose_prompt_batch(4096, starved, least=200).tokens == 200
+    assert choose_prompt_batch(32, starved).tokens == 32  # a context smaller than the floor
+    free = PrefillRoom(room_bytes=1 << 40, dense_bytes=0, kv_bytes=0, layer_bytes=0, compute_per_token=0)
+    assert choose_prompt_batch(8192, free).tokens == 8192
+
+
+@given(
+    room=st.integers(0, 64 << 30),
+    dense=st.integers(0, 8 << 30),
+    kv=st.integers(0, 4 << 30),
+    layer=st.integers(0, 2 << 30),
+    per_token=st.floats(1024, 8 * MIB),
+    n_ctx=st.integers(8, 131072),
+)
+def test_a_batch_above_the_floor_always_fits_the_room(
+    room: int, dense: int, kv: int, layer: int, per_token: float, n_ctx: int
+) -> None:
+    r = PrefillRoom(room, dense, kv, layer, per_token)
+    batch = choose_prompt_batch(n_ctx, r)
+    assert 1 <= batch.tokens <= n_ctx
+    if batch.tokens > min(n_ctx, PROMPT_BATCH_FLOOR):
+        assert batch.tokens * per_token + dense + kv + 2 * layer + PREFILL_FREE_MIB * MIB <= room
+
+
+def test_the_mode_line_shows_the_arithmetic() -> None:
+    assert choose_prompt_batch(16384, TRAINED).describe() == (
+        "prompt batch 2240 (sized from the room: compute buffer 1306 of 1324 MiB at 0.583 MiB a "
+        "token, beside dense 14 + KV 32 + two layers' experts 324 + 256 free)"
+    )
+
+
+def test_a_decode_keeps_the_compute_of_a_small_step() -> None:
+    assert decode_compute_bytes(MIB, 2048) == LEND_FROM_TOKENS * MIB
+    assert decode_compute_bytes(MIB, 16) == 16 * MIB
+
+
+def test_a_prompt_borrows_the_cache_room_and_the_first_decode_step_gives_it_back() -> None:
+    lending = PrefillLending(compute_per_token=MIB, floor_bytes=100 * MIB)
+    assert lending.before(1, 900 * MIB) == Lend()  # a decode step: nothing lent
+    assert lending.before(LEND_FROM_TOKENS, 900 * MIB) == Lend()  # a small chunk neither
+    assert lending.before(500, 900 * MIB) == Lend(budget=400 * MIB)
+    assert lending.before(500, 400 * MIB) == Lend()  # the prompt's next chunk: lent already
+    assert lending.before(1, 400 * MIB) == Lend(budget=900 * MIB, release=True)
+    assert lending.before(1, 900 * MIB) == Lend()
+    assert lending.lent_times == 1
+
+
+def test_the_lent_budget_keeps_the_floor_and_another_change_stands() -> None:
+    lending = PrefillLending(compute_per_token=MIB, floor_bytes=300 * MIB)
+    assert lending.before(2000, 900 * MIB) == Lend(budget=300 * MIB)  # not below two layers
+    # the governor shrank the cache while the prompt ran: its figure stays
+    assert lending.before(1, 250 * MIB) == Lend(budget=None, release=True)
+    # a budget already below the floor is not raised by lending
+    assert lending.before(2000, 200 * MIB) == Lend()
+    assert lending.before(1, 200 * MIB) == Lend(budget=200 * MIB, release=True)
+    off = PrefillLending(compute_per_token=MIB, floor_bytes=300 * MIB)  # cache off: budget 0
+    assert off.before(2000, 0) == Lend()
+    assert off.before(1, 0) == Lend(budget=0, release=True)  # the pages still go back
+
+
+def test_the_floor_is_two_layers_or_a_token_cycle() -> None:
+    assert lending_floor(324 * MIB, 162 * MIB) == 324 * MIB
+    assert lending_floor(324 * MIB, 324 * MIB) == 648 * MIB
