@@ -11,6 +11,8 @@ expert cache lending a prompt its room, llama.cpp's compute buffer given back af
   batch (not the extrapolation it was chosen by) fits the room the arithmetic gave it.
 - The compute buffer's pages do go back: the process's resident memory drops after a long
   prompt when they are given back, and the next request is still bit for bit the resident one.
+- While a prompt holds the cache's room the governor does not read (the prompt's memory was
+  planned), and a budget set meanwhile is the one the prompt gives back to.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import pytest
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.generation import GenerateRequest, Progress
 from bmoe.domain.memory_room import MemoryRoom
-from bmoe.domain.streaming import StreamConfig
+from bmoe.domain.streaming import MIB, StreamConfig
+from bmoe.domain.streaming.governor import GovernorConfig, MemoryReading
 from bmoe.domain.streaming.prefill_memory import PROMPT_BATCH_STEP
 from bmoe.runtime import Session, SessionConfig, session_streaming
+from bmoe.runtime.governor import CacheGovernor
 
 TinyModelPath = Callable[..., Path]
 N_CTX = 2048
@@ -201,3 +205,40 @@ def test_the_compute_buffer_goes_back_after_a_long_prompt(
     with Session.open(SessionConfig(model_path=path, context=whole)) as r:
         r.generate(GenerateRequest(long_text, n_predict=1))
         assert got.same(outcome(r, then))
+
+
+class CountingProbe:
+    """A memory probe that says memory is short, and counts its readings."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def read(self) -> MemoryReading:
+        self.readings += 1
+        return MemoryReading(room_bytes=10 * MIB, usable_bytes=1 << 30, pressure_pct=None)
+
+
+def test_while_a_prompt_holds_the_room_the_governor_waits_and_a_budget_set_is_returned_to(
+    tiny_model_path: TinyModelPath, tmp_path: Path
+) -> None:
+    path = tiny_model_path("qwen3moe")
+    config = SessionConfig(model_path=path, context=GIVEN, stream=stream_config(tmp_path / "p.json", "fast"))
+    with Session.open(config) as s:
+        control = s.streaming
+        assert control is not None
+        entry = control.info.entry_bytes
+        control.set_budget(20 * entry)
+        probe = CountingProbe()
+        floor = control.info.token_cycle_bytes
+        governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=20 * entry), probe)
+        s.generate(GenerateRequest(text_of(12), n_predict=1))  # a prompt, no decode step after it
+        assert control.prompt_holds_room
+        assert governor.step() is None and probe.readings == 0  # the prompt's memory was planned
+        control.set_budget(10 * entry)  # the user's budget while the prompt holds the room
+        assert control.target_budget() == 10 * entry
+        s.generate(GenerateRequest(text_of(1, seed=3), n_predict=4))
+        assert not control.prompt_holds_room
+        assert control.counters().budget_bytes == 10 * entry  # the budget it returned to
+        governor.step()
+        assert probe.readings == 1  # reading again: memory short, the cache shrinks
+        assert control.target_budget() < 10 * entry

@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bmoe.domain.streaming import MIB
+from bmoe.domain.memory_room import CgroupLevel, MemoryRoom
+from bmoe.domain.streaming import MIB, Budget, RunMemory, StreamConfig, resolve_budget
 from bmoe.domain.streaming.prefill_memory import (
     LEND_FROM_TOKENS,
     PREFILL_FREE_MIB,
@@ -18,6 +19,7 @@ from bmoe.domain.streaming.prefill_memory import (
     choose_prompt_batch,
     decode_compute_bytes,
     lending_floor,
+    spare_bytes,
 )
 
 # the trained bench model in a 2 GiB group, as measured: 0.583 MiB of compute buffer a token
@@ -98,11 +100,16 @@ def test_a_prompt_borrows_the_cache_room_and_the_first_decode_step_gives_it_back
     assert lending.lent_times == 1
 
 
-def test_the_lent_budget_keeps_the_floor_and_another_change_stands() -> None:
+def test_the_lent_budget_keeps_the_floor_and_a_budget_set_meanwhile_is_returned_to() -> None:
     lending = PrefillLending(compute_per_token=MIB, floor_bytes=300 * MIB)
     assert lending.before(2000, 900 * MIB) == Lend(budget=300 * MIB)  # not below two layers
-    # the governor shrank the cache while the prompt ran: its figure stays
-    assert lending.before(1, 250 * MIB) == Lend(budget=None, release=True)
+    assert lending.lent
+    # the user halves the budget while the prompt runs: in force as far as the prompt allows,
+    # and the one the prompt gives back to
+    assert lending.set_while_lent(450 * MIB) == 300 * MIB
+    assert lending.set_while_lent(200 * MIB) == 200 * MIB
+    assert lending.before(1, 200 * MIB) == Lend(budget=200 * MIB, release=True)
+    assert not lending.lent
     # a budget already below the floor is not raised by lending
     assert lending.before(2000, 200 * MIB) == Lend()
     assert lending.before(1, 200 * MIB) == Lend(budget=200 * MIB, release=True)
@@ -114,3 +121,23 @@ def test_the_lent_budget_keeps_the_floor_and_another_change_stands() -> None:
 def test_the_floor_is_two_layers_or_a_token_cycle() -> None:
     assert lending_floor(324 * MIB, 162 * MIB) == 324 * MIB
     assert lending_floor(324 * MIB, 324 * MIB) == 648 * MIB
+
+
+def test_a_budget_that_leaves_the_compute_buffer_room_lends_only_what_it_must() -> None:
+    # 2,000 MiB for the cache and the compute buffer together: a 500 MiB buffer beside a
+    # 900 MiB budget fits (nothing lent), a 1,500 MiB one takes 400 MiB of the budget
+    lending = PrefillLending(compute_per_token=MIB, floor_bytes=100 * MIB, spare_bytes=2000 * MIB)
+    assert lending.before(500, 900 * MIB) == Lend()
+    assert lending.before(1, 900 * MIB) == Lend(budget=900 * MIB, release=True)  # its pages go back
+    assert lending.before(1500, 900 * MIB) == Lend(budget=500 * MIB)
+    assert lending.before(1, 500 * MIB) == Lend(budget=900 * MIB, release=True)
+    assert lending.before(3000, 900 * MIB) == Lend(budget=100 * MIB)  # the floor holds
+
+
+def test_the_spare_room_is_the_room_read_after_dense_and_kv_less_the_prefill_free() -> None:
+    room = MemoryRoom.of(20 << 30, 24 << 30, [CgroupLevel(2048 * MIB, 100 * MIB)])
+    budget = resolve_budget(
+        StreamConfig(enabled=True), memory=RunMemory(room, dense_bytes=14 * MIB), token_cycle_bytes=MIB
+    )
+    assert spare_bytes(budget) == (1948 - PREFILL_FREE_MIB) * MIB
+    assert spare_bytes(Budget(0, auto=False)) is None

@@ -53,8 +53,12 @@ class CacheGovernor:
         self._thread: threading.Thread | None = None
 
     def step(self) -> BudgetChange | None:
-        """One reading and, where the policy says so, the budget moved."""
+        """One reading and, where the policy says so, the budget moved. None while a prompt
+        holds the cache's room: its compute buffer was sized to fit the room and lowered the
+        budget itself; the memory it takes goes back after it (the governor reads again then)."""
         self.control.settle()
+        if self.control.prompt_holds_room:
+            return None
         reading = self.probe.read()
         budget = self.control.target_budget()
         if budget != self._expected:  # someone else set it: their ceiling

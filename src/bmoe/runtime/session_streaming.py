@@ -29,6 +29,7 @@ from bmoe.domain.streaming.prefill_memory import (
     PromptBatch,
     decode_compute_bytes,
     lending_floor,
+    spare_bytes,
 )
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
@@ -103,7 +104,7 @@ def open_context(
     if batch is not None:  # a prompt-sized ubatch borrows the cache's room; its pages go back after
         control.prompt_batch = batch
         floor = lending_floor(streaming.info.token_cycle_bytes, streaming.info.entry_bytes * model.n_expert)
-        control.lend_to_prompts(PrefillLending(per_token, floor))
+        control.lend_to_prompts(PrefillLending(per_token, floor, spare_bytes(streaming.info.budget)))
         ctx.before_decode = control.before_decode
     ctx.explain_abort = control.check
     if config.stream.policy == "reference":

@@ -203,6 +203,9 @@ class StreamingControl:
         when it starts, whichever comes first. Without ``wait``, call ``settle`` later: a
         budget left pending while no decode follows is applied there."""
         with self._pending_lock:
+            lending = self._lending
+            if lending is not None and lending.lent:  # the budget to return to; now, what a prompt leaves
+                budget_bytes = lending.set_while_lent(budget_bytes)
             self._pending_budget = budget_bytes
         self._apply_when_free(wait)
 
@@ -212,10 +215,20 @@ class StreamingControl:
             self._apply_when_free(False)
 
     def target_budget(self) -> int:
-        """The budget as last set: the one left pending, if any, else the one in force."""
+        """The budget as last set: the one left pending, if any, else the one in force; while
+        a prompt borrows the cache's room, the one it returns to after."""
         with self._pending_lock:
             pending = self._pending_budget
+            lending = self._lending
+            if lending is not None and lending.lent_from is not None:
+                return lending.lent_from
         return pending if pending is not None else self.counters().budget_bytes
+
+    @property
+    def prompt_holds_room(self) -> bool:
+        """A prompt-sized ubatch borrowed the cache's room and has not given it back yet."""
+        lending = self._lending
+        return lending is not None and lending.lent
 
     def _apply_when_free(self, wait: bool) -> None:
         if self.lock.acquire(blocking=wait):
@@ -252,11 +265,12 @@ class StreamingControl:
         lending = self._lending
         if lending is None or (n_tokens <= LEND_FROM_TOKENS and lending.lent_from is None):
             return
-        lend = lending.before(n_tokens, self.target_budget())
-        if lend.release:
-            self._release_compute = True
-        if lend.budget is not None:
-            with self._pending_lock:
+        budget = self.target_budget()
+        with self._pending_lock:
+            lend = lending.before(n_tokens, budget)
+            if lend.release:
+                self._release_compute = True
+            if lend.budget is not None:
                 self._pending_budget = lend.budget
 
     def give_back_compute(self) -> int:

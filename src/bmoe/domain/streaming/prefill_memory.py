@@ -20,8 +20,9 @@ cache, the allocator, Python).
 The expert cache's budget is not added to that: while a long prompt runs the cache is
 useless (the prompt reads nearly every expert anyway), so it *lends* the compute buffer its
 room (``PrefillLending``): before a ubatch of more than ``LEND_FROM_TOKENS`` tokens the
-budget drops by that ubatch's compute buffer (never below two layers, the one computing and
-the one read ahead, nor below one token cycle), and before the
+budget drops to what the room leaves beside that ubatch's compute buffer, where it does not
+already (never below two layers, the one computing and the one read ahead, nor below one
+token cycle), and before the
 next decode step the session gives the compute buffer's pages back to the system and the
 budget returns. Peak memory is then dense + KV + the larger of the budget and compute
 buffer + two layers, never budget + a prompt-sized compute buffer.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import attrs
 
+from bmoe.domain.streaming.budget import Budget
 from bmoe.domain.streaming.config import MIB
 
 PREFILL_FREE_MIB = 256  # left free while a prompt runs (the decode leaves AUTO_FLOOR_MIB)
@@ -112,6 +114,15 @@ def lending_floor(token_cycle_bytes: int, layer_bytes: int) -> int:
     return max(token_cycle_bytes, 2 * layer_bytes)
 
 
+def spare_bytes(budget: Budget) -> int | None:
+    """What the cache and a prompt's compute buffer may take together: the room read once
+    the dense part and the KV cache were in, less ``PREFILL_FREE_MIB`` (None where no room
+    was read)."""
+    if budget.memory is None:
+        return None
+    return max(0, budget.memory.room.room_bytes - PREFILL_FREE_MIB * MIB)
+
+
 @attrs.frozen
 class Lend:
     """What to do before one ``llama_decode``: set the budget to ``budget`` (None: leave it),
@@ -126,12 +137,19 @@ class PrefillLending:
     """The expert cache lending its room to a prompt-sized compute buffer (module docstring).
 
     ``compute_per_token``: the compute buffer's bytes per ubatch token; ``floor_bytes``: the
-    least budget while lent (``lending_floor``). ``before(n_tokens, budget)`` is asked before
-    each ``llama_decode`` with its token count and the budget in force (or pending).
+    least budget while lent (``lending_floor``); ``spare_bytes``: what the cache and a
+    prompt's compute buffer may take together (the room once the dense part and the KV cache
+    are in, less ``PREFILL_FREE_MIB``): a budget that leaves the compute buffer that much
+    lends nothing, a larger one lends only the difference (None: the whole compute buffer
+    is lent). ``before(n_tokens, budget)`` is asked before
+    each ``llama_decode`` with its token count and the budget (the one to return to while
+    lent); a budget someone sets while a prompt holds the room goes through
+    ``set_while_lent``: it is the one the prompt gives back to.
     """
 
     compute_per_token: float
     floor_bytes: int
+    spare_bytes: int | None = None  # what the cache and a prompt's compute buffer may take together
     lent_from: int | None = None  # the budget before the lending, while lent
     lent_to: int | None = None  # ... and the one it lent down to
     lent_times: int = 0  # prompts that borrowed (each gave the compute buffer back after)
@@ -140,12 +158,27 @@ class PrefillLending:
         if n_tokens > LEND_FROM_TOKENS:
             if self.lent_from is not None:  # a later chunk of the same prompt: already lent
                 return Lend()
-            lent = max(min(budget, self.floor_bytes), budget - int(self.compute_per_token * n_tokens))
+            compute = int(self.compute_per_token * n_tokens)
+            spare = budget if self.spare_bytes is None else self.spare_bytes
+            lent = max(min(budget, self.floor_bytes), min(budget, spare - compute))
             self.lent_from, self.lent_to = budget, lent
             self.lent_times += 1
             return Lend(budget=lent if lent != budget else None)
         if self.lent_from is None:
             return Lend()
-        back = self.lent_from if budget == self.lent_to else None  # another's change stands
+        back = self.lent_from
         self.lent_from = self.lent_to = None
         return Lend(budget=back, release=True)
+
+    @property
+    def lent(self) -> bool:
+        """A prompt holds the cache's room now."""
+        return self.lent_from is not None
+
+    def set_while_lent(self, budget: int) -> int:
+        """Another's budget (the user's, the governor's) set while a prompt holds the room:
+        it is the one to return to, and in force now as far as the lending allows; returns
+        the budget in force."""
+        assert self.lent_from is not None and self.lent_to is not None
+        self.lent_from, self.lent_to = budget, min(budget, self.lent_to)
+        return self.lent_to
