@@ -35,7 +35,9 @@ import attrs
 from bmoe.domain.streaming.budget import Budget
 from bmoe.domain.streaming.config import MIB
 
-PREFILL_FREE_MIB = 256  # left free while a prompt runs (the decode leaves AUTO_FLOOR_MIB)
+PREFILL_FREE_MIB = 512  # left free while a prompt runs (the decode leaves AUTO_FLOOR_MIB): measured,
+# a prompt-sized prefill of the bench model in 2 GiB held 150-260 MiB of RSS beyond dense + KV + cache
+# budget + compute buffer (bounce buffers, pages waiting to go back, the process itself)
 PROMPT_BATCH_FLOOR = 64  # the least a prompt batch is made (the resident default)
 PROMPT_BATCH_STEP = 64  # a chosen batch is a multiple of this (or the whole context)
 LEND_FROM_TOKENS = 64  # ubatches above this lend; a decode step's compute stays in the budget
@@ -74,8 +76,8 @@ class PromptBatch:
     room: PrefillRoom | None = None
 
     def describe(self) -> str:
-        """``prompt batch 2240 (sized from the room: compute buffer 1306 of 1324 MiB at 0.583
-        MiB a token, beside dense 14 + KV 32 + two layers' experts 324 + 256 free)``."""
+        """``prompt batch 1792 (sized from the room: compute buffer 1045 of 1068 MiB at 0.583
+        MiB a token, beside dense 14 + KV 32 + two layers' experts 324 + 512 free)``."""
         r = self.room
         if r is None:
             return f"prompt batch {self.tokens}"
