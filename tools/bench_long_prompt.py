@@ -131,7 +131,7 @@ def run_one(args: argparse.Namespace, model: Path, text_file: Path, config: str,
         read_whole(model)  # in the page cache: the prefill's compute alone
         cmd = [sys.executable, "-m", "bmoe.cli", *common, "-b", str(batch), *prompt]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
-        return parse(config, rnd, done.stderr)
+        return attrs.evolve(parse(config, rnd, done.stderr), batch=str(batch))
     if config == "stock":
         cmd = [sys.executable, "-c", STOCK, str(model), str(text_file), str(args.ctx), str(args.threads)]
     else:

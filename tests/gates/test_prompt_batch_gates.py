@@ -136,7 +136,7 @@ class SmallRoom:
             assert s.streaming is not None and s.streaming.prompt_batch is not None
             figures = s.streaming.prompt_batch.room
             assert figures is not None
-        held = figures.room_bytes - figures.compute_room_bytes
+        held = figures.room_bytes - figures.compute_room_bytes()
         self.room_bytes = int(held + figures.compute_per_token * tokens)
 
     def read(self) -> MemoryRoom:
@@ -175,7 +175,8 @@ def test_the_chosen_batch_never_takes_more_than_the_room_gave_it(
             batch = s.streaming.prompt_batch
             assert batch.room is not None
             # what llama.cpp reserved at the chosen batch, against the room for it
-            assert s.ctx.compute_buffer_bytes <= batch.room.compute_room_bytes, (tokens, batch.describe())
+            room_for_it = batch.room.compute_room_bytes(batch.layers)
+            assert s.ctx.compute_buffer_bytes <= room_for_it, (tokens, batch.describe())
             assert batch.tokens > tokens - 2 * PROMPT_BATCH_STEP, (tokens, batch.tokens)
 
 

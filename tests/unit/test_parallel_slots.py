@@ -240,3 +240,17 @@ def test_an_idle_slot_keeps_its_cells_while_the_running_ones_leave_too_little_an
     run.add(BatchJob(tuple(range(200, 225)), 5))  # needs 30: cannot fit beside it at all
     run.step()
     assert len(run.memory.held[0]) == 6  # nothing given back for nothing
+
+
+def test_prompts_that_arrive_together_share_their_steps() -> None:
+    """Chunked: requests let in at one step are prefilled in the same steps (streamed, one
+    pass over the experts for all of them where they fit a batch), none in a decode of its
+    own; each replies as it would alone."""
+    backend = TokenMemory(2, n_ctx=400)
+    run = BatchRun(backend, keep_slots=True, chunked=True)
+    jobs = [BatchJob((*SYSTEM[:5], 1), 3), BatchJob((*SYSTEM[:8], 2), 3)]
+    out = serve(run, jobs)
+    assert backend.prefilled == []  # no prompt had a decode of its own
+    assert backend.steps[0] == (15, 0)  # both prompts, 6 + 9 tokens, in the first step
+    alone = [serve(BatchRun(TokenMemory(1, n_ctx=400)), [job])[0] for job in jobs]
+    assert [o.tokens for o in out] == [a.tokens for a in alone]

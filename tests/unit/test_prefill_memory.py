@@ -3,11 +3,13 @@ lending that room to a prompt (``bmoe.domain.streaming.prefill_memory``)."""
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bmoe.domain.memory_room import CgroupLevel, MemoryRoom
 from bmoe.domain.streaming import MIB, Budget, RunMemory, StreamConfig, resolve_budget
+from bmoe.domain.streaming.config import STREAMED_PROMPT_BATCH
 from bmoe.domain.streaming.prefill_memory import (
     LEND_FROM_TOKENS,
     PREFILL_FREE_MIB,
@@ -35,23 +37,23 @@ TRAINED = PrefillRoom(
 def test_the_whole_context_where_its_compute_buffer_fits() -> None:
     batch = choose_prompt_batch(1536, TRAINED)
     assert batch.tokens == 1536
-    assert 1536 * TRAINED.compute_per_token <= TRAINED.compute_room_bytes
+    assert 1536 * TRAINED.compute_per_token <= TRAINED.compute_room_bytes()
 
 
 def test_else_the_largest_multiple_of_the_step_that_fits() -> None:
     batch = choose_prompt_batch(16384, TRAINED)
     room = 1950 - 14 - 32 - 2 * 162 - PREFILL_FREE_MIB  # 1068 MiB for the compute buffer
-    assert TRAINED.compute_room_bytes == room * MIB
+    assert TRAINED.compute_room_bytes() == room * MIB
     assert batch.tokens == 1792  # 1068 / 0.583 = 1832, down to a multiple of 64
     assert batch.tokens % PROMPT_BATCH_STEP == 0
-    assert (batch.tokens + PROMPT_BATCH_STEP) * TRAINED.compute_per_token > TRAINED.compute_room_bytes
+    assert (batch.tokens + PROMPT_BATCH_STEP) * TRAINED.compute_per_token > TRAINED.compute_room_bytes()
 
 
 def test_never_below_the_floor_nor_the_sequences_nor_above_the_context() -> None:
     starved = PrefillRoom(
         room_bytes=100 * MIB, dense_bytes=0, kv_bytes=0, layer_bytes=0, compute_per_token=MIB
     )
-    assert starved.compute_room_bytes == 0
+    assert starved.compute_room_bytes() == 0
     assert choose_prompt_batch(4096, starved).tokens == PROMPT_BATCH_FLOOR
     assert choose_prompt_batch(4096, starved, least=200).tokens == 200
     assert choose_prompt_batch(32, starved).tokens == 32  # a context smaller than the floor
@@ -74,7 +76,10 @@ def test_a_batch_above_the_floor_always_fits_the_room(
     batch = choose_prompt_batch(n_ctx, r)
     assert 1 <= batch.tokens <= n_ctx
     if batch.tokens > min(n_ctx, PROMPT_BATCH_FLOOR):
-        assert batch.tokens * per_token + dense + kv + 2 * layer + PREFILL_FREE_MIB * MIB <= room
+        held = dense + kv + batch.layers * layer + PREFILL_FREE_MIB * MIB
+        assert batch.tokens * per_token + held <= room
+    if batch.layers == 1:  # the batch before sizing, or less, without the next layer's room
+        assert batch.tokens <= STREAMED_PROMPT_BATCH
 
 
 def test_the_mode_line_shows_the_arithmetic() -> None:
@@ -141,3 +146,14 @@ def test_the_spare_room_is_the_room_read_after_dense_and_kv_less_the_prefill_fre
     )
     assert spare_bytes(budget) == (1948 - PREFILL_FREE_MIB) * MIB  # 1436
     assert spare_bytes(Budget(0, auto=False)) is None
+
+
+def test_where_the_next_layer_leaves_less_than_512_one_layer_may_leave_the_old_batch() -> None:
+    # the bench model at -c 8448, FA off: 1.09 MiB a token, layers of 324 MiB, 2 GiB
+    room = PrefillRoom(1994 * MIB, 187 * MIB, 264 * MIB, 324 * MIB, 1.09 * MIB)
+    assert room.compute_room_bytes(2) < STREAMED_PROMPT_BATCH * room.compute_per_token
+    batch = choose_prompt_batch(8448, room)
+    assert (batch.tokens, batch.layers) == (512, 1)
+    assert "+ one layer's experts 324 + 512 free" in batch.describe()
+    tight = attrs.evolve(room, room_bytes=1700 * MIB)  # not even 512 beside one layer
+    assert choose_prompt_batch(8448, tight).tokens == 320  # 379 fit

@@ -136,10 +136,12 @@ class BatchRun:
         """``memory``: what the slots hold from an earlier run on the same memory (None:
         nothing; the memory is cleared). ``keep_slots``: slots keep their KV after their
         request and are chosen by ``similarity`` (else each request starts empty and its
-        slot is emptied when it ends). ``chunked``: a prompt that joins while sequences run
-        is prefilled in chunks that share their steps (at most ``backend.n_batch`` tokens a
-        step, the running sequences' first), so their tokens keep coming while it joins;
-        else it is prefilled in a decode of its own before the next step. ``prompt_cache``
+        slot is emptied when it ends). ``chunked``: every prompt is prefilled in chunks
+        that share the steps of the running sequences and of the other prompts let in (at
+        most ``backend.n_batch`` tokens a step, the running sequences' first), so their
+        tokens keep coming while it joins, and prompts that arrive together share their
+        ubatches (streamed: one pass over the experts for all of them where they fit one
+        batch); else each is prefilled in a decode of its own before the next step. ``prompt_cache``
         (with ``keep_slots``): a slot about to lose what it holds (its cells given back, or
         taken by another conversation) keeps its state there first, and a request whose
         prompt extends a kept state more than its slot does restores it into the slot."""
@@ -202,8 +204,8 @@ class BatchRun:
                 self._sinks[ticket] = sink
             self._prepare(slot)
             _claim(backend, slot, self.memory)
-            if self.chunked and (self._running or self._joining):
-                self._joining.append(slot)  # prefilled in chunks beside the running ones
+            if self.chunked:  # prefilled in chunks beside the running ones and each other
+                self._joining.append(slot)
                 continue
             _prefill(backend, slot, self._sink(slot))
             if self._ends(slot):

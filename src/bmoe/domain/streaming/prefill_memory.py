@@ -33,7 +33,7 @@ from __future__ import annotations
 import attrs
 
 from bmoe.domain.streaming.budget import Budget
-from bmoe.domain.streaming.config import MIB
+from bmoe.domain.streaming.config import MIB, STREAMED_PROMPT_BATCH
 
 PREFILL_FREE_MIB = 512  # left free while a prompt runs (the decode leaves AUTO_FLOOR_MIB): measured,
 # a prompt-sized prefill of the bench model in 2 GiB held 150-260 MiB of RSS beyond dense + KV + cache
@@ -60,10 +60,10 @@ class PrefillRoom:
     layer_bytes: int
     compute_per_token: float
 
-    @property
-    def compute_room_bytes(self) -> int:
-        """What the compute buffer may take while a prompt runs."""
-        held = self.dense_bytes + self.kv_bytes + 2 * self.layer_bytes + PREFILL_FREE_MIB * MIB
+    def compute_room_bytes(self, layers: int = 2) -> int:
+        """What the compute buffer may take while a prompt runs, beside ``layers`` whole
+        layers' experts (two: the next read ahead while one computes; one: no read-ahead)."""
+        held = self.dense_bytes + self.kv_bytes + layers * self.layer_bytes + PREFILL_FREE_MIB * MIB
         return max(0, self.room_bytes - held)
 
 
@@ -74,6 +74,7 @@ class PromptBatch:
 
     tokens: int
     room: PrefillRoom | None = None
+    layers: int = 2  # whole layers' experts held beside it (1: no room to read the next ahead)
 
     def describe(self) -> str:
         """``prompt batch 1792 (sized from the room: compute buffer 1045 of 1068 MiB at 0.583
@@ -81,27 +82,36 @@ class PromptBatch:
         r = self.room
         if r is None:
             return f"prompt batch {self.tokens}"
+        layers = "two layers' experts" if self.layers == 2 else "one layer's experts"
+        compute, room = self.tokens * r.compute_per_token, r.compute_room_bytes(self.layers)
         return (
-            f"prompt batch {self.tokens} (sized from the room: compute buffer "
-            f"{self.tokens * r.compute_per_token / MIB:.0f} of {r.compute_room_bytes / MIB:.0f} MiB at "
-            f"{r.compute_per_token / MIB:.3f} MiB a token, beside dense {r.dense_bytes / MIB:.0f} + KV "
-            f"{r.kv_bytes / MIB:.0f} + two layers' experts {2 * r.layer_bytes / MIB:.0f} "
-            f"+ {PREFILL_FREE_MIB} free)"
+            f"prompt batch {self.tokens} (sized from the room: compute buffer {compute / MIB:.0f} of "
+            f"{room / MIB:.0f} MiB at {r.compute_per_token / MIB:.3f} MiB a token, beside dense "
+            f"{r.dense_bytes / MIB:.0f} + KV {r.kv_bytes / MIB:.0f} + {layers} "
+            f"{self.layers * r.layer_bytes / MIB:.0f} + {PREFILL_FREE_MIB} free)"
         )
 
 
 def choose_prompt_batch(n_ctx: int, room: PrefillRoom, *, least: int = 1) -> PromptBatch:
-    """The largest prompt batch whose compute buffer fits ``room.compute_room_bytes``: the
-    whole context where it fits, else a multiple of ``PROMPT_BATCH_STEP``; never below
+    """The largest prompt batch whose compute buffer fits ``room.compute_room_bytes()``
+    (beside two layers): the whole context where it fits, else a multiple of
+    ``PROMPT_BATCH_STEP``. Where that is below ``STREAMED_PROMPT_BATCH`` (the batch before
+    it was sized), that batch as far as the room beside one layer allows. Never below
     ``PROMPT_BATCH_FLOOR`` (nor ``least``, the sequences a decode step holds), nor above the
     context."""
     floor = min(n_ctx, max(PROMPT_BATCH_FLOOR, least))
     if room.compute_per_token <= 0:
         return PromptBatch(n_ctx, room)
-    fits = int(room.compute_room_bytes // room.compute_per_token)
+    fits = int(room.compute_room_bytes(2) // room.compute_per_token)
     if fits >= n_ctx:
         return PromptBatch(n_ctx, room)
-    return PromptBatch(max(floor, fits - fits % PROMPT_BATCH_STEP), room)
+    if fits >= STREAMED_PROMPT_BATCH:
+        return PromptBatch(max(floor, fits - fits % PROMPT_BATCH_STEP), room)
+    # not even the batch streaming took before with the next layer's room: that batch where
+    # one layer leaves it room (the prefill reads without reading ahead), else less
+    bare = int(room.compute_room_bytes(1) // room.compute_per_token)
+    tokens = min(n_ctx, STREAMED_PROMPT_BATCH, bare - bare % PROMPT_BATCH_STEP)
+    return PromptBatch(max(floor, tokens), room, 1)
 
 
 def decode_compute_bytes(compute_per_token: float, n_ubatch: int) -> int:
