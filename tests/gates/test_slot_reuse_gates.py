@@ -159,7 +159,7 @@ def test_a_long_prompt_joins_in_chunks_and_the_running_stream_is_never_left_out(
     runner = ParallelEntry(GenerateRequest("Tell a long story", n_predict=40), stream, history=[SYSTEM])
     long = ParallelEntry(GenerateRequest(LONG, n_predict=4), joiner, history=[SYSTEM])
     with Session.open(config(path, streamed, 0.1)) as s:
-        prefills: list[int] = []  # decodes of a prompt of their own: the stream left out
+        prefills: list[int] = []  # decodes of a prompt of their own (the stream left out)
         own = s.ctx.decode
 
         def decode(tokens: Sequence[int], start_pos: int, **kw: object) -> None:
@@ -172,7 +172,7 @@ def test_a_long_prompt_joins_in_chunks_and_the_running_stream_is_never_left_out(
 
         s.ctx.decode = decode  # type: ignore[method-assign]
         s.run_parallel(take)
-        assert len(prefills) == 1  # the stream's own prompt; the long one joined in steps
+        assert prefills == []  # no prompt had a decode of its own: each joined in steps
         n_long = s.model.tokenize_prompt(s.template.render([SYSTEM, ChatMessage("user", LONG)]))
     assert len(n_long) > 3 * PARAMS.n_batch
     joined = 4
