@@ -68,3 +68,5 @@ def test_the_timing_line_says_how_many_times_over_the_prefill_read_the_experts()
     assert line.endswith("; prefill read 3000.0 MiB (the experts 3.00 times over), waited 0.500 s for reads")
     unknown = attrs.evolve(report, expert_bytes=0)
     assert "times over" not in timing_line(attrs.evolve(result, stream=unknown), load_s=1.0)
+    sized = timing_line(attrs.evolve(result, stream=report), load_s=1.0, n_ubatch=1664)
+    assert "(the experts 3.00 times over, ubatch 1664)" in sized

@@ -280,6 +280,7 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
             if session.placement_line:
                 mode += f"; {session.placement_line}"
             load_s = session.load_s
+            n_ubatch = session.config.context.n_ubatch
             if csv_file is not None:
                 csv_file.write(metrics_trailer(run_summary(result, load_s)))
     except BmoeError as exc:
@@ -297,5 +298,5 @@ def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
     print(mode, file=sys.stderr)
     for line in stream_lines(result):
         print(line, file=sys.stderr)
-    print(timing_line(result, load_s), file=sys.stderr)
+    print(timing_line(result, load_s, n_ubatch), file=sys.stderr)
     return 0

@@ -15,9 +15,10 @@ def generation_line(result: RunResult) -> str:
     )
 
 
-def timing_line(result: RunResult, load_s: float) -> str:
-    """``timing:`` model load and prompt prefill (streaming: what it read, and how long the
-    compute waited for those reads)."""
+def timing_line(result: RunResult, load_s: float, n_ubatch: int | None = None) -> str:
+    """``timing:`` model load and prompt prefill (streaming: what it read, how many times
+    over the experts, in ubatches of ``n_ubatch`` where given, and how long the compute
+    waited for those reads)."""
     line = (
         f"timing: load {load_s:.2f} s, prefill {result.n_prompt} tokens in {result.prefill_s:.3f} s "
         f"({result.prefill_tps:.1f} tok/s)"
@@ -28,7 +29,8 @@ def timing_line(result: RunResult, load_s: float) -> str:
         p, passes = result.stream.prefill, result.stream.prefill_passes
         line += f"; prefill read {p.read_mib:.1f} MiB"
         if passes is not None:
-            line += f" (the experts {passes:.2f} times over)"
+            ubatch = f", ubatch {n_ubatch}" if n_ubatch else ""
+            line += f" (the experts {passes:.2f} times over{ubatch})"
         line += f", waited {p.stall_s:.3f} s for reads"
     return line
 
