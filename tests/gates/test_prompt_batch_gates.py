@@ -177,6 +177,10 @@ def test_the_chosen_batch_never_takes_more_than_the_room_gave_it(
             # what llama.cpp reserved at the chosen batch, against the room for it
             room_for_it = batch.room.compute_room_bytes(batch.layers)
             assert s.ctx.compute_buffer_bytes <= room_for_it, (tokens, batch.describe())
+            # without flash attention the attention scores cut the batch: the line says what
+            # -fa on would allow (a second probe), never chosen for the user
+            assert s.ctx.params.flash_attn == "off"
+            assert batch.with_flash is not None and batch.with_flash > batch.tokens, batch.describe()
             assert batch.tokens > tokens - 2 * PROMPT_BATCH_STEP, (tokens, batch.tokens)
 
 

@@ -157,3 +157,8 @@ def test_where_the_next_layer_leaves_less_than_512_one_layer_may_leave_the_old_b
     assert "+ one layer's experts 324 + 512 free" in batch.describe()
     tight = attrs.evolve(room, room_bytes=1700 * MIB)  # not even 512 beside one layer
     assert choose_prompt_batch(8448, tight).tokens == 320  # 379 fit
+
+
+def test_the_mode_line_says_what_flash_attention_would_allow() -> None:
+    batch = attrs.evolve(choose_prompt_batch(16384, TRAINED), with_flash=4096)
+    assert batch.describe().endswith("+ 512 free; -fa on would allow 4096)")

@@ -2,10 +2,14 @@
 a probe context measures llama.cpp's compute buffer per ubatch token and the KV cache, the
 memory room is read, and ``bmoe.domain.streaming.prefill_memory.choose_prompt_batch`` does
 the arithmetic. The probe has no eval callback and is freed before the session's context is
-made (its compute buffer was reserved, not touched)."""
+made (its compute buffer was reserved, not touched). Without flash attention, where the room
+cut the batch below the context, a second probe with it on says what ``-fa on`` would allow
+(the ``mode:`` line shows it; flash attention changes the output, so it is never chosen for
+the user)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -16,6 +20,7 @@ from bmoe.adapters.llama.context import ContextParams
 from bmoe.domain.memory_room import MemoryRoom
 from bmoe.domain.streaming.config import STREAMED_PROMPT_BATCH
 from bmoe.domain.streaming.prefill_memory import PrefillRoom, PromptBatch, choose_prompt_batch
+from bmoe.errors import BmoeError
 
 
 def expert_bytes_by_layer(found: Sequence[tuple[int, int, TensorLocation]]) -> dict[int, int]:
@@ -36,11 +41,7 @@ def size_prompt_batch(
     """``context`` with ``n_batch = n_ubatch`` the prompt batch the room allows, and how it
     was chosen."""
     room = memory_room().room_bytes  # nothing of this run's in memory yet but the model's maps
-    start = min(context.n_ctx, STREAMED_PROMPT_BATCH)
-    probe_params = attrs.evolve(context, n_batch=start, n_ubatch=start)
-    with LlamaContext(model, probe_params) as probe:
-        per_token = probe.compute_buffer_bytes / start
-        kv = probe.kv_bytes
+    per_token, kv = probe(model, context)
     layers = expert_bytes_by_layer(found)
     prefill = PrefillRoom(
         room_bytes=room,
@@ -50,4 +51,23 @@ def size_prompt_batch(
         compute_per_token=per_token,
     )
     batch = choose_prompt_batch(context.n_ctx, prefill, least=context.n_seq_max)
+    if context.flash_attn == "off" and batch.tokens < context.n_ctx:
+        # what flash attention would allow (no attention scores of batch x context floats)
+        with contextlib.suppress(BmoeError):
+            flash_per_token, _ = probe(model, attrs.evolve(context, flash_attn="on"))
+            flash = choose_prompt_batch(
+                context.n_ctx,
+                attrs.evolve(prefill, compute_per_token=flash_per_token),
+                least=context.n_seq_max,
+            )
+            if flash.tokens > batch.tokens:
+                batch = attrs.evolve(batch, with_flash=flash.tokens)
     return attrs.evolve(context, n_batch=batch.tokens, n_ubatch=batch.tokens), batch
+
+
+def probe(model: LlamaModel, context: ContextParams) -> tuple[float, int]:
+    """``(compute buffer bytes per ubatch token, KV cache bytes)`` of a context like
+    ``context``, from a probe at ``STREAMED_PROMPT_BATCH`` tokens (at most the context)."""
+    start = min(context.n_ctx, STREAMED_PROMPT_BATCH)
+    with LlamaContext(model, attrs.evolve(context, n_batch=start, n_ubatch=start)) as ctx:
+        return ctx.compute_buffer_bytes / start, ctx.kv_bytes

@@ -75,6 +75,7 @@ class PromptBatch:
     tokens: int
     room: PrefillRoom | None = None
     layers: int = 2  # whole layers' experts held beside it (1: no room to read the next ahead)
+    with_flash: int | None = None  # the batch the room would allow with flash attention on (-fa on)
 
     def describe(self) -> str:
         """``prompt batch 1792 (sized from the room: compute buffer 1045 of 1068 MiB at 0.583
@@ -88,7 +89,8 @@ class PromptBatch:
             f"prompt batch {self.tokens} (sized from the room: compute buffer {compute / MIB:.0f} of "
             f"{room / MIB:.0f} MiB at {r.compute_per_token / MIB:.3f} MiB a token, beside dense "
             f"{r.dense_bytes / MIB:.0f} + KV {r.kv_bytes / MIB:.0f} + {layers} "
-            f"{self.layers * r.layer_bytes / MIB:.0f} + {PREFILL_FREE_MIB} free)"
+            f"{self.layers * r.layer_bytes / MIB:.0f} + {PREFILL_FREE_MIB} free"
+            + (f"; -fa on would allow {self.with_flash})" if self.with_flash else ")")
         )
 
 
