@@ -135,7 +135,6 @@ class SmallRoom:
         with Session.open(config) as s:
             assert s.streaming is not None and s.streaming.prompt_batch is not None
             figures = s.streaming.prompt_batch.room
-            assert figures is not None
         held = figures.room_bytes - figures.compute_room_bytes()
         self.room_bytes = int(held + figures.compute_per_token * tokens)
 
@@ -173,7 +172,6 @@ def test_the_chosen_batch_never_takes_more_than_the_room_gave_it(
         with Session.open(config) as s:
             assert s.streaming is not None and s.streaming.prompt_batch is not None
             batch = s.streaming.prompt_batch
-            assert batch.room is not None
             # what llama.cpp reserved at the chosen batch, against the room for it
             room_for_it = batch.room.compute_room_bytes(batch.layers)
             assert s.ctx.compute_buffer_bytes <= room_for_it, (tokens, batch.describe())

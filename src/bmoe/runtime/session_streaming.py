@@ -103,7 +103,7 @@ def open_context(
     ctx.decode_lock = control  # lock held around each decode; a pending budget applied first
     if batch is not None:  # a prompt-sized ubatch borrows the cache's room; its pages go back after
         control.prompt_batch = batch
-        floor = lending_floor(streaming.info.token_cycle_bytes, streaming.info.entry_bytes * model.n_expert)
+        floor = lending_floor(streaming.info.token_cycle_bytes, batch.room.layer_bytes)
         control.lend_to_prompts(PrefillLending(per_token, floor, spare_bytes(streaming.info.budget)))
         ctx.before_decode = control.before_decode
     ctx.explain_abort = control.check
