@@ -2,7 +2,7 @@
 experts, how long it takes, how much memory it took (issue 46's table).
 
 Each configuration runs in a fresh process, in a memory cgroup of ``--mem-limit-mb`` and a
-disk throttle of ``--disk-mib-s`` (the bench's groups, ``bmoe.bench.io_group``), the model
+disk throttle of ``--disk-mib-s`` (the bench's groups, ``bmoe.bench.main.confinement_factory``), the model
 dropped from the page cache first; the configurations interleave, round after round. The
 prompt is the first ``--prompt-tokens`` tokens of held-out text (the trained bench model's
 held-out corpus, ``bmoe.bench.trained.corpus``: never trained on), one answer token after it.
@@ -30,15 +30,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import attrs
 
 from bmoe.adapters.llama import LlamaModel
-from bmoe.bench.cgroup import MemoryGroup, machine_sites
 from bmoe.bench.disk import drop_from_page_cache
-from bmoe.bench.io_group import Confinement, DiskThrottle, IoGroup, block_device_of
+from bmoe.bench.io_group import Confinement, DiskThrottle
+from bmoe.bench.main import confinement_factory
 from bmoe.bench.trained.corpus import machine_corpus
 
 MIB = 1 << 20
@@ -90,7 +89,7 @@ def prompt_text(model: Path, tokens: int) -> str:
 
 def parse(config: str, rnd: int, stderr: str) -> Run:
     timing = re.search(r"prefill (\d+) tokens in ([\d.]+) s", stderr)
-    read = re.search(r"prefill read ([\d.]+) MiB \(the experts ([\d.]+) times over\)", stderr)
+    read = re.search(r"prefill read ([\d.]+) MiB \(the experts ([\d.]+) times over[,)]", stderr)
     batch = re.search(r"prompt batch (\d+)", stderr)
     return Run(
         config,
@@ -109,21 +108,6 @@ def read_whole(path: Path) -> None:
             pass
 
 
-def confined(args: argparse.Namespace, model: Path, name: str) -> Confinement:
-    sites = machine_sites()
-    memory = MemoryGroup.create(sites, name, args.mem_limit_mb * MIB) if args.mem_limit_mb else None
-    io = None
-    if args.disk_mib_s:
-        io = IoGroup.create(
-            machine_sites("blkio"),
-            name + "-io",
-            block_device_of(model),
-            DiskThrottle(args.disk_mib_s),
-            memory,
-        )
-    return Confinement(memory, io)
-
-
 def run_one(args: argparse.Namespace, model: Path, text_file: Path, config: str, rnd: int, batch: int) -> Run:
     common = ["-m", str(model), "-c", str(args.ctx), "-t", str(args.threads), "-n", "1", "--temp", "0"]
     prompt = ["-p", text_file.read_text()]
@@ -137,7 +121,8 @@ def run_one(args: argparse.Namespace, model: Path, text_file: Path, config: str,
     else:
         cmd = [sys.executable, "-m", "bmoe.cli", *common, "--moe-stream", *BMOE_FLAGS[config], *prompt]
     drop_from_page_cache(model)
-    with confined(args, model, f"long-prompt-{config}-{rnd}-{time.monotonic_ns()}") as groups:
+    make = confinement_factory(model, args.mem_limit_mb, DiskThrottle(args.disk_mib_s))
+    with make() if make is not None else Confinement() as groups:
         # the child waits for a line on stdin until it is in the groups: nothing loaded before
         proc = subprocess.Popen(
             ["sh", "-c", 'read _ && exec "$@"', "sh", *cmd],
