@@ -37,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import attrs
@@ -85,15 +85,19 @@ class Turn:
 
 @attrs.define
 class Sink:
-    """A parallel request's result, and when its first token came."""
+    """A request's result, and when each of its tokens came (``time.perf_counter``)."""
 
-    t0: float
-    first: float = 0.0
+    t0: float = attrs.Factory(time.perf_counter)
+    at: list[float] = attrs.Factory(list)
     results: list[RunResult] = attrs.Factory(list)
 
+    @property
+    def first(self) -> float:
+        """Seconds from ``t0`` to the first token (0 before it)."""
+        return self.at[0] - self.t0 if self.at else 0.0
+
     def progress(self, p: Progress) -> None:
-        if not self.first:
-            self.first = time.perf_counter() - self.t0
+        self.at.append(time.perf_counter())
 
     def wants_stop(self) -> bool:
         return False
@@ -105,14 +109,14 @@ class Sink:
         raise error
 
 
-def run_stock(args: argparse.Namespace, system: str, tools: Sequence[str]) -> list[Turn]:
-    """The transcript through llama-cpp-python's ``Llama`` and its RAM prompt cache."""
-    import llama_cpp
+Deltas = Callable[[list[dict[str, str]]], Iterable[str | None]]
+"""A stock reply streamed: the text pieces of the answer to a conversation's messages."""
 
-    llm = llama_cpp.Llama(
-        model_path=str(args.model), n_ctx=args.ctx, n_batch=args.batch, n_threads=args.threads, verbose=False
-    )
-    llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=512 << 20))
+
+def stock_transcript(
+    mode: str, args: argparse.Namespace, system: str, tools: Sequence[str], reply: Deltas
+) -> list[Turn]:
+    """The two conversations' turns through a stock ``reply``: when each first token came."""
     turns: list[Turn] = []
     histories: dict[str, list[dict[str, str]]] = {w: [{"role": "system", "content": system}] for w in "ab"}
     for t in range(args.turns):
@@ -121,17 +125,34 @@ def run_stock(args: argparse.Namespace, system: str, tools: Sequence[str]) -> li
             histories[who].append({"role": "user", "content": prompt})
             t0 = time.perf_counter()
             first, text = 0.0, []
-            for chunk in llm.create_chat_completion(
-                messages=histories[who], max_tokens=args.gen, temperature=0.0, stream=True
-            ):
-                delta = chunk["choices"][0]["delta"].get("content")  # type: ignore[index]
+            for delta in reply(histories[who]):
                 if delta:
                     first = first or time.perf_counter() - t0
                     text.append(delta)
             histories[who].append({"role": "assistant", "content": "".join(text)})
-            turns.append(Turn("stock-cache", who, t, -1, -1, -1, 0.0, first))
-    llm.close()
+            turns.append(Turn(mode, who, t, -1, -1, -1, 0.0, first))
     return turns
+
+
+def run_stock(args: argparse.Namespace, system: str, tools: Sequence[str]) -> list[Turn]:
+    """The transcript through llama-cpp-python's ``Llama`` and its RAM prompt cache."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=str(args.model), n_ctx=args.ctx, n_batch=args.batch, n_threads=args.threads, verbose=False
+    )
+    llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=512 << 20))
+
+    def reply(messages: list[dict[str, str]]) -> Iterable[str | None]:
+        chunks = llm.create_chat_completion(
+            messages=messages, max_tokens=args.gen, temperature=0.0, stream=True
+        )
+        return (chunk["choices"][0]["delta"].get("content") for chunk in chunks)  # type: ignore[index]
+
+    try:
+        return stock_transcript("stock-cache", args, system, tools, reply)
+    finally:
+        llm.close()
 
 
 def run_stock_server(args: argparse.Namespace, system: str, tools: Sequence[str]) -> list[Turn]:
@@ -177,30 +198,18 @@ def run_stock_server(args: argparse.Namespace, system: str, tools: Sequence[str]
                         f"llama_cpp.server did not start: {server.stderr.read() if server.stderr else ''}"
                     ) from None
                 time.sleep(1)
-        turns: list[Turn] = []
-        histories: dict[str, list[dict[str, str]]] = {
-            w: [{"role": "system", "content": system}] for w in "ab"
-        }
-        for t in range(args.turns):
-            for who in "ab":
-                prompt = f"Tool result ({who}, turn {t}):\n{tools[2 * t + (who == 'b')]}"
-                histories[who].append({"role": "user", "content": prompt})
-                t0 = time.perf_counter()
-                first, text = 0.0, []
-                for chunk in client.chat.completions.create(
-                    model="m",
-                    messages=histories[who],
-                    max_tokens=args.gen,
-                    temperature=0.0,
-                    stream=True,  # type: ignore[arg-type]
-                ):
-                    delta = chunk.choices[0].delta.content if chunk.choices else None
-                    if delta:
-                        first = first or time.perf_counter() - t0
-                        text.append(delta)
-                histories[who].append({"role": "assistant", "content": "".join(text)})
-                turns.append(Turn("stock-server", who, t, -1, -1, -1, 0.0, first))
-        return turns
+
+        def reply(messages: list[dict[str, str]]) -> Iterable[str | None]:
+            chunks = client.chat.completions.create(
+                model="m",
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=args.gen,
+                temperature=0.0,
+                stream=True,
+            )
+            return (chunk.choices[0].delta.content if chunk.choices else None for chunk in chunks)
+
+        return stock_transcript("stock-server", args, system, tools, reply)
     finally:
         server.terminate()
         server.wait(timeout=30)

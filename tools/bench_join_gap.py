@@ -18,35 +18,13 @@ import statistics
 import time
 from collections.abc import Sequence
 
-import attrs
-from bench_agent_turns import filler, session_flags  # a sibling: run as python tools/...
+from bench_agent_turns import Sink, filler, session_flags  # a sibling: run as python tools/...
 
 from bmoe import GenerateRequest, Session, SessionConfig, StreamConfig
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.chat import ChatMessage
-from bmoe.domain.generation import Progress, RunResult
 from bmoe.service.parallel_jobs import ParallelEntry
 from bmoe.tinymodel import default_model_path
-
-
-@attrs.define
-class Clock:
-    """When each token of a request came (``time.perf_counter``)."""
-
-    at: list[float] = attrs.Factory(list)
-    results: list[RunResult] = attrs.Factory(list)
-
-    def progress(self, p: Progress) -> None:
-        self.at.append(time.perf_counter())
-
-    def wants_stop(self) -> bool:
-        return False
-
-    def done(self, result: RunResult) -> None:
-        self.results.append(result)
-
-    def failed(self, error: BaseException) -> None:
-        raise error
 
 
 def run(args: argparse.Namespace) -> None:
@@ -58,7 +36,7 @@ def run(args: argparse.Namespace) -> None:
     system = ChatMessage("system", "You are a coding agent.")
     with Session.open(config) as s:
         text = filler(args.prompt_tokens, s.model.tokenize_prompt, 0)
-        runner, joiner = Clock(), Clock()
+        runner, joiner = Sink(), Sink()
         entries = {
             "runner": ParallelEntry(
                 GenerateRequest("Tell a long story", n_predict=args.gen), runner, history=[system]
