@@ -263,7 +263,7 @@ class StreamingControl:
         lock); the first decode step after it gives the compute buffer's pages back and the
         budget returns."""
         lending = self._lending
-        if lending is None or (n_tokens <= LEND_FROM_TOKENS and lending.lent_from is None):
+        if lending is None or (n_tokens <= LEND_FROM_TOKENS and not lending.lent):
             return
         budget = self.target_budget()
         with self._pending_lock:
