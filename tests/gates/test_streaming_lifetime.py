@@ -5,9 +5,11 @@ cycles leave descriptors and threads where they were."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +42,25 @@ def open_fds() -> set[str]:
 
 def os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+def thread_names() -> list[str]:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+    return sorted(names)
+
+
+def os_threads_settled(at_most: int, patience_s: float = 5.0) -> int:
+    """The process's OS threads once those that are ending have left: ``pthread_join``
+    returns when a thread has released its memory, before the kernel removes its task from
+    ``/proc/self/task``, so a thread joined a moment ago may still be counted. A thread that
+    stays (a leak) is still counted after ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while (n := os_threads()) > at_most and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return n
 
 
 @pytest.mark.parametrize(("policy", "prefetch"), [("fast", 0), ("reference", 0), ("fast", 2)])
@@ -130,4 +151,4 @@ def test_a_hundred_open_close_cycles_leave_descriptors_and_threads_at_their_base
     # nothing new may be left; a thread or descriptor of an earlier test may have ended meanwhile
     assert open_fds() - fds == set()
     assert set(threading.enumerate()) - py_threads == set()
-    assert os_threads() <= threads
+    assert os_threads_settled(threads) <= threads, thread_names()
