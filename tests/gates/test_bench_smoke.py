@@ -80,7 +80,7 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
     assert "the same 8 greedy tokens as stock llama-cpp-python (mmap, repacking off)" in md
     assert md in proc.stdout
     assert "round 1/1: bmoe stream" in proc.stderr  # progress goes to stderr
-    assert "prefill " in proc.stderr and "tok/s over 464 tokens, decode " in proc.stderr
+    assert "prefill " in proc.stderr and "tok/s over 464 tokens in batches of 512, decode " in proc.stderr
 
 
 def test_stock_under_a_limit_smaller_than_the_model_is_said_up_front_and_skipped(
@@ -199,3 +199,46 @@ def test_bench_parallel_runs_each_configuration_at_each_count_and_checks_tokens_
     assert "### Sequences decoded together" in md
     assert "| resident | 3 |" in md and "| stream-1 | 1 |" in md
     assert "sequence 0 chose" in md
+
+
+def _bench(model: Path, out: Path, *flags: str) -> dict:
+    cmd = [sys.executable, "-m", "bmoe.bench", "-m", str(model), "--configs", "resident,stream"]
+    cmd += ["--budgets", "25%", "--warmup", "2", "--tokens", "6", "--rounds", "1", "--no-chart"]
+    cmd += ["--out", str(out), *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((out / "bench.json").read_text())
+
+
+def test_a_prompt_longer_than_the_text_and_a_batch_is_prefilled_in_batches_and_its_passes_counted(
+    tiny_model_path: Callable[..., Path], tmp_path: Path
+) -> None:
+    """``--prompt-tokens`` past the built-in text (held-out corpus text follows it) and past a
+    batch: every configuration takes it in batches of ``-b``, the report says the batch and how
+    many times over the streamed prefill read the experts; with ``-b auto`` the streamed
+    configuration sizes its batch from the room (here the whole prompt: each expert read at most
+    once) and its tokens, after another batch than resident's, are compared but not required."""
+    model = tiny_model_path("qwen3moe")
+    fixed = _bench(model, tmp_path / "fixed", "--prompt-tokens", "1500", "-b", "256")
+    assert fixed["text"] == "the built-in English text, then held-out corpus text"
+    assert (fixed["prompt_tokens"], fixed["batch"], fixed["n_ctx"]) == (1500, 256, 1508)
+    by_key = {s["key"]: s for s in fixed["summaries"]}
+    for s in by_key.values():
+        assert s["prompt_tokens"] == 1500 and s["prefill_ubatch"] == 256 and s["prefill_tok_s"] > 0
+    stream = by_key["stream-1"]
+    assert stream["prefill_passes"] == stream["prefill_read_mib"] * 2**20 / fixed["expert_bytes"]
+    assert stream["prefill_passes"] > 1  # six batches, a cache of a quarter of the experts
+    [check] = fixed["token_checks"]
+    assert check["equal"] and check["required"] and check["compared"] == 8
+    md = (tmp_path / "fixed" / "bench.md").read_text()
+    assert "Prefill: the text's first 1500 tokens in batches (n_batch = n_ubatch = 256 everywhere)" in md
+    assert "teacher forcing over the built-in English text, then held-out corpus text" in md
+    assert "the prefill of 1500 tokens in batches of 256 planned" in md and "times over)" in md
+
+    sized = _bench(model, tmp_path / "sized", "--prompt-tokens", "1500", "-b", "auto")
+    by_key = {s["key"]: s for s in sized["summaries"]}
+    assert by_key["resident"]["prefill_ubatch"] == 512
+    stream = by_key["stream-1"]
+    assert stream["prefill_ubatch"] >= 1500 and stream["prefill_passes"] <= 1.0
+    [check] = sized["token_checks"]
+    assert check["ubatches"] == [stream["prefill_ubatch"], 512] and not check["required"]

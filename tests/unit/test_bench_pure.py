@@ -59,8 +59,9 @@ def test_model_and_size_exclude_each_other() -> None:
         (["--rounds", "0"], "--rounds >= 1"),
         (["--ctx", "100", "--prompt-tokens", "0", "--warmup", "60", "--tokens", "60"], "cannot hold 120"),
         (["--ctx", "512", "--prompt-tokens", "500", "--warmup", "8", "--tokens", "8"], "cannot hold 516"),
-        (["--prompt-tokens", "513"], "between 0 and 512"),
-        (["--prompt-tokens", "-1"], "between 0 and 512"),
+        (["--prompt-tokens", "-1"], "--prompt-tokens must be >= 0"),
+        (["--batch-size", "0"], "number of tokens .>= 1. or auto, not '0'"),
+        (["-b", "big"], "number of tokens .>= 1. or auto, not 'big'"),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(argv: list[str], message: str) -> None:
@@ -76,9 +77,21 @@ def test_more_tokens_than_the_text_holds_is_refused() -> None:
     assert make_plan(_args(), n_text_tokens=544).fed == 544
 
 
+def test_a_prompt_longer_than_a_batch_is_planned_with_its_batch() -> None:
+    plan = make_plan(_args("--prompt-tokens", "8192", "--warmup", "2", "--tokens", "4"), n_text_tokens=9000)
+    assert plan.fed == 8198 and plan.n_ctx == 8198 and plan.batch == 512 and plan.text_tokens == 8198
+    assert make_plan(_args("--prompt-tokens", "2048", "-b", "auto")).batch == "auto"
+    assert make_plan(_args("--batch-size", "2048")).batch == 2048
+    wide = make_plan(_args("--prompt-tokens", "100", "--tokens", "8", "--warmup", "0", "--parallel", "1,4"))
+    assert wide.text_tokens == 4 * 108  # every sequence its own part of the text
+
+
 def test_the_help_says_what_the_prompt_and_the_memory_limit_do() -> None:
     text = " ".join(parser().format_help().split())
-    assert "--prompt-tokens" in text and "one timed llama_decode" in text and "0: no prefill measure" in text
+    assert "--prompt-tokens" in text and "0: no prefill measure" in text
+    assert (
+        "--batch-size" in text and "auto: bmoe's streamed configurations size it from the memory room" in text
+    )
     assert "stock (weights repacked into anonymous memory at load) is skipped" in text
 
 
@@ -304,6 +317,23 @@ def test_teacher_forcing_refuses_more_than_the_sequence() -> None:
         teacher_force(FakeStepper([0.0]), [1, 2, 3], 2, 2)
 
 
+def test_tokens_after_prompts_prefilled_in_other_batches_are_compared_but_not_required_equal() -> None:
+    from bmoe.bench.main import exit_status
+
+    argmax = {"resident": [1, 2, 3], "stream-0": [1, 2, 4], "stream-9": [1, 5, 3]}
+    checks = report.check_tokens(argmax, "resident", {"resident": 512, "stream-0": 1664, "stream-9": 512})
+    by_key = {c.key: c for c in checks}
+    assert by_key["stream-0"].ubatches == (1664, 512) and not by_key["stream-0"].required
+    assert by_key["stream-9"].ubatches is None and by_key["stream-9"].required
+    assert exit_status([], [by_key["stream-0"]]) == 0  # differs, after other batches
+    assert exit_status([], [by_key["stream-9"]]) == 1  # differs at the same batch
+    lines = report.summary_lines([], checks, report.check_routing(None), rounds=1)
+    assert (
+        "- stream-0: 2 of 3 greedy tokens as resident, first difference at position 2 (its prompt "
+        "prefilled in batches of 1664 against 512: not required equal)"
+    ) in lines
+
+
 def test_exit_status_fails_on_bmoe_failures_and_token_differences_not_on_stock_ooms() -> None:
     from bmoe.bench.main import exit_status
 
@@ -413,12 +443,13 @@ def test_the_prefill_takes_the_prompt_in_one_call_and_times_it() -> None:
     assert done.tokens == 40 and done.seconds == pytest.approx(0.4) and done.tok_s == pytest.approx(100.0)
 
 
-@pytest.mark.parametrize("n", [0, PREFILL_BATCH + 1])
-def test_a_prefill_is_one_batch_of_one_to_512_tokens(n: int) -> None:
+def test_a_prefill_takes_at_least_one_token_and_any_length_past_a_batch() -> None:
     stepper = FakePrefiller([0.0])
-    with pytest.raises(ValueError, match="1 to 512 tokens"):
-        timed_prefill(stepper, [7] * n)
+    with pytest.raises(ValueError, match="at least one token"):
+        timed_prefill(stepper, [])
     assert stepper.prefilled == []
+    timed_prefill(stepper, [7] * (4 * PREFILL_BATCH + 1))  # the stepper takes it in its batches
+    assert [len(p) for p in stepper.prefilled] == [4 * PREFILL_BATCH + 1]
 
 
 def test_after_a_prefill_the_decode_continues_the_same_sequence_at_its_end() -> None:
@@ -438,7 +469,7 @@ def test_after_a_prefill_the_decode_continues_the_same_sequence_at_its_end() -> 
 
 def _prefilled(r: dict, tok_s: float, *, read: int | None = None, stall: float | None = None) -> dict:
     """``r`` (a round from ``_run``) with a prefill of 400 tokens at ``tok_s``."""
-    out = {**r, "prompt_tokens": 400, "prefill_tok_s": tok_s, "prefill_s": 400 / tok_s}
+    out = {**r, "prompt_tokens": 400, "prefill_tok_s": tok_s, "prefill_s": 400 / tok_s, "prefill_ubatch": 512}
     out["prefill_kernel_read_bytes"] = 300 * MIB
     if read is not None:
         out["prefill_read_bytes"] = read
@@ -467,10 +498,17 @@ def test_prefill_figures_are_medians_of_the_rounds_that_finished() -> None:
     assert "- S: prefill tok/s of the 4 rounds 40.00, failed, 80.00, 50.00" in lines
     assert "- S: decode tok/s of the 4 rounds 3.00, failed, 5.00, 4.00" in lines
     reads = (
-        "- S: the prefill of 400 tokens planned 800 MiB of reads (bmoe's counters), 700 MiB landed "
-        "(the rest cancelled while queued), the compute waited 2.00 s for reads (medians of the rounds)"
+        "- S: the prefill of 400 tokens in batches of 512 planned 800 MiB of reads (bmoe's counters), "
+        "700 MiB landed (the rest cancelled while queued), the compute waited 2.00 s for reads (medians "
+        "of the rounds)"
     )
     assert reads in lines
+    passes = report.with_passes(s, 400 * MIB)
+    assert passes.prefill_passes == pytest.approx(2.0)
+    lines = report.summary_lines([passes], [], report.check_routing(None), rounds=4)
+    assert any("planned 800 MiB of reads (bmoe's counters, the experts 2.00 times over)" in x for x in lines)
+    row = report.markdown_table([passes]).splitlines()[2]
+    assert "| 512 | 2.00 |" in row  # the prompt batch and the passes columns
 
 
 def test_without_a_prefill_there_are_no_prefill_figures() -> None:
@@ -556,8 +594,10 @@ def test_conclude_reports_the_skipped_configurations_without_rounds() -> None:
     assert by_key["stream-0"].prefill_x_stock == pytest.approx(3.0)
     assert outcome.checks == []  # nothing ran with bmoe's repacked layout to compare with
     lines = report.summary_lines(outcome.summaries, outcome.checks, outcome.routing, 1)
-    assert "- greedy tokens not compared: no stock or bmoe resident run has the streamed runs' " \
+    assert (
+        "- greedy tokens not compared: no stock or bmoe resident run has the streamed runs' "
         "weight layout (the gates check streamed == resident bit for bit)" in lines
+    )
     unpacked = report.conclude(configs, runs, 4 * MIB, 400.0, {"stock": "too big"}, repack=False)
     assert [t.key for t in unpacked.checks] == ["stream-0", "stream-1"]
     assert all(t.equal and t.reference == "stock-norepack" for t in unpacked.checks)
@@ -567,7 +607,8 @@ def test_a_rounds_progress_line_gives_its_prefill_and_its_decode() -> None:
     from bmoe.bench.main import finished_text
 
     r = _prefilled(_run(2.5, 400), 123.4)
-    assert finished_text(r) == "prefill 123.40 tok/s over 400 tokens, decode 2.50 tok/s over 10 tokens"
+    text = "prefill 123.40 tok/s over 400 tokens in batches of 512, decode 2.50 tok/s over 10 tokens"
+    assert finished_text(r) == text
     assert finished_text(_run(2.5, 400)) == "decode 2.50 tok/s over 10 tokens"
 
 

@@ -3,7 +3,7 @@
 The parent starts ``python -m bmoe.bench --child``, puts the process in the memory group
 (if any), then writes the spec (one JSON line) to its stdin: nothing is loaded before the
 process is in its group. After the load the child prefills the first
-``spec["prompt_tokens"]`` tokens in one timed ``llama_decode`` (none when 0), then
+``spec["prompt_tokens"]`` tokens, timed, in batches of ``spec["batch"]`` (none when 0), then
 teacher-forces the rest from there. It prints ``PROGRESS <tokens done>`` lines (the prompt's
 tokens count once it is prefilled) and one ``RESULT <json>`` line at the end, on stdout.
 
@@ -12,8 +12,9 @@ Stock runs use llama-cpp-python's own owner classes (``llama_cpp._internals``, w
 repacking on unless the configuration turns it off) and ``Llama``'s default of flash
 attention off; nothing of bmoe's is involved. bmoe runs open a ``Session`` with flash
 attention off too, so the greedy choices of all configurations can be compared, and with
-``Llama``'s batch sizes (``n_batch = n_ubatch = 512``, bmoe's own default is smaller) so
-every configuration prefills the prompt in the same one ubatch.
+``Llama``'s batch sizes (``n_batch = n_ubatch = 512``, bmoe's own default is smaller) or the
+``--batch-size`` asked, so every configuration prefills the prompt in the same ubatches;
+with ``--batch-size auto`` bmoe's streamed ones size theirs from the memory room.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from bmoe.bench.decode import (
     teacher_force,
     teacher_force_parallel,
 )
-from bmoe.bench.prefill import PREFILL_BATCH, Prefiller, timed_prefill
+from bmoe.bench.prefill import AUTO_BATCH, PREFILL_BATCH, Prefiller, timed_prefill
 
 PROGRESS_TAG = "PROGRESS "
 RESULT_TAG = "RESULT "
@@ -46,7 +47,16 @@ RESULT_TAG = "RESULT "
 class StockStepper:
     """Stock llama-cpp-python: model, context and batch of ``llama_cpp._internals``."""
 
-    def __init__(self, model: Path, n_ctx: int, threads: int, *, repack: bool, n_seq: int = 1) -> None:
+    def __init__(
+        self,
+        model: Path,
+        n_ctx: int,
+        threads: int,
+        *,
+        repack: bool,
+        n_seq: int = 1,
+        batch: int = PREFILL_BATCH,
+    ) -> None:
         import llama_cpp
         from llama_cpp import _internals
 
@@ -54,7 +64,7 @@ class StockStepper:
         mparams.use_extra_bufts = repack  # llama.cpp's default is True (weights repacked)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
-        cparams.n_batch = cparams.n_ubatch = PREFILL_BATCH  # Llama's defaults (llama.cpp's n_batch: 2048)
+        cparams.n_batch = cparams.n_ubatch = batch  # Llama's defaults: 512 (llama.cpp's n_batch: 2048)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # Llama(flash_attn=False)
@@ -63,15 +73,24 @@ class StockStepper:
         cparams.kv_unified = n_seq > 1
         self._model = _internals.LlamaModel(path_model=str(model), params=mparams, verbose=False)
         self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
-        # room for the prompt; a decode step uses its first slot
-        self._batch = _internals.LlamaBatch(n_tokens=PREFILL_BATCH, embd=0, n_seq_max=1, verbose=False)
+        # room for a batch of the prompt; a decode step uses its first slot
+        self._batch = _internals.LlamaBatch(n_tokens=batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx.ctx))
+        self.n_ubatch = batch
 
     def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
-        self._batch.reset()  # type: ignore[no-untyped-call]
-        self._batch.add_sequence(tokens, seq, False)  # positions 0.., logits for the last token only
-        self._ctx.decode(self._batch)
+        """In batches of ``n_batch``, as ``Llama.eval`` feeds a prompt; logits for the last
+        token only."""
+        n_batch = self.n_ubatch
+        for start in range(0, len(tokens), n_batch):
+            chunk = tokens[start : start + n_batch]
+            self._batch.reset()  # type: ignore[no-untyped-call]
+            self._batch.add_sequence(chunk, seq, False)  # positions 0.. of the chunk, last logits
+            batch = self._batch.batch
+            for i in range(len(chunk)):
+                batch.pos[i] = start + i
+            self._ctx.decode(self._batch)
 
     def step(self, token: int, pos: int) -> None:
         self._batch.set_batch([token], pos, False)
@@ -109,10 +128,15 @@ class BmoeStepper:
         from bmoe.domain.streaming import StreamConfig
         from bmoe.runtime import Session, SessionConfig
 
+        streamed = spec["kind"] == "stream"
+        batch = spec.get("batch", PREFILL_BATCH)
+        sized = batch == AUTO_BATCH and streamed  # the batch from the room, as bmoe.cli's default
+        n_batch = PREFILL_BATCH if batch == AUTO_BATCH else int(batch)
         stream = StreamConfig(
-            enabled=spec["kind"] == "stream",
+            enabled=streamed,
             cache_mb=spec.get("cache_mib"),
             io_threads=spec["io_threads"],
+            size_prompt_batch=sized,
             **spec.get("routing", {}),
         )
         config = SessionConfig(
@@ -120,8 +144,8 @@ class BmoeStepper:
             repack=spec.get("repack", True),
             context=ContextParams(
                 n_ctx=spec["n_ctx"],
-                n_batch=PREFILL_BATCH,
-                n_ubatch=PREFILL_BATCH,
+                n_batch=n_batch,
+                n_ubatch=n_batch,
                 n_threads=spec["threads"],
                 flash_attn="off",
                 n_seq_max=spec.get("parallel", 1),
@@ -130,10 +154,11 @@ class BmoeStepper:
         )
         self.session = Session.open(config)
         self.n_ctx = self.session.n_ctx
+        self.n_ubatch = self.session.ctx.params.n_ubatch  # the one chosen where sized
         self.notes = list(self.session.notes)
 
     def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
-        self.session.ctx.decode(tokens, 0, seq=seq)  # one chunk: n_batch is PREFILL_BATCH
+        self.session.ctx.decode(tokens, 0, seq=seq)  # in n_batch chunks
 
     def step(self, token: int, pos: int) -> None:
         self.session.ctx.decode([token], pos)
@@ -227,6 +252,7 @@ def prefill_figures(stepper: StockStepper | BmoeStepper, prompts: Sequence[Seque
     tokens, seconds = sum(d.tokens for d in done), sum(d.seconds for d in done)
     out: dict[str, Any] = {
         "prompt_tokens": tokens,
+        "prefill_ubatch": stepper.n_ubatch,
         "prefill_s": seconds,
         "prefill_tok_s": tokens / seconds if seconds > 0 else 0.0,
         "prefill_minor_faults": faults1 - faults0,
@@ -256,8 +282,14 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
     texts: list[list[int]] = spec.get("texts") or [spec["tokens"]]
     stepper: StockStepper | BmoeStepper
     if kind.startswith("stock"):
+        batch = spec.get("batch", PREFILL_BATCH)
         stepper = StockStepper(
-            Path(spec["model"]), spec["n_ctx"], spec["threads"], repack=kind == "stock", n_seq=len(texts)
+            Path(spec["model"]),
+            spec["n_ctx"],
+            spec["threads"],
+            repack=kind == "stock",
+            n_seq=len(texts),
+            batch=PREFILL_BATCH if batch == AUTO_BATCH else int(batch),
         )
     else:
         stepper = BmoeStepper(spec)

@@ -35,6 +35,8 @@ class RunFacts:
     mem_limit_mb: int
     throttle: DiskThrottle = attrs.field(factory=DiskThrottle)
     prompt_tokens: int = 0
+    batch: int | str = PREFILL_BATCH  # --batch-size: the prompt's batch, or "auto"
+    text_source: str = "the built-in English text"
     skipped: dict[str, str] = attrs.field(factory=dict)
     parallel: tuple[int, ...] = ()  # --parallel's sequence counts (() : one sequence)
 
@@ -52,13 +54,21 @@ def disk_text(seq: Bandwidth, lanes: Bandwidth, throttle: DiskThrottle | None = 
     )
 
 
-def prefill_text(prompt_tokens: int) -> str:
+def prefill_text(prompt_tokens: int, batch: int | str = PREFILL_BATCH) -> str:
     """The report's sentence on the prefill ("" when none was measured)."""
     if not prompt_tokens:
         return ""
+    if isinstance(batch, int):
+        how = f"n_batch = n_ubatch = {batch} everywhere"
+    else:
+        how = (
+            f"n_batch = n_ubatch = {PREFILL_BATCH}; the streamed configurations sized theirs from the "
+            "memory room, `--batch-size auto`: the prompt batch column"
+        )
+    calls = "one `llama_decode`" if isinstance(batch, int) and prompt_tokens <= batch else "batches"
     return (
-        f"Prefill: the text's first {prompt_tokens} tokens in one `llama_decode` (n_batch = n_ubatch "
-        f"= {PREFILL_BATCH} everywhere), timed, after the load and before the decode. "
+        f"Prefill: the text's first {prompt_tokens} tokens in {calls} ({how}), timed, after the load "
+        "and before the decode. "
     )
 
 
@@ -87,7 +97,7 @@ def markdown(
         f"experts {run.expert_bytes / MIB:,.0f} MiB) on {f['filesystem']}. Disk, measured in the same "
         f"run: {disk_text(run.sequential, run.lanes, run.throttle)}.",
         "",
-        f"{prefill_text(run.prompt_tokens)}Decode: teacher forcing over the built-in English text"
+        f"{prefill_text(run.prompt_tokens, run.batch)}Decode: teacher forcing over {run.text_source}"
         f"{decode_from}, {run.warmup} warm-up tokens then {run.tokens} measured, one token per "
         f"`llama_decode`, {run.threads} compute threads, {run.io_threads} read lanes, flash attention "
         f"off everywhere, n_ctx {run.n_ctx}{_per_sequence(run)}, {run.rounds} interleaved rounds, each "
@@ -135,10 +145,14 @@ def payload(
         "n_ctx": run.n_ctx,
         "parallel": list(run.parallel),
         "prompt_tokens": run.prompt_tokens,
+        "batch": run.batch,
+        "text": run.text_source,
         "skipped": run.skipped,
         "prefill_baseline": attrs.asdict(baseline := outcome.baseline) | {"text": baseline.text()},
         "summaries": [attrs.asdict(s) for s in outcome.summaries],
-        "token_checks": [attrs.asdict(t) | {"equal": t.equal} for t in outcome.checks],
+        "token_checks": [
+            attrs.asdict(t) | {"equal": t.equal, "required": t.required} for t in outcome.checks
+        ],
         "routing": attrs.asdict(routing := outcome.routing) | {"text": routing.text()},
         "runs": runs,
         "wall_s": wall_s,

@@ -1,4 +1,4 @@
-"""The timed prefill: the prompt in one ``llama_decode``, before the teacher-forced decode.
+"""The timed prefill: the prompt, in batches, before the teacher-forced decode.
 
 Decode reads (or pages in) the experts each token routes to, one token at a time; a
 prefill routes a whole batch through each layer at once, so it reads most of the model once
@@ -7,10 +7,12 @@ prompt takes, how fast the answer comes), so the bench measures both, on the sam
 the prompt is the first ``--prompt-tokens`` tokens of the sequence every configuration is
 fed, and the decode continues from there.
 
-One batch of at most :data:`PREFILL_BATCH` tokens, with ``n_batch = n_ubatch`` equal to it
-in every configuration (llama-cpp-python's ``Llama`` default), so one call is one ubatch:
-the figure is the compute of one graph over the whole prompt, not a split chosen per
-configuration.
+Every configuration takes the prompt in batches of ``--batch-size`` tokens (``n_batch =
+n_ubatch``; default :data:`PREFILL_BATCH`, llama-cpp-python's ``Llama`` default, so a prompt
+of at most 512 tokens is one graph everywhere), each batch one ``llama_decode``, all of them
+timed together. ``--batch-size auto`` lets bmoe's streamed configurations size their batch
+from the memory room as ``bmoe.cli --moe-stream`` does without ``-b``: a long prompt then
+reads the experts fewer times (the report's passes column).
 """
 
 from __future__ import annotations
@@ -22,18 +24,22 @@ from typing import Protocol
 import attrs
 
 PREFILL_BATCH = 512
-"""``n_batch`` and ``n_ubatch`` of every configuration's context, and the longest prompt."""
+"""``n_batch`` and ``n_ubatch`` of every configuration's context unless ``--batch-size`` says
+otherwise (llama-cpp-python's ``Llama`` default)."""
+
+AUTO_BATCH = "auto"
+"""``--batch-size auto``: bmoe's streamed configurations size their prompt batch from the room."""
 
 DEFAULT_PROMPT_TOKENS = 464
 """The default prompt: a long chat turn's worth, under one batch."""
 
 
 class Prefiller(Protocol):
-    """A loaded model and context that can take a whole prompt in one ``llama_decode``."""
+    """A loaded model and context that can take a whole prompt."""
 
     def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
-        """Decode ``tokens`` at positions ``0..`` of sequence ``seq`` in one batch (logits
-        for the last only)."""
+        """Decode ``tokens`` at positions ``0..`` of sequence ``seq`` in batches of the
+        context's ``n_batch`` (logits for the last only)."""
 
 
 @attrs.frozen
@@ -55,10 +61,9 @@ def timed_prefill(
     seq: int = 0,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Prefill:
-    """Prefill ``tokens`` (1 to :data:`PREFILL_BATCH` of them) of sequence ``seq`` in one
-    call and time it."""
-    if not 1 <= len(tokens) <= PREFILL_BATCH:
-        raise ValueError(f"a prefill takes 1 to {PREFILL_BATCH} tokens in one batch, not {len(tokens)}")
+    """Prefill ``tokens`` (at least one) of sequence ``seq`` and time it."""
+    if not tokens:
+        raise ValueError("a prefill takes at least one token")
     t = clock()
     stepper.prefill(tokens, seq)
     return Prefill(tokens=len(tokens), seconds=clock() - t)
