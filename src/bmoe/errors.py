@@ -21,6 +21,21 @@ class ConfigError(BmoeError, ValueError):
         self.where = where
 
 
+class RequestError(ConfigError):
+    """A request read from OpenAI's JSON shapes that cannot be acted on, the client's fault
+    (the server's HTTP 400; ``Session.chat`` raises it as the server answers it).
+
+    ``param`` (also ``where``): the request field at fault (``messages[1].content``),
+    ``None`` when the whole request is; ``code``: OpenAI's machine-readable reason, when
+    there is one (``unsupported_parameter``).
+    """
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, param)
+        self.param = param
+        self.code = code
+
+
 class ContextOverflowError(ConfigError):
     """A prompt (plus the tokens to generate) does not fit in the context fixed at open."""
 

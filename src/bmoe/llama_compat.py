@@ -6,10 +6,10 @@
 ``create_chat_completion`` take llama-cpp-python's arguments and answer its dicts (OpenAI's
 shapes: ``id``, ``object``, ``created``, ``model``, ``choices``, ``usage``), or with
 ``stream=True`` an iterator of its chunks. A chat request goes through the server's request
-core: its body is read by ``bmoe.serve.api_requests`` (messages, tools, ``tool_choice``,
+core: its body is read by ``bmoe.requests.api_requests`` (messages, tools, ``tool_choice``,
 ``response_format``, log-probabilities, penalties, ``logit_bias``), mapped by
-``bmoe.serve.mapping``, its reply cut at stop strings and read for tool calls by
-``bmoe.serve.reply.ReplyStream`` and written by ``bmoe.serve.api_responses``, so the library
+``bmoe.requests.mapping``, its reply cut at stop strings and read for tool calls by
+``bmoe.requests.reply.ReplyStream`` and written by ``bmoe.serve.api_responses``, so the library
 and the server answer one request alike.
 
 What differs from llama-cpp-python: the prompt of a chat is rendered by the model's own
@@ -42,14 +42,14 @@ from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import StreamConfig
 from bmoe.domain.tools import ToolUse
 from bmoe.errors import ConfigError, ContextOverflowError, DecodeAbortedError
+from bmoe.requests.api_requests import SEED_MAX, parse_chat_completion, parse_completion
+from bmoe.requests.mapping import ServeDefaults, chat_turn, completion_request
+from bmoe.requests.neutral import Delta, Outcome
+from bmoe.requests.reply import ReplyStream
 from bmoe.runtime import Session, SessionConfig
 from bmoe.runtime.pieces import follow
 from bmoe.serve import api_responses
-from bmoe.serve.api_requests import SEED_MAX, parse_chat_completion, parse_completion
 from bmoe.serve.api_responses import Envelope, Json
-from bmoe.serve.mapping import ServeDefaults, chat_turn, completion_request
-from bmoe.serve.neutral import Delta, Outcome
-from bmoe.serve.reply import ReplyStream
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 """llama-cpp-python's default seed (llama.cpp's "pick one")."""

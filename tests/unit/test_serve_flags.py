@@ -11,8 +11,8 @@ import pytest
 from bmoe import cli
 from bmoe.domain.sampling import SamplingParams
 from bmoe.frontend.configs import sampling_params
+from bmoe.requests.mapping import ServeDefaults
 from bmoe.serve.flags import build_parser, model_id, serve_defaults, session_config
-from bmoe.serve.mapping import ServeDefaults
 
 MODEL = Path("/models/big-moe.gguf")
 

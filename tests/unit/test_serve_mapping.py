@@ -9,9 +9,9 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.tools import ToolCall
-from bmoe.serve.api_requests import parse_chat_completion, parse_completion
-from bmoe.serve.errors import RequestError
-from bmoe.serve.mapping import (
+from bmoe.errors import RequestError
+from bmoe.requests.api_requests import parse_chat_completion, parse_completion
+from bmoe.requests.mapping import (
     ServeDefaults,
     chat_turn,
     completion_request,
@@ -20,7 +20,7 @@ from bmoe.serve.mapping import (
     message_texts,
     sampling_params,
 )
-from bmoe.serve.neutral import ChatRequest, Generation, Sampling
+from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 DEFAULTS = ServeDefaults(sampling=SamplingParams(temp=0.0, top_k=40, top_p=0.95, seed=3), max_tokens=None)
 

@@ -11,10 +11,11 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.tools import ToolCall, ToolChoice
 from bmoe.domain.tools.call_stream import CallDelta
-from bmoe.serve.errors import ApiError, RequestError
+from bmoe.errors import RequestError
+from bmoe.requests.neutral import Delta, Outcome
+from bmoe.serve.errors import ApiError
 from bmoe.serve.messages_replies import MessagesWriter, stop_reason
 from bmoe.serve.messages_requests import parse_messages
-from bmoe.serve.neutral import Delta, Outcome
 
 TOOL = {"name": "get_time", "input_schema": {"type": "object", "properties": {}}}
 

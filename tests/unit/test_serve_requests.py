@@ -8,10 +8,10 @@ import pytest
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest
-from bmoe.serve.api_requests import SEED_MAX, parse_chat_completion, parse_completion, parse_decide
-from bmoe.serve.errors import RequestError
-from bmoe.serve.fields import body_object
-from bmoe.serve.neutral import ChatRequest, Generation, Sampling
+from bmoe.errors import RequestError
+from bmoe.requests.api_requests import SEED_MAX, parse_chat_completion, parse_completion, parse_decide
+from bmoe.requests.fields import body_object
+from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 USER = {"role": "user", "content": "Hi"}
 

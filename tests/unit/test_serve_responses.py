@@ -17,12 +17,13 @@ from bmoe.errors import (
     DecodeError,
     ExpertReadError,
     GrammarError,
+    RequestError,
     SessionFailedError,
 )
+from bmoe.requests.neutral import Delta, Outcome, outcome
 from bmoe.serve import api_responses as api
 from bmoe.serve.api_responses import Envelope, ModelCard
-from bmoe.serve.errors import RequestCancelledError, RequestError, ServerClosedError, api_error
-from bmoe.serve.neutral import Delta, Outcome, outcome
+from bmoe.serve.errors import RequestCancelledError, ServerClosedError, api_error
 
 ENV = Envelope(id="chatcmpl-1", created=100, model="tiny")
 

@@ -11,9 +11,10 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.tools import ToolCall
 from bmoe.domain.tools.call_stream import CallDelta
+from bmoe.errors import RequestError
+from bmoe.requests.neutral import Delta, Outcome
 from bmoe.serve.api_responses import Envelope
-from bmoe.serve.errors import ApiError, RequestError
-from bmoe.serve.neutral import Delta, Outcome
+from bmoe.serve.errors import ApiError
 from bmoe.serve.response_store import ResponseStore, StoredResponse
 from bmoe.serve.responses_replies import ResponsesWriter
 from bmoe.serve.responses_requests import parse_responses

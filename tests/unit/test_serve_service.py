@@ -17,11 +17,11 @@ import pytest
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, RunResult
-from bmoe.serve.api_requests import parse_chat_completion, parse_completion
+from bmoe.requests.api_requests import parse_chat_completion, parse_completion
+from bmoe.requests.neutral import Delta
 from bmoe.serve.api_responses import ModelCard
 from bmoe.serve.errors import RequestCancelledError
 from bmoe.serve.live import MIN_INTERVAL_S, MetricsFeed
-from bmoe.serve.neutral import Delta
 from bmoe.serve.page import metrics_events
 from bmoe.serve.service import ServedSession
 from bmoe.service.session_engine import EngineDefaults, SessionEngine

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmoe.serve.stop import StopScanner
+from bmoe.requests.stop import StopScanner
 
 
 def run(stops: tuple[str, ...], pieces: list[str]) -> tuple[list[str], str, bool]:

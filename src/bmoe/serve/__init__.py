@@ -1,15 +1,11 @@
 """An OpenAI-compatible HTTP server over one bmoe session: ``python -m bmoe.serve``.
 
-Pure parts (no HTTP, no model), unit-tested on their own:
+Pure parts (no HTTP, no model), unit-tested on their own, beside the request core they
+share with the library (``bmoe.requests``: the fields, the neutral request and result, the
+chat-completions bodies, the mapping to bmoe's requests, stop strings and the reply stream):
 
-- ``fields``: strict readers of JSON request fields, naming the field that is wrong;
-- ``neutral``: the one chat request and the one result every dialect maps to;
-- ``api_requests``: the request values of ``/v1/chat/completions``, ``/v1/completions`` and
-  ``/v1/decide``, parsed from JSON; ``responses_requests`` and ``messages_requests``: the
-  Responses API's and Anthropic's Messages API's bodies, read into the neutral request;
-- ``mapping``: those requests as bmoe's ``GenerateRequest`` / ``SamplingParams`` and the
-  conversation (``ChatTurn``);
-- ``stop``: stop strings over streamed text (``StopScanner``);
+- ``responses_requests`` and ``messages_requests``: the Responses API's and Anthropic's
+  Messages API's bodies, read into the neutral request;
 - ``api_responses``, ``responses_replies``, ``messages_replies``: each dialect's bodies and
   stream events, from the neutral result; ``response_store``: the stored responses;
 - ``prometheus``: the server's totals and ``/metrics``;

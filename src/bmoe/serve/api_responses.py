@@ -16,7 +16,7 @@ import attrs
 
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import TokenChoice, TokenLogprob
-from bmoe.serve.neutral import Delta, FinishReason, Outcome
+from bmoe.requests.neutral import Delta, FinishReason, Outcome
 
 Json = dict[str, Any]
 

@@ -28,8 +28,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bmoe.requests.api_requests import parse_chat_completion, parse_completion, parse_decide
+from bmoe.requests.neutral import Delta, Generation, Outcome
 from bmoe.serve import api_responses as api
-from bmoe.serve.api_requests import parse_chat_completion, parse_completion, parse_decide
 from bmoe.serve.api_responses import Envelope, Json
 from bmoe.serve.errors import api_error
 from bmoe.serve.flags import HttpOptions
@@ -47,7 +48,6 @@ from bmoe.serve.http_jobs import (
     read_json_body,
 )
 from bmoe.serve.messages_routes import messages_routes
-from bmoe.serve.neutral import Delta, Generation, Outcome
 from bmoe.serve.page import page_routes
 from bmoe.serve.response_store import ResponseStore
 from bmoe.serve.responses_routes import responses_routes

@@ -22,24 +22,11 @@ from bmoe.errors import (
     ContextOverflowError,
     DecideDisabledError,
     GrammarError,
+    RequestError,
     SessionFailedError,
     StreamingFaultError,
     ToolFormatError,
 )
-
-
-class RequestError(ConfigError):
-    """A request the server cannot act on (the client's fault, HTTP 400).
-
-    ``param``: the request field at fault (``messages[1].content``), ``None`` when the
-    whole request is; ``code``: OpenAI's machine-readable reason, when there is one
-    (``unsupported_parameter``).
-    """
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
 
 
 class BodyTooLargeError(RequestError):

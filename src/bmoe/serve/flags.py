@@ -23,8 +23,8 @@ from bmoe.frontend.flags import (
     add_run_options,
     add_stream_options,
 )
+from bmoe.requests.mapping import ServeDefaults
 from bmoe.runtime import SessionConfig
-from bmoe.serve.mapping import ServeDefaults
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,9 +21,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from bmoe.serve.errors import INVALID_REQUEST, ApiError, RequestError, api_error
-from bmoe.serve.fields import body_object
-from bmoe.serve.neutral import Delta, Outcome
+from bmoe.errors import RequestError
+from bmoe.requests.fields import body_object
+from bmoe.requests.neutral import Delta, Outcome
+from bmoe.serve.errors import INVALID_REQUEST, ApiError, api_error
 from bmoe.serve.worker import Job
 
 T = TypeVar("T")

@@ -22,8 +22,8 @@ import uuid
 from typing import Any
 
 from bmoe.domain.tools import ToolCall
+from bmoe.requests.neutral import Delta, Outcome
 from bmoe.serve.errors import ApiError
-from bmoe.serve.neutral import Delta, Outcome
 
 Json = dict[str, Any]
 

@@ -29,9 +29,8 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.tools import Tool, ToolCall, ToolChoice, ToolUse
 from bmoe.domain.tools.openai_json import FUNCTION_NAME
-from bmoe.errors import ConfigError
-from bmoe.serve.errors import RequestError
-from bmoe.serve.fields import (
+from bmoe.errors import ConfigError, RequestError
+from bmoe.requests.fields import (
     Body,
     opt_bool,
     opt_int,
@@ -41,7 +40,7 @@ from bmoe.serve.fields import (
     refuse_unless,
     stop_strings,
 )
-from bmoe.serve.neutral import ChatRequest, Generation, Sampling
+from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 STOP_SEQUENCES_MAX = 16
 KEPT_OUT = frozenset({"thinking", "redacted_thinking"})

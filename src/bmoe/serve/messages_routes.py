@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bmoe.requests.neutral import Delta, Outcome
 from bmoe.serve.errors import api_error
 from bmoe.serve.http_jobs import (
     Done,
@@ -32,7 +33,6 @@ from bmoe.serve.http_jobs import (
 )
 from bmoe.serve.messages_replies import MessagesWriter, error_event, new_message_id
 from bmoe.serve.messages_requests import count_tokens_body, parse_messages
-from bmoe.serve.neutral import Delta, Outcome
 from bmoe.serve.service import ServedSession
 from bmoe.serve.worker import Job
 

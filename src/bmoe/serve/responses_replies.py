@@ -22,9 +22,9 @@ import uuid
 from typing import Any
 
 from bmoe.domain.tools import ToolCall
+from bmoe.requests.neutral import Delta, Outcome
 from bmoe.serve.api_responses import Envelope
 from bmoe.serve.errors import ApiError
-from bmoe.serve.neutral import Delta, Outcome
 from bmoe.serve.responses_requests import ResponsesRequest
 
 Json = dict[str, Any]

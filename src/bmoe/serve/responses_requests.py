@@ -27,10 +27,9 @@ from bmoe.domain.chat import ChatMessage, Role
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.tools import Tool, ToolCall, ToolChoice, ToolUse
 from bmoe.domain.tools.openai_json import FUNCTION_NAME
-from bmoe.errors import ConfigError
-from bmoe.serve.api_requests import SEED_MAX
-from bmoe.serve.errors import RequestError
-from bmoe.serve.fields import (
+from bmoe.errors import ConfigError, RequestError
+from bmoe.requests.api_requests import SEED_MAX
+from bmoe.requests.fields import (
     Body,
     opt_bool,
     opt_int,
@@ -40,7 +39,7 @@ from bmoe.serve.fields import (
     refuse_unless,
     stop_strings,
 )
-from bmoe.serve.neutral import ChatRequest, Generation, Sampling
+from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 ITEM_ROLES: dict[str, Role] = {
     "user": "user",

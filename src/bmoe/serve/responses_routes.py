@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bmoe.domain.chat import ChatMessage
+from bmoe.requests.neutral import ChatRequest, Delta, Outcome
 from bmoe.serve.api_responses import Envelope
 from bmoe.serve.errors import NotFoundError, api_error
 from bmoe.serve.http_jobs import (
@@ -34,7 +35,6 @@ from bmoe.serve.http_jobs import (
     pieces_then_outcome,
     read_json_body,
 )
-from bmoe.serve.neutral import ChatRequest, Delta, Outcome
 from bmoe.serve.response_store import ResponseStore, StoredResponse
 from bmoe.serve.responses_replies import ResponsesWriter, deleted, input_tokens, new_item_id
 from bmoe.serve.responses_requests import ResponsesRequest, parse_responses

@@ -23,12 +23,8 @@ from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.tools import ToolUse
 from bmoe.errors import BmoeError, ContextOverflowError
-from bmoe.runtime import Session
-from bmoe.serve.api_requests import CompletionRequest
-from bmoe.serve.api_responses import ModelCard
-from bmoe.serve.errors import RequestCancelledError, ServerClosedError
-from bmoe.serve.live import Kind
-from bmoe.serve.mapping import (
+from bmoe.requests.api_requests import CompletionRequest
+from bmoe.requests.mapping import (
     ServeDefaults,
     chat_turn,
     completion_request,
@@ -36,10 +32,14 @@ from bmoe.serve.mapping import (
     fill_context,
     message_texts,
 )
+from bmoe.requests.neutral import ChatRequest, Delta, Outcome
+from bmoe.requests.reply import ReplyStream
+from bmoe.runtime import Session
+from bmoe.serve.api_responses import ModelCard
+from bmoe.serve.errors import RequestCancelledError, ServerClosedError
+from bmoe.serve.live import Kind
 from bmoe.serve.monitor import EngineMonitor
-from bmoe.serve.neutral import ChatRequest, Delta, Outcome
 from bmoe.serve.prometheus import ServedTotals
-from bmoe.serve.reply import ReplyStream
 from bmoe.serve.worker import Job, SessionWorker
 from bmoe.service.parallel_jobs import ParallelEntry
 

@@ -23,8 +23,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 import bmoe
-from bmoe.serve.errors import RequestError
-from bmoe.serve.fields import Body, opt_bool
+from bmoe.errors import RequestError
+from bmoe.requests.fields import Body, opt_bool
 from bmoe.serve.http_jobs import answering_errors, json_response, read_json_body
 from bmoe.serve.prometheus import prometheus_text
 from bmoe.serve.service import ServedSession

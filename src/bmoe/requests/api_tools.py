@@ -13,8 +13,8 @@ from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TOP_LOGPROBS_MAX
 from bmoe.domain.tools import ToolCall, ToolUse
 from bmoe.domain.tools.openai_json import ToolSpecError, read_tool_calls, read_tool_use
-from bmoe.serve.errors import RequestError
-from bmoe.serve.fields import Body, opt_bool, opt_int, opt_number, opt_object, opt_str
+from bmoe.errors import RequestError
+from bmoe.requests.fields import Body, opt_bool, opt_int, opt_number, opt_object, opt_str
 
 
 def tool_use(body: Body) -> ToolUse | None:

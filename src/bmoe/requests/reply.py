@@ -17,8 +17,8 @@ from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import Progress, RunResult, TokenLogprob
 from bmoe.domain.tools import ReplyGate, ToolFormat, ToolUse
 from bmoe.domain.tools.call_stream import CallStreamer
-from bmoe.serve.neutral import Delta, Outcome, outcome
-from bmoe.serve.stop import StopScanner
+from bmoe.requests.neutral import Delta, Outcome, outcome
+from bmoe.requests.stop import StopScanner
 
 Emit = Callable[[Delta], None]
 

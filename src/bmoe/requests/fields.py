@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 
 from bmoe.adapters.protocol.checks import json_type_name
-from bmoe.serve.errors import RequestError
+from bmoe.errors import RequestError
 
 Body = Mapping[str, object]
 

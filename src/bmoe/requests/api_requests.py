@@ -16,8 +16,8 @@ import attrs
 
 from bmoe.domain.chat import ChatMessage, Role
 from bmoe.domain.decide import DecideRequest
-from bmoe.errors import ChoiceError, ConfigError
-from bmoe.serve.api_tools import (
+from bmoe.errors import ChoiceError, ConfigError, RequestError
+from bmoe.requests.api_tools import (
     chat_logprobs,
     completion_logprobs,
     penalties_and_bias,
@@ -25,8 +25,7 @@ from bmoe.serve.api_tools import (
     tool_calls,
     tool_use,
 )
-from bmoe.serve.errors import RequestError
-from bmoe.serve.fields import (
+from bmoe.requests.fields import (
     Body,
     opt_bool,
     opt_int,
@@ -36,7 +35,7 @@ from bmoe.serve.fields import (
     refuse_unless,
     stop_strings,
 )
-from bmoe.serve.neutral import ChatRequest, Generation, Sampling
+from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 SEED_MAX = 2**32 - 2
 """The highest seed: llama.cpp reads 2**32 - 1 as "pick a random seed"."""

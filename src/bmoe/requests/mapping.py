@@ -17,9 +17,9 @@ import attrs
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.sampling import SamplingParams
-from bmoe.serve.api_requests import CompletionRequest
-from bmoe.serve.errors import RequestError
-from bmoe.serve.neutral import ChatRequest, Sampling
+from bmoe.errors import RequestError
+from bmoe.requests.api_requests import CompletionRequest
+from bmoe.requests.neutral import ChatRequest, Sampling
 
 
 @attrs.frozen

@@ -1,15 +1,15 @@
 """The one request and the one result every chat dialect maps to.
 
-Chat completions (``api_requests``), OpenAI's Responses API (``responses_requests``) and
-Anthropic's Messages API (``messages_requests``) each read their body into a ``ChatRequest``:
-the conversation as chat messages (text content, the calls an assistant made, the results of
-those calls), the tools and the tool choice, the output constraint, the sampling, the
-limits, the thinking switch and the stop strings. The served session runs it one way
-whatever the dialect: the prompt rendered by the chat template, tool replies parsed in one
-place (``ReplyStream``), the pieces streamed as ``Delta`` values. What comes back is one
-``Outcome`` (text, reasoning, tool calls, why it finished, the token counts), which each
-dialect writes in its own shape (``api_responses``, ``responses_replies``,
-``messages_replies``).
+Chat completions (``api_requests``), OpenAI's Responses API and Anthropic's Messages API
+(``bmoe.serve``'s ``responses_requests`` and ``messages_requests``) each read their body
+into a ``ChatRequest``: the conversation as chat messages (text content, the calls an
+assistant made, the results of those calls), the tools and the tool choice, the output
+constraint, the sampling, the limits, the thinking switch and the stop strings. The session
+runs it one way whatever the dialect: the prompt rendered by the chat template, tool replies
+parsed in one place (``ReplyStream``), the pieces streamed as ``Delta`` values. What comes
+back is one ``Outcome`` (text, reasoning, tool calls, why it finished, the token counts),
+which each dialect writes in its own shape (``bmoe.serve``'s ``api_responses``,
+``responses_replies``, ``messages_replies``).
 
 Pure values: no HTTP, no session.
 """
@@ -25,7 +25,7 @@ from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import RunResult, TokenLogprob
 from bmoe.domain.tools import ToolCall, ToolUse
 from bmoe.domain.tools.call_stream import CallDelta
-from bmoe.serve.errors import RequestError
+from bmoe.errors import RequestError
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
