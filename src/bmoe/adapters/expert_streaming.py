@@ -9,15 +9,16 @@
 2. *overlay*: each file's data region of the mapping is replaced by anonymous memory; the
    dense bytes (everything but routed experts) are copied in once, so nothing in use still
    points into the file, and the experts' pages stay empty until a read fills them;
-3. *open*: the files are opened for the read lanes (``O_DIRECT`` where allowed) and the
-   budget set;
+3. *open*: the files are opened for the read lanes (``O_DIRECT`` where allowed), the
+   engine options resolved for this machine (``ExpertStreaming.engine``) and the budget set;
 4. *repack* (unless ``--no-repack``): the weights llama.cpp would repack at load are
    repacked as it does (``bmoe.adapters.llama.repack``): the dense ones moved into a
    ``CPU_REPACK`` buffer (their overlay pages given back), the routed experts' tensors
    tagged so that the lanes write each expert repacked as they read it.
 
-The caller then switches the C callback to the fast path or to the reference policy
-(``bmoe.runtime.streaming``).
+The caller then hands the streamer its setup knobs, the engine options among them, in one
+value (``StreamerSettings``, ``ExpertStreamer.configure``) and switches the C callback to the
+fast path or to the reference policy (``bmoe.runtime.streaming``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from bmoe.domain.streaming import (
     StreamFault,
     resolve_budget,
 )
-from bmoe.domain.streaming.engine_options import EngineOptions, PageRelease, RepackParts
+from bmoe.domain.streaming.engine_options import EngineOptions, RepackParts
 from bmoe.domain.streaming.page_recycling import recycling_fits, worst_case_mappings
 from bmoe.domain.streaming.rank_worker import rank_on_worker
 from bmoe.domain.weight_layout import WeightLayout
@@ -183,14 +184,6 @@ def _on_the_host(
     return on_host
 
 
-# EngineOptions.page_release -> the streamer's value
-_PAGE_RELEASE: dict[PageRelease, int] = {
-    "inline": expert_stream.PAGE_RELEASE_INLINE,
-    "ahead": expert_stream.PAGE_RELEASE_AHEAD,
-    "all": expert_stream.PAGE_RELEASE_ALL,
-}
-
-
 def _recycling_off(n_slices: int) -> str:
     """Why page recycling must stay off for a model of ``n_slices`` expert slices ("" when it
     may be used): the process's memory mappings it could take, against ``vm.max_map_count``."""
@@ -286,11 +279,13 @@ class ExpertStreaming:
         streamer: expert_stream.ExpertStreamer,
         layout: ModelLayout,
         info: StreamingInfo,
+        engine: EngineOptions,
         gates: RouterGates | None = None,
     ) -> None:
         self.streamer = streamer
         self.layout = layout
         self.info = info
+        self.engine = engine  # resolved for this machine; the streamer takes it with StreamerSettings
         self._gates = gates  # owns the routers' F32 copies the streamer reads
         self._files = MappedFiles.snapshot(layout.paths[0])
 
@@ -397,18 +392,17 @@ class ExpertStreaming:
             odirect = streamer.open_files(
                 [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
             )
-        # the engine's A/B switches, in one place (EngineOptions: the output never changes)
+        # the engine's A/B switches, in one place (EngineOptions: the output never changes),
+        # resolved for this machine; the caller hands them to the streamer with its other
+        # setup knobs (StreamerSettings, ExpertStreamer.configure)
         options = config.engine or EngineOptions.from_environ(os.environ)
         recycling_off = _recycling_off(len(found) * model.n_expert)
-        streamer.set_engine_options(
-            projection_waits=options.projection_waits,
-            orphan_reads=options.orphan_reads,
+        engine = attrs.evolve(
+            options,
             rank_worker=rank_on_worker(
                 options.rank_worker, len(os.sched_getaffinity(0)), ctx.params.n_threads
             ),
             page_recycle=options.page_recycle and not recycling_off,
-            page_release=_PAGE_RELEASE[options.page_release],
-            lane_delay_us=options.lane_delay_us,
         )
         n_used = max(1, model.n_expert_used)
         per_expert: dict[int, int] = {}
@@ -457,11 +451,11 @@ class ExpertStreaming:
             expert_bytes=sum(loc.n_bytes for _, _, loc in found),
             dense_copied_bytes=dense,
             entry_bytes=max(per_expert.values()),
-            recycling=bool(streamer.engine_options()["page_recycle"]),
+            recycling=engine.page_recycle,
             recycling_off=recycling_off,
             repack=repacked,
         )
-        return cls(streamer, layout, info, gates)
+        return cls(streamer, layout, info, engine, gates)
 
     # -- between requests ------------------------------------------------------------------
 

@@ -146,10 +146,8 @@ CAPTURE_MUL_MAT = USE_MUL_MAT
 CAPTURE_MUL_MAT_ID = USE_MUL_MAT_ID
 CAPTURE_OTHER = USE_OTHER
 
-# set_engine_options' page_release values
-PAGE_RELEASE_INLINE = 0
-PAGE_RELEASE_AHEAD = 1
-PAGE_RELEASE_ALL = 2
+# EngineOptions.page_release's names, as the C side holds them (stream_t.defer_release)
+PAGE_RELEASES = ("inline", "ahead", "all")
 
 
 cdef class ExpertStreamer:
@@ -220,40 +218,6 @@ cdef class ExpertStreamer:
         self.s.mode = value
 
     @property
-    def prefetch_k(self) -> int:
-        return self.s.prefetch_k
-
-    @prefetch_k.setter
-    def prefetch_k(self, int k):
-        """Read ahead the next ``k`` MoE layers' experts as the previous decode token routed
-        them (0: off). Between decodes only."""
-        if k < 0:
-            raise ValueError("prefetch depth must be >= 0")
-        self.s.prefetch_k = k
-
-    @property
-    def prefill_ahead(self) -> bool:
-        return self.s.prefill_ahead != 0
-
-    @prefill_ahead.setter
-    def prefill_ahead(self, bint on):
-        """In a prefill batch that routes to at least half of a layer's experts, read the
-        whole next layer ahead. Between decodes only."""
-        self.s.prefill_ahead = 1 if on else 0
-
-    @property
-    def pass_layers(self) -> bool:
-        return self.s.pass_layers != 0
-
-    @pass_layers.setter
-    def pass_layers(self, bint on):
-        """Pass a call of a layer the cache holds whole (``ExpertCachePolicy.pass_layer``):
-        no request, and no stop of the graph at its topk where no read of it runs. Off where
-        every call's routing is needed (the decode routing policies, traces). Between
-        decodes only."""
-        self.s.pass_layers = 1 if on else 0
-
-    @property
     def decode_rows(self) -> int:
         return self.s.decode_rows
 
@@ -287,38 +251,6 @@ cdef class ExpertStreamer:
         self.s.r.gate_w[layer] = <const float *> weights
         self.s.r.gate_b[layer] = <const float *> bias
         self.s.r.sel_b[layer] = <const float *> selection_bias
-
-    def configure_routing(self, *, int predict=0, int spec_max=2, int route_ahead=0,
-                          double drop_cold=0.0, substitute=None, bint predict_auto=False,
-                          int predict_depth=1):
-        """``predict``: bit 1 logs the stale gate's agreement, bit 2 reads its predicted
-        misses ahead (at most ``spec_max`` per layer, for each of the next ``predict_depth``
-        MoE layers, nearest first), only while the auto gate is open with
-        ``predict_auto`` (``decode_routing.auto_gate_open``); ``route_ahead`` N > 0 commits each
-        decode layer to the ranking made N MoE layers earlier; ``drop_cold`` F > 0 drops
-        cold misses below F / k; ``substitute`` L (None: off) replaces a miss by a resident
-        expert within L. Between decodes only."""
-        if (predict or route_ahead) and not self.s.r.ready:
-            raise ValueError("set_router first")
-        if predict < 0 or predict > 3 or spec_max < 1 or route_ahead < 0 or drop_cold < 0:
-            raise ValueError("invalid routing settings")
-        if not 1 <= predict_depth <= MAX_PREDICT_DEPTH:
-            raise ValueError(f"predict_depth must be in 1..{MAX_PREDICT_DEPTH}")
-        if substitute is not None and substitute < 0:
-            raise ValueError("the substitution margin must be >= 0")
-        if (drop_cold > 0 or substitute is not None) and not self.s.r.ready:
-            raise ValueError("set_router first")
-        self.s.r.predict = predict
-        self.s.r.predict_auto = 1 if predict_auto and predict & 2 else 0
-        self.s.r.gate_open = 0 if self.s.r.predict_auto else 1
-        self.s.r.spec_max = spec_max
-        self.s.r.predict_depth = predict_depth
-        self.s.r.route_ahead = route_ahead
-        self.s.r.drop_f = drop_cold
-        self.s.r.subst_l = -1.0 if substitute is None else substitute
-        if (predict or route_ahead) and self.s.r.use_worker:
-            if start_rank_worker(self.s) != 0:
-                self.s.r.use_worker = 0  # rank on the eval thread, as without a worker
 
     def routing_stats(self):
         """The routing policies' counters (cumulative)."""
@@ -485,39 +417,107 @@ cdef class ExpertStreamer:
             raise ValueError("entry out of range")
         drop_pages(self.s, layer, expert)
 
-    # -- engine options ----------------------------------------------------------------
+    # -- the setup knobs ---------------------------------------------------------------------
 
-    def set_engine_options(self, *, bint projection_waits=True, bint orphan_reads=True,
-                           bint rank_worker=True, bint page_recycle=True,
-                           int page_release=PAGE_RELEASE_AHEAD, int lane_delay_us=0):
-        """How the engine works, never what it decides: the resolved ``EngineOptions`` of
-        ``bmoe.domain.streaming.engine_options`` (``page_release``: a ``PAGE_RELEASE_*``).
-        Once, at setup, between decodes."""
-        if page_release not in (PAGE_RELEASE_INLINE, PAGE_RELEASE_AHEAD, PAGE_RELEASE_ALL):
-            raise ValueError("page_release is PAGE_RELEASE_INLINE, _AHEAD or _ALL")
+    def configure(self, settings):
+        """Apply the setup knobs, ``settings``: a ``StreamerSettings``
+        (``bmoe.domain.streaming.streamer_settings``), read by its attributes. Once, at
+        setup, between decodes: after ``set_router`` where a routing policy runs, before
+        the first decode. Everything is checked before anything is set; then, in order, the
+        engine options (``settings.engine``, resolved: ``rank_worker`` True or False), the
+        cache's eviction rule, the reads ahead, the decode routing policies (the rank worker
+        started where they rank and it may run) and passing layers. The budget,
+        ``decode_rows`` and ``mode`` are not here: they change while the streamer runs."""
+        engine = settings.engine
+        routing = settings.routing
+        cdef int predict = (1 if routing.predict else 0) | (2 if routing.predict_prefetch else 0)
+        cdef int page_release = -1
+        if engine.page_release in PAGE_RELEASES:
+            page_release = PAGE_RELEASES.index(engine.page_release)
+        cdef int lane_delay_us = engine.lane_delay_us
+        cdef int half_life = settings.half_life
+        cdef int prefetch_k = settings.prefetch_k
+        cdef int spec_max = routing.spec_max
+        cdef int predict_depth = routing.predict_depth
+        cdef int route_ahead = routing.route_ahead
+        cdef double drop_cold = routing.drop_cold
+        substitute = routing.substitute
+        if engine.rank_worker is None:
+            raise ValueError("engine.rank_worker must be decided (True or False)")
+        if page_release < 0:
+            raise ValueError(f"page_release is one of {', '.join(PAGE_RELEASES)}")
         if lane_delay_us < 0:
             raise ValueError("lane_delay_us must be >= 0")
-        self.s.proj_waits = 1 if projection_waits else 0
-        self.s.orphan_reads = 1 if orphan_reads else 0
-        self.s.recycle = 1 if page_recycle else 0
+        if settings.eviction not in ("slru", "lfu") or half_life < 1:
+            raise ValueError("eviction is slru or lfu, half_life >= 1")
+        if prefetch_k < 0:
+            raise ValueError("prefetch depth must be >= 0")
+        if spec_max < 1 or route_ahead < 0 or drop_cold < 0:
+            raise ValueError("invalid routing settings")
+        if not 1 <= predict_depth <= MAX_PREDICT_DEPTH:
+            raise ValueError(f"predict_depth must be in 1..{MAX_PREDICT_DEPTH}")
+        if substitute is not None and substitute < 0:
+            raise ValueError("the substitution margin must be >= 0")
+        if (predict or route_ahead or drop_cold > 0 or substitute is not None) and not self.s.r.ready:
+            raise ValueError("set_router first")
+        # the engine options
+        self.s.proj_waits = 1 if engine.projection_waits else 0
+        self.s.orphan_reads = 1 if engine.orphan_reads else 0
+        self.s.recycle = 1 if engine.page_recycle else 0
         self.s.defer_release = page_release
         self.s.lane_delay_us = lane_delay_us
-        self.s.r.use_worker = 1 if rank_worker else 0
-        if not rank_worker:
+        self.s.r.use_worker = 1 if engine.rank_worker else 0
+        # the cache's eviction rule (the reference policy's cache has its own, the same)
+        self.s.core.lfu = settings.eviction == "lfu"
+        self.s.core.half_life = half_life
+        # reads ahead
+        self.s.prefetch_k = prefetch_k
+        self.s.prefill_ahead = 1 if settings.prefill_ahead else 0
+        # the decode routing policies
+        self.s.r.predict = predict
+        self.s.r.predict_auto = 1 if routing.predict_auto and predict & 2 else 0
+        self.s.r.gate_open = 0 if self.s.r.predict_auto else 1
+        self.s.r.spec_max = spec_max
+        self.s.r.predict_depth = predict_depth
+        self.s.r.route_ahead = route_ahead
+        self.s.r.drop_f = drop_cold
+        self.s.r.subst_l = -1.0 if substitute is None else substitute
+        if not self.s.r.use_worker:
             stop_rank_worker(self.s)
-        elif (self.s.r.predict or self.s.r.route_ahead) and start_rank_worker(self.s) != 0:
-            self.s.r.use_worker = 0
+        elif (predict or route_ahead) and start_rank_worker(self.s) != 0:
+            self.s.r.use_worker = 0  # rank on the eval thread, as without a worker
+        # passing layers held whole
+        self.s.pass_layers = 1 if settings.pass_layers else 0
 
-    def engine_options(self):
-        """The options in force (``recycle`` turns itself off for good once the kernel
-        refuses a move; ``rank_worker`` off when its thread could not start)."""
+    def settings(self):
+        """The setup knobs as the C side holds them, under ``StreamerSettings``' field names
+        (``routing``'s ``predict``: bit 1 logs the stale gate's agreement, bit 2 reads its
+        guesses ahead). ``engine``'s ``page_recycle`` turns itself off for good once the
+        kernel refuses a move; its ``rank_worker`` is off where the thread could not start."""
+        cdef routing_t * r = &self.s.r
         return {
-            "projection_waits": self.s.proj_waits != 0,
-            "orphan_reads": self.s.orphan_reads != 0,
-            "rank_worker": self.s.r.use_worker != 0,
-            "page_recycle": self.s.recycle != 0,
-            "page_release": self.s.defer_release,
-            "lane_delay_us": self.s.lane_delay_us,
+            "eviction": "lfu" if self.s.core.lfu else "slru",
+            "half_life": self.s.core.half_life,
+            "prefetch_k": self.s.prefetch_k,
+            "prefill_ahead": self.s.prefill_ahead != 0,
+            "pass_layers": self.s.pass_layers != 0,
+            "routing": {
+                "predict": r.predict,
+                "predict_auto": r.predict_auto != 0,
+                "spec_max": r.spec_max,
+                "predict_depth": r.predict_depth,
+                "route_ahead": r.route_ahead,
+                "drop_cold": r.drop_f,
+                "substitute": None if r.subst_l < 0 else r.subst_l,
+            },
+            "engine": {
+                "projection_waits": self.s.proj_waits != 0,
+                "orphan_reads": self.s.orphan_reads != 0,
+                "rank_worker": r.use_worker != 0,
+                "page_recycle": self.s.recycle != 0,
+                "page_release": PAGE_RELEASES[self.s.defer_release],
+                "lane_delay_us": self.s.lane_delay_us,
+            },
         }
 
     # -- the cache (fast path) -------------------------------------------------------------
@@ -525,15 +525,6 @@ cdef class ExpertStreamer:
     @property
     def budget_bytes(self) -> int:
         return self.s.core.budget_bytes
-
-    def set_eviction(self, str eviction, int half_life):
-        """What the cache evicts first: ``"slru"`` (the list's head) or ``"lfu"`` (the fewest
-        decayed uses, halved every ``half_life`` decode tokens), as the domain policy's
-        ``eviction``. Once, at setup, before the first decode."""
-        if eviction not in ("slru", "lfu") or half_life < 1:
-            raise ValueError("eviction is slru or lfu, half_life >= 1")
-        self.s.core.lfu = eviction == "lfu"
-        self.s.core.half_life = half_life
 
     @property
     def eviction(self) -> str:

@@ -8,7 +8,10 @@ Wires what ``ExpertStreaming.attach`` set up to one of the two ways of serving a
   with decode routing policies, a decode token's layer call also hands over its router
   (``StreamerRouterView``), and ``DecodeRouting`` decides what the fast path's C code does.
 
-Both give bit-identical output and equal counters (the gates run both). ``lock`` is held
+Both are set up from one value, ``StreamerSettings`` (``settings``: built from the
+``StreamConfig`` and the engine options ``attach`` resolved): the C streamer takes it in one
+call (``ExpertStreamer.configure``), the reference policy its fields. Both give bit-identical
+output and equal counters (the gates run both). ``lock`` is held
 around every ``llama_decode``, so
 ``set_budget`` and ``close`` from another thread wait for the decode in flight and act at
 its boundary, never while the C callback walks the cache (the control itself is the context
@@ -36,24 +39,11 @@ from bmoe.adapters.stream_trace import TraceFiles
 from bmoe.cext import expert_stream
 from bmoe.domain.live import ExpertSnapshot
 from bmoe.domain.streaming import Entry, StreamConfig, StreamCounters, StreamFault
-from bmoe.domain.streaming.decode_routing import Routers, RoutingSettings
+from bmoe.domain.streaming.decode_routing import Routers
 from bmoe.domain.streaming.prefill_memory import LEND_FROM_TOKENS, PrefillLending, PromptBatch
+from bmoe.domain.streaming.streamer_settings import StreamerSettings
 from bmoe.errors import StreamingFaultError
 from bmoe.service.expert_streaming import PolicyStreaming
-
-
-def routing_settings(config: StreamConfig) -> RoutingSettings:
-    """The decode routing flags of a streaming configuration."""
-    return RoutingSettings(
-        predict_log=config.predict_log,
-        predict_prefetch=config.predict_prefetch,
-        predict_auto=config.predict_auto,
-        spec_max=config.predict_spec_max,
-        predict_depth=config.predict_depth,
-        route_ahead=config.route_ahead,
-        drop_cold=config.drop_cold,
-        substitute=config.substitute,
-    )
 
 
 class StreamingControl:
@@ -74,43 +64,33 @@ class StreamingControl:
         self.prompt_batch: PromptBatch | None = None  # chosen from the room when the session opened
         streamer = streaming.streamer
         self._layers = tuple(layer for layer in range(streamer.n_layer) if streamer.entry_bytes(layer) > 0)
-        streamer.set_eviction(config.eviction, config.half_life)  # the reference's policy has its own
+        # the setup knobs, one value for the C streamer and the reference policy alike
+        self.settings = settings = StreamerSettings.of(config, streaming.engine)
         if config.policy == "reference":
+            streamer.configure(settings.for_reference())  # the decisions are the policy's
             self._source = LaneExpertSource(
                 streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
             )
             routers = None
-            if config.routing_policies:
+            if settings.routing.active:
                 routers = Routers(streamer.router_k, streamer.gating, frozenset(streamer.gate_layers()))
                 streamer.reference_routing = True
                 self._router_view = StreamerRouterView(streamer)
             self._reference = PolicyStreaming(
                 self._source,
                 self.info.budget.bytes,
-                config.prefetch,
-                config.prefill_ahead,
-                routing=routing_settings(config),
+                settings.prefetch_k,
+                settings.prefill_ahead,
+                routing=settings.routing,
                 routers=routers,
-                eviction=config.eviction,
-                half_life=config.half_life,
-                pass_layers=config.layers_passed,
+                eviction=settings.eviction,
+                half_life=settings.half_life,
+                pass_layers=settings.pass_layers,
             )
             streamer.set_reference_hook(self._serve)
             streamer.mode = expert_stream.MODE_REFERENCE
         else:
-            streamer.prefetch_k = config.prefetch
-            streamer.prefill_ahead = config.prefill_ahead
-            if config.routing_policies:
-                streamer.configure_routing(
-                    predict=(1 if config.predict_log or config.predict_prefetch else 0)
-                    | (2 if config.predict_prefetch else 0),
-                    spec_max=config.predict_spec_max,
-                    predict_depth=config.predict_depth,
-                    route_ahead=config.route_ahead,
-                    drop_cold=config.drop_cold,
-                    substitute=config.substitute,
-                    predict_auto=config.predict_auto,
-                )
+            streamer.configure(settings)
             if config.route_trace is not None or config.io_trace is not None:
                 self._traces = TraceFiles(
                     streamer,
@@ -118,7 +98,6 @@ class StreamingControl:
                     None if config.route_trace is None else Path(config.route_trace),
                     None if config.io_trace is None else Path(config.io_trace),
                 )
-            streamer.pass_layers = config.layers_passed
             streamer.mode = expert_stream.MODE_STREAM
 
     def _serve(self, layer: int, ids: list[int], n_tokens: int) -> int:

@@ -5,7 +5,7 @@
 # Owns: ``stream_t`` itself; the structs say which room owns each field.
 # Calls: each room's own teardown from ``stream_free``. Locks: none.
 #
-# Engine options (``set_engine_options``, from ``bmoe.domain.streaming.engine_options``)
+# Engine options (``ExpertStreamer.configure``: ``StreamerSettings.engine``, an ``EngineOptions``)
 # are the fields marked "option": set once at setup, read by the rooms, never decided.
 
 cdef enum:
@@ -399,7 +399,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
     s.pw_ids = <int32_t *> calloc(n_expert, sizeof(int32_t))
     s.pw_layer = -1
     s.pass_wait = -1
-    s.r.gate_open = 1  # no auto gate until configure_routing asks for one
+    s.r.gate_open = 1  # no auto gate until configure asks for one
     for i in range(n_proj):
         s.proj_order[i] = i
         s.proj_order_packed |= i << (4 * i)
@@ -419,7 +419,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
     s.r.predict_depth = 1
     s.r.last_layer = 1 << 30
     s.tr.last_layer = 1 << 30
-    # the engine options' defaults (set_engine_options)
+    # the engine options' defaults (configure sets them)
     s.recycle = 1
     s.proj_waits = 1
     s.defer_release = 1

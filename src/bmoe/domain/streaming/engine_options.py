@@ -6,7 +6,8 @@ against the default); they move only time between threads, and exist so that a b
 measure what each mechanism buys (docs/benchmarks.md). Users never need them. They reach the
 engine in one place: ``StreamConfig.engine`` (a developer-only field) or, where it is None,
 :meth:`EngineOptions.from_environ` on the ``BMOE_*`` variables below; the streaming adapter
-hands the result to the streamer once, at setup (``ExpertStreamer.set_engine_options``).
+resolves the result for the machine (``rank_worker``, recycling), and the streamer takes it
+once, at setup, with its other knobs (``StreamerSettings.engine``, ``ExpertStreamer.configure``).
 
 =========================  ==========================================================  =========
 variable                   what it switches                                            default
