@@ -32,7 +32,6 @@ from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.perplexity import PplAccumulator
 from bmoe.domain.pieces import Piece
-from bmoe.domain.streaming import MIB
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import ConfigError, ModelFileTruncatedError, StreamingFaultError
 from bmoe.runtime import cpu_choice, pieces, session_streaming
@@ -323,13 +322,7 @@ class Session:
         decode it takes effect at the next decode boundary. With the governor running, the
         budget set is its ceiling from then on (it may shrink it under pressure, never grow
         past it)."""
-        if budget_mb < 0:
-            raise ConfigError(f"cache budget must be >= 0 MiB, not {budget_mb}")
-        if self.streaming is None:
-            raise ConfigError("this session does not stream experts")
-        if self.governor is not None:
-            self.governor.set_ceiling(budget_mb * MIB)
-        self.streaming.set_budget(budget_mb * MIB)
+        session_streaming.set_cache_budget(self.streaming, self.governor, budget_mb)
 
     def cancel(self) -> None:
         """Stop the generate in flight at the next decode boundary (any thread)."""

@@ -31,6 +31,7 @@ from bmoe.domain.streaming.prefill_memory import (
     lending_floor,
     spare_bytes,
 )
+from bmoe.errors import ConfigError
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
 from bmoe.runtime.prompt_sizing import size_prompt_batch
@@ -140,6 +141,20 @@ def start_governor(
         governor.followers.append(follow)
     governor.start()
     return governor
+
+
+def set_cache_budget(
+    control: StreamingControl | None, governor: CacheGovernor | None, budget_mb: int
+) -> None:
+    """``Session.set_cache_budget``: the expert cache's budget set (``ConfigError`` for a
+    negative one or a session that does not stream), the governor's ceiling with it."""
+    if budget_mb < 0:
+        raise ConfigError(f"cache budget must be >= 0 MiB, not {budget_mb}")
+    if control is None:
+        raise ConfigError("this session does not stream experts")
+    if governor is not None:
+        governor.set_ceiling(budget_mb * MIB)
+    control.set_budget(budget_mb * MIB)
 
 
 def open_profile(
