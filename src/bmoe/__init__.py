@@ -12,10 +12,12 @@ What an app needs, in one namespace (docs/library.md)::
 
 - ``Session`` / ``SessionConfig`` (``SessionConfig.from_hf`` for a Hub model): load once,
   then ``generate``, ``stream`` / ``astream`` (pieces as they are generated; leaving the
-  loop cancels), ``decide``; ``run`` for one request;
+  loop cancels), ``chat`` / ``chat_stream`` (OpenAI-shaped messages and chat-completions
+  fields, read as the server reads them), ``decide``; ``run`` for one request;
 - the values they take and give: ``GenerateRequest``, ``SamplingParams``, ``ContextParams``,
   ``StreamConfig``, ``DecideConfig``, ``DecideRequest``, ``ChatMessage``, ``RunResult``,
-  ``Progress``, ``Piece``, ``DecideResult``;
+  ``Progress``, ``Piece``, ``Outcome`` and ``Delta`` (a chat's reply and its streamed
+  pieces), ``DecideResult``;
 - ``Llama``: llama-cpp-python's ``Llama`` API (``create_completion``,
   ``create_chat_completion``, ``stream=True``) over a session;
 - ``default_model_path()``: the built-in tiny model (random weights, gibberish text);
@@ -51,6 +53,7 @@ from bmoe.errors import (
     ModelFetchError,
     ModelFileTruncatedError,
     ModelLoadError,
+    RequestError,
     SessionFailedError,
     StreamingFaultError,
     StreamingSetupError,
@@ -71,6 +74,8 @@ _LAZY = {
     "RunResult": "bmoe.domain.generation",
     "Piece": "bmoe.domain.pieces",
     "SamplingParams": "bmoe.domain.sampling",
+    "Delta": "bmoe.requests.neutral",
+    "Outcome": "bmoe.requests.neutral",
     "StreamConfig": "bmoe.domain.streaming",
     "Llama": "bmoe.llama_compat",
     "Session": "bmoe.runtime",
@@ -111,6 +116,7 @@ __all__ = [
     "DecideResult",
     "DecodeAbortedError",
     "DecodeError",
+    "Delta",
     "ExpertGraphError",
     "ExpertReadError",
     "FixtureError",
@@ -121,8 +127,10 @@ __all__ = [
     "ModelFetchError",
     "ModelFileTruncatedError",
     "ModelLoadError",
+    "Outcome",
     "Piece",
     "Progress",
+    "RequestError",
     "RunResult",
     "SamplingParams",
     "Session",

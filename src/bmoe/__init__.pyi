@@ -30,12 +30,15 @@ from bmoe.errors import KvCacheFullError as KvCacheFullError
 from bmoe.errors import ModelFetchError as ModelFetchError
 from bmoe.errors import ModelFileTruncatedError as ModelFileTruncatedError
 from bmoe.errors import ModelLoadError as ModelLoadError
+from bmoe.errors import RequestError as RequestError
 from bmoe.errors import SessionFailedError as SessionFailedError
 from bmoe.errors import StreamingFaultError as StreamingFaultError
 from bmoe.errors import StreamingSetupError as StreamingSetupError
 from bmoe.errors import TokenizeError as TokenizeError
 from bmoe.errors import ToolFormatError as ToolFormatError
 from bmoe.llama_compat import Llama as Llama
+from bmoe.requests.neutral import Delta as Delta
+from bmoe.requests.neutral import Outcome as Outcome
 from bmoe.runtime import Session as Session
 from bmoe.runtime import SessionConfig as SessionConfig
 from bmoe.runtime import run as run

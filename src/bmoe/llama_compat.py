@@ -9,8 +9,9 @@ shapes: ``id``, ``object``, ``created``, ``model``, ``choices``, ``usage``), or 
 core: its body is read by ``bmoe.requests.api_requests`` (messages, tools, ``tool_choice``,
 ``response_format``, log-probabilities, penalties, ``logit_bias``), mapped by
 ``bmoe.requests.mapping``, its reply cut at stop strings and read for tool calls by
-``bmoe.requests.reply.ReplyStream`` and written by ``bmoe.serve.api_responses``, so the library
-and the server answer one request alike.
+``bmoe.requests.reply.ReplyStream`` (run as ``Session.chat_stream`` runs it:
+``bmoe.runtime.chat_requests.follow_reply``) and written by ``bmoe.serve.api_responses``, so
+the library and the server answer one request alike.
 
 What differs from llama-cpp-python: the prompt of a chat is rendered by the model's own
 chat template (``chat_format`` and ``chat_handler`` are not used); ``min_p`` is not applied
@@ -36,18 +37,16 @@ import attrs
 
 from bmoe.adapters.llama.context import ContextParams
 from bmoe.domain.chat import ChatMessage
-from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.placement import Placement
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import StreamConfig
-from bmoe.domain.tools import ToolUse
-from bmoe.errors import ConfigError, ContextOverflowError, DecodeAbortedError
+from bmoe.errors import ConfigError, ContextOverflowError
 from bmoe.requests.api_requests import SEED_MAX, parse_chat_completion, parse_completion
 from bmoe.requests.mapping import ServeDefaults, chat_turn, completion_request
 from bmoe.requests.neutral import Delta, Outcome
-from bmoe.requests.reply import ReplyStream
 from bmoe.runtime import Session, SessionConfig
-from bmoe.runtime.pieces import follow
+from bmoe.runtime.chat_requests import follow_reply
 from bmoe.serve import api_responses
 from bmoe.serve.api_responses import Envelope, Json
 
@@ -138,29 +137,6 @@ def _sampling_body(
     if logit_bias:
         body["logit_bias"] = {str(token): bias for token, bias in logit_bias.items()}
     return body
-
-
-@attrs.define
-class _Run:
-    """One request's reply, read on the generation's worker thread: the server's
-    ``ReplyStream`` (stop strings, tool calls), its pieces handed out as they come."""
-
-    reply: ReplyStream
-    pieces: list[Delta] = attrs.field(factory=list)
-
-    def token(self, p: Progress) -> list[Delta | Outcome]:
-        self.reply.progress(p)
-        out: list[Delta | Outcome] = list(self.pieces)
-        self.pieces.clear()
-        return out
-
-    def finish(self, result: RunResult) -> list[Delta | Outcome]:
-        if result.cancelled:
-            raise DecodeAbortedError("the generation was cancelled (Session.cancel)", 2)
-        outcome = self.reply.finish(result)
-        out: list[Delta | Outcome] = [*self.pieces, outcome]
-        self.pieces.clear()
-        return out
 
 
 class Llama:
@@ -289,7 +265,7 @@ class Llama:
         request = completion_request(parse_completion(body), self._defaults)
         request = self._fit(request, max_tokens, None, chat=False)
         env = Envelope(f"cmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path)
-        items = self._run(request, _stops(stop), None, chat=False)
+        items = follow_reply(self.session, request, _stops(stop), None, chat=False)
         if stream:
             return self._completion_chunks(env, items, prompt, echo=echo)
         outcome = _last(items)
@@ -366,7 +342,7 @@ class Llama:
         turn = chat_turn(parse_chat_completion(body), self._defaults)
         request = self._fit(turn.request, max_tokens, turn.history, chat=True)
         env = Envelope(f"chatcmpl-{uuid.uuid4()}", int(time.time()), model or self.model_path)
-        items = self._run(request, _stops(stop), turn.history, chat=True)
+        items = follow_reply(self.session, request, _stops(stop), turn.history, chat=True)
         if stream:
             return self._chat_chunks(env, items)
         return api_responses.chat_completion(env, _last(items))
@@ -407,26 +383,6 @@ class Llama:
             )
         n_predict = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
         return attrs.evolve(request, n_predict=n_predict)
-
-    def _run(
-        self,
-        request: GenerateRequest,
-        stops: tuple[str, ...],
-        history: Sequence[ChatMessage] | None,
-        *,
-        chat: bool,
-    ) -> Iterator[Delta | Outcome]:
-        """The reply's pieces as they are generated, then its ``Outcome``."""
-        tools = ToolUse.shown(request.tools) if chat else None
-        engine = self.session.engine
-        fmt = engine.renderer.tool_format if tools is not None else None
-        constraint = engine.constraint(request) if tools is not None else None
-        pieces: list[Delta] = []
-        logprobs = request.logprobs is not None
-        run = _Run(
-            ReplyStream(stops, pieces.append, self.session.stop, tools, fmt, constraint, logprobs), pieces
-        )
-        return follow(self.session, request, run.token, run.finish, history=history, chat=chat)
 
     @staticmethod
     def _completion_chunks(

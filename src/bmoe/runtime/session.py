@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
+from typing import Unpack
 
 import attrs
 import numpy as np
@@ -34,7 +35,9 @@ from bmoe.domain.perplexity import PplAccumulator
 from bmoe.domain.pieces import Piece
 from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import ConfigError, ModelFileTruncatedError, StreamingFaultError
-from bmoe.runtime import cpu_choice, pieces, session_streaming
+from bmoe.requests.chat_fields import ChatFields, Messages
+from bmoe.requests.neutral import Delta, Outcome
+from bmoe.runtime import chat_requests, cpu_choice, pieces, session_streaming
 from bmoe.runtime import placement as model_placement
 from bmoe.runtime.decisions import SessionDecisions
 from bmoe.runtime.governor import CacheGovernor
@@ -255,6 +258,17 @@ class Session:
         """``stream`` for asyncio: an async iterator, the event loop never blocked."""
         reader = pieces.reader(self.engine, request, chat)
         return pieces.astream(self, reader, request, history=history, chat=chat)
+
+    def chat(self, messages: Messages, **fields: Unpack[ChatFields]) -> Outcome:
+        """A chat turn from OpenAI-shaped ``messages`` and a chat-completions body's fields
+        (``tools``, ``response_format``, ``max_tokens``...), read, refused (``RequestError``)
+        and mapped as the server reads that body; its ``Outcome`` (``runtime.chat_requests``)."""
+        return chat_requests.answer(self, messages, fields)
+
+    def chat_stream(self, messages: Messages, **fields: Unpack[ChatFields]) -> Iterator[Delta | Outcome]:
+        """``chat`` as its pieces (``Delta``) as they are final, then its ``Outcome``;
+        leaving the loop early cancels it, as ``stream``."""
+        return chat_requests.answer_stream(self, messages, fields)
 
     def generate_batch(
         self, requests: Sequence[GenerateRequest], *, chat: bool | None = None

@@ -21,7 +21,6 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.live import ExpertSnapshot
-from bmoe.domain.tools import ToolUse
 from bmoe.errors import BmoeError, ContextOverflowError
 from bmoe.requests.api_requests import CompletionRequest
 from bmoe.requests.mapping import (
@@ -35,6 +34,7 @@ from bmoe.requests.mapping import (
 from bmoe.requests.neutral import ChatRequest, Delta, Outcome
 from bmoe.requests.reply import ReplyStream
 from bmoe.runtime import Session
+from bmoe.runtime.chat_requests import reply_stream
 from bmoe.serve.api_responses import ModelCard
 from bmoe.serve.errors import RequestCancelledError, ServerClosedError
 from bmoe.serve.live import Kind
@@ -243,11 +243,7 @@ class ServedSession:
         if request.n_predict is None:
             prompt = self.session.engine.render_prompt(request, history=history, chat=chat)
             request = fill_context(request, len(prompt), n_ctx, most=most)
-        tools = ToolUse.shown(request.tools) if chat else None
-        fmt = self.session.engine.renderer.tool_format if tools is not None else None  # probed once, on need
-        constraint = self.session.engine.constraint(request) if tools is not None else None
-        reply = ReplyStream(stops, emit, stop, tools, fmt, constraint, request.logprobs is not None)
-        return request, reply
+        return request, reply_stream(self.session.engine, request, stops, emit, stop, chat=chat)
 
     def _generate(
         self,
