@@ -139,7 +139,11 @@ def run_stock(args: argparse.Namespace, system: str, tools: Sequence[str]) -> li
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        model_path=str(args.model), n_ctx=args.ctx, n_batch=args.batch, n_threads=args.threads, verbose=False
+        model_path=str(args.model),
+        n_ctx=args.ctx,
+        n_batch=fixed_batch(args),
+        n_threads=args.threads,
+        verbose=False,
     )
     llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=512 << 20))
 
@@ -174,7 +178,7 @@ def run_stock_server(args: argparse.Namespace, system: str, tools: Sequence[str]
         "--n_ctx",
         str(args.ctx),
         "--n_batch",
-        str(args.batch),
+        str(fixed_batch(args)),
         "--n_threads",
         str(args.threads),
         "--cache",
@@ -223,12 +227,18 @@ def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[s
     parallel = mode.startswith("np2")
     context = ContextParams(
         n_ctx=args.ctx,
-        n_batch=args.batch,
-        n_ubatch=args.batch,
+        n_batch=fixed_batch(args),
+        n_ubatch=fixed_batch(args),
         n_threads=args.threads,
         n_seq_max=2 if parallel else 1,
     )
-    stream = StreamConfig(enabled=args.cache_mb is not None, cache_mb=args.cache_mb, governor="off")
+    streamed = args.cache_mb is not None
+    stream = StreamConfig(
+        enabled=streamed,
+        cache_mb=args.cache_mb,
+        governor="off",
+        size_prompt_batch=streamed and args.batch == "auto",
+    )
     config = SessionConfig(
         model_path=args.model,
         context=context,
@@ -278,12 +288,30 @@ def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[s
     return turns
 
 
+def batch_flag(text: str) -> int | str:
+    """``-b``: a token count, or ``auto``."""
+    return "auto" if text == "auto" else int(text)
+
+
+def fixed_batch(args: argparse.Namespace) -> int:
+    """The batch a context is made with: ``-b``'s count, or 512 under ``auto`` (which the
+    streamed session then sizes)."""
+    return 512 if args.batch == "auto" else int(args.batch)
+
+
 def session_flags(p: argparse.ArgumentParser, ctx: int) -> None:
     """The model and context flags of the tools that run a session (``-m``, ``--ctx``, ``-b``,
     ``-t``, ``--cache-mb``); ``args.model`` is None for the built-in tiny model."""
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF (default: the built-in tiny model)")
     p.add_argument("--ctx", type=int, default=ctx)
-    p.add_argument("-b", "--batch", type=int, default=512)
+    p.add_argument(
+        "-b",
+        "--batch",
+        type=batch_flag,
+        default=512,
+        help="n_batch = n_ubatch (default 512); auto: streamed, sized from the memory room as bmoe.cli "
+        "--moe-stream does without -b (the stock modes keep 512)",
+    )
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument(
         "--cache-mb", type=int, default=None, help="stream the experts with this cache (default: resident)"

@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from bench_agent_turns import Sink, filler, session_flags  # a sibling: run as python tools/...
+from bench_agent_turns import Sink, filler, fixed_batch, session_flags  # a sibling: run as python tools/...
 
 from bmoe import GenerateRequest, Session, SessionConfig, StreamConfig
 from bmoe.adapters.llama import ContextParams
@@ -29,7 +29,11 @@ from bmoe.tinymodel import default_model_path
 
 def run(args: argparse.Namespace) -> None:
     context = ContextParams(
-        n_ctx=args.ctx, n_batch=args.batch, n_ubatch=args.batch, n_threads=args.threads, n_seq_max=2
+        n_ctx=args.ctx,
+        n_batch=fixed_batch(args),
+        n_ubatch=fixed_batch(args),
+        n_threads=args.threads,
+        n_seq_max=2,
     )
     stream = StreamConfig(enabled=args.cache_mb is not None, cache_mb=args.cache_mb, governor="off")
     config = SessionConfig(model_path=args.model, context=context, chat=True, think=False, stream=stream)
