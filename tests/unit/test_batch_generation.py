@@ -39,6 +39,9 @@ class ScriptedBatch:
     def keep(self, seq: int, n_keep: int) -> bool:
         raise AssertionError("run_batch starts every request empty")
 
+    def trim(self, seq: int, n_keep: int) -> bool | None:
+        raise AssertionError("run_batch keeps no slot")
+
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         assert start_pos == 0
         assert seq not in self.next and len(self.next) < self.n_seq

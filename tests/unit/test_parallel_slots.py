@@ -67,6 +67,9 @@ class TokenMemory:
         del self.seqs.setdefault(seq, [])[n_keep:]
         return True
 
+    def trim(self, seq: int, n_keep: int) -> bool | None:
+        return self.keep(seq, n_keep)
+
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         held = self.seqs.setdefault(seq, [])
         assert start_pos == len(held), (seq, start_pos, held)
@@ -133,13 +136,34 @@ def test_a_conversation_coming_back_to_its_slot_prefills_only_what_it_added() ->
     a2 = BatchJob((*a1.prompt, *first[0].tokens, 6, 7), 5)  # the history, the reply, a new message
     b2 = BatchJob((*b1.prompt, *first[1].tokens, 8), 5)
     second = serve(run, [b2, a2])  # in the other order: each finds its own slot
-    assert [o.reused for o in second] == [
-        len(b1.prompt) + 4,
-        len(a1.prompt) + 4,
-    ]  # the reply's last token was never fed
+    # each kept its prompt; its reply's cells were cut (computed one per step, they are
+    # computed again with the new message, in a batch, as a fresh server computes them)
+    assert [o.reused for o in second] == [len(b1.prompt), len(a1.prompt)]
     fresh = serve(BatchRun(TokenMemory(2)), [b2, a2])
     assert [o.tokens for o in second] == [o.tokens for o in fresh]
-    assert backend.prefilled[-2:] == [(1, len(b1.prompt) + 4, 2), (0, len(a1.prompt) + 4, 3)]
+    assert backend.prefilled[-2:] == [(1, len(b1.prompt), 5 + 1), (0, len(a1.prompt), 5 + 2)]
+
+
+class RecurrentMemory(TokenMemory):
+    """A memory that cannot remove a part of a sequence (a recurrent state)."""
+
+    def keep(self, seq: int, n_keep: int) -> bool:
+        return n_keep >= len(self.seqs.get(seq, [])) and super().keep(seq, n_keep)
+
+    def trim(self, seq: int, n_keep: int) -> bool | None:
+        return self.keep(seq, n_keep)
+
+
+def test_a_memory_that_cannot_cut_the_reply_keeps_it_and_a_turn_extending_it_reuses_it() -> None:
+    backend = RecurrentMemory(2)
+    run = BatchRun(backend, keep_slots=True)
+    a1 = BatchJob((*SYSTEM, 1, 2, 3), 5)
+    [out] = serve(run, [a1])
+    assert run.memory.held[0] == (*a1.prompt, *out.tokens[:4])  # the reply but its last token
+    a2 = BatchJob((*a1.prompt, *out.tokens, 6, 7), 5)
+    [again] = serve(run, [a2])
+    assert again.reused == len(a1.prompt) + 4
+    assert again.tokens == serve(BatchRun(TokenMemory(2)), [a2])[0].tokens
 
 
 def test_without_keep_slots_every_request_starts_empty() -> None:
@@ -155,19 +179,19 @@ def test_the_memory_outlives_the_run_when_handed_to_the_next() -> None:
     first = BatchRun(backend, keep_slots=True)
     out = serve(first, [BatchJob((*SYSTEM, 1), 3)])
     again = BatchRun(backend, first.memory, keep_slots=True)
-    assert serve(again, [BatchJob((*SYSTEM, 1, *out[0].tokens, 9), 3)])[0].reused == len(SYSTEM) + 3
+    assert serve(again, [BatchJob((*SYSTEM, 1, *out[0].tokens, 9), 3)])[0].reused == len(SYSTEM) + 1
 
 
 @pytest.mark.parametrize("n_ctx", [80, 120])
 def test_idle_slots_give_their_cells_back_least_recently_used_first(n_ctx: int) -> None:
     backend = TokenMemory(3, n_ctx)
     run = BatchRun(backend, keep_slots=True)
-    serve(run, [BatchJob((*SYSTEM, 1), 5), BatchJob((*SYSTEM[:5], 2), 5)])  # 36 + 11 cells kept
-    other = BatchJob(tuple(range(1, 40)), 5)  # shares nothing: 44 cells
+    serve(run, [BatchJob((*SYSTEM, 1), 5), BatchJob((*SYSTEM[:5], 2), 5)])  # 31 + 6 cells kept
+    other = BatchJob(tuple(range(1, 40)), 5)  # shares nothing: 44 cells while it runs
     serve(run, [other])
     held = [len(t) for t in run.memory.held]
-    assert sum(held) <= n_ctx and held[2] == 39 + 4
-    assert (held[0] == 0) == (n_ctx < 36 + 11 + 44)  # the least recently used gave its cells
+    assert sum(held) <= n_ctx and held[2] == 39  # its prompt (its reply's cells cut)
+    assert (held[0] == 0) == (n_ctx < 31 + 6 + 44)  # the least recently used gave its cells
 
 
 class Counting:
@@ -226,7 +250,7 @@ def test_more_conversations_than_slots_come_back_through_the_prompt_cache(n_seq:
     again = serve(run, seconds)
     fresh = serve(BatchRun(TokenMemory(1, n_ctx=400)), seconds)
     assert [o.tokens for o in again] == [o.tokens for o in fresh]
-    assert all(o.reused == len(j.prompt) + 3 for o, j in zip(again, firsts, strict=True))  # each its own
+    assert all(o.reused == len(j.prompt) for o, j in zip(again, firsts, strict=True))  # each its own
     assert sum(o.restored > 0 for o in again) >= 3 - (n_seq - 1)  # its slot still held it, or the cache did
     assert len(backend.loaded) == cache.counters.restored
 
@@ -234,12 +258,12 @@ def test_more_conversations_than_slots_come_back_through_the_prompt_cache(n_seq:
 def test_an_idle_slot_keeps_its_cells_while_the_running_ones_leave_too_little_anyway() -> None:
     backend = TokenMemory(3, n_ctx=80)
     run = BatchRun(backend, keep_slots=True)
-    serve(run, [BatchJob((5, 6, 7), 4)])  # slot 0 keeps 6 cells
+    serve(run, [BatchJob((5, 6, 7), 4)])  # slot 0 keeps 3 cells (its prompt)
     run.add(BatchJob(tuple(range(100, 150)), 10))  # runs: 60 cells
     run.step()
-    run.add(BatchJob(tuple(range(200, 225)), 5))  # needs 30: cannot fit beside it at all
+    run.add(BatchJob(tuple(range(200, 245)), 5))  # needs 50: cannot fit beside it at all
     run.step()
-    assert len(run.memory.held[0]) == 6  # nothing given back for nothing
+    assert len(run.memory.held[0]) == 3  # nothing given back for nothing
 
 
 def test_prompts_that_arrive_together_share_their_steps() -> None:

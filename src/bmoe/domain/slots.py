@@ -1,7 +1,9 @@
 """What each parallel sequence (a slot, ``-np N``) still holds after its request, and which
 slot a new request takes (llama.cpp's server rules).
 
-A slot whose request ended keeps its KV: the tokens of its prompt and of the reply it fed.
+A slot whose request ended keeps its KV: the tokens of its prompt (its reply's cells are cut,
+as they were computed one per step and the next turn computes them in a batch, as a fresh
+server does; a recurrent memory, which cannot cut, keeps the reply it fed too).
 A new request takes the free slot whose held tokens share the longest prefix with its
 prompt when that prefix is at least ``similarity`` of the prompt (``--slot-prompt-similarity``,
 llama.cpp's 0.1), keeping that prefix and prefilling the rest; otherwise the free slot

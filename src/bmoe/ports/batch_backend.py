@@ -39,6 +39,13 @@ class IBatchBackend(Protocol):
         (recurrent state, a sliding window that pruned cells the prefix needs)."""
         ...
 
+    def trim(self, seq: int, n_keep: int) -> bool | None:
+        """Cut ``seq``'s positions from ``n_keep`` on where its memory can: True when cut
+        (and the prefix still usable); False when the memory cannot remove a part and was
+        left as it was (recurrent state); None when the cut left nothing usable (a sliding
+        window that pruned cells the prefix needs): the caller drops ``seq``."""
+        ...
+
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         """Compute ``tokens`` at positions ``start_pos...`` of ``seq``, logits for the last one."""
         ...

@@ -421,13 +421,22 @@ def _take(backend: IBatchBackend, slot: _Slot, row: int, sink: SlotSink | None) 
 def _finish(
     backend: IBatchBackend, slot: _Slot, free: list[int], memory: SlotMemory, *, keep: bool
 ) -> BatchOutput:
-    """End ``slot``: with ``keep``, its slot keeps what it fed (the prompt and the reply but
-    its last token, sampled and never decoded); without, its KV is dropped."""
+    """End ``slot``: with ``keep``, its slot keeps its prompt, and its reply's cells are cut
+    off where the memory can cut (the reply's tokens were computed one per step, and the
+    next turn's prompt computes them in a batch as a fresh server would: keeping them would
+    answer that turn with log-probabilities off in their last bits); where it cannot (a
+    recurrent state), the prompt and the reply but its last token (sampled, never decoded);
+    where the cut left nothing usable (a pruned sliding window), nothing. Without ``keep``,
+    its KV is dropped."""
     for delta in (slot.splitter.feed(slot.utf8.decode(b"", final=True)), slot.splitter.finish()):
         slot.text.append(delta.text)
         slot.reasoning.append(delta.reasoning)
-    if keep:
-        memory.hold(slot.seq, (*slot.spec.prompt[: slot.fed], *slot.tokens[: slot.steps]))
+    prompt = slot.spec.prompt[: slot.fed]
+    cut = backend.trim(slot.seq, len(prompt)) if keep and slot.steps else False
+    if keep and cut:
+        memory.hold(slot.seq, prompt)
+    elif keep and cut is False:
+        memory.hold(slot.seq, (*prompt, *slot.tokens[: slot.steps]))
     else:
         backend.drop(slot.seq)
         memory.forget(slot.seq)

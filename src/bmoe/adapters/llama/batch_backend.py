@@ -50,6 +50,11 @@ class LlamaBatchBackend:
             return False  # recurrent / hybrid memory: no partial removal
         return swa_prefix_usable(n_keep, self.ctx.pos_min(seq), self.model.n_swa)
 
+    def trim(self, seq: int, n_keep: int) -> bool | None:
+        if not self.ctx.remove_from(n_keep, seq):
+            return False  # recurrent / hybrid memory: left as it was (llama_memory_seq_rm's contract)
+        return True if swa_prefix_usable(n_keep, self.ctx.pos_min(seq), self.model.n_swa) else None
+
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         self.on_step(1)
         self.ctx.decode(tokens, start_pos, seq=seq)
