@@ -36,11 +36,8 @@ class ScriptedBatch:
         self.dropped.append(seq)
         del self.next[seq]
 
-    def keep(self, seq: int, n_keep: int) -> bool:
-        raise AssertionError("run_batch starts every request empty")
-
-    def trim(self, seq: int, n_keep: int) -> bool | None:
-        raise AssertionError("run_batch keeps no slot")
+    def keep(self, seq: int, n_keep: int) -> bool | None:
+        raise AssertionError("run_batch starts every request empty and keeps no slot")
 
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         assert start_pos == 0

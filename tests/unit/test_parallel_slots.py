@@ -63,12 +63,9 @@ class TokenMemory:
         self.loaded.append(seq)
         return True
 
-    def keep(self, seq: int, n_keep: int) -> bool:
+    def keep(self, seq: int, n_keep: int) -> bool | None:
         del self.seqs.setdefault(seq, [])[n_keep:]
         return True
-
-    def trim(self, seq: int, n_keep: int) -> bool | None:
-        return self.keep(seq, n_keep)
 
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
         held = self.seqs.setdefault(seq, [])
@@ -147,11 +144,8 @@ def test_a_conversation_coming_back_to_its_slot_prefills_only_what_it_added() ->
 class RecurrentMemory(TokenMemory):
     """A memory that cannot remove a part of a sequence (a recurrent state)."""
 
-    def keep(self, seq: int, n_keep: int) -> bool:
+    def keep(self, seq: int, n_keep: int) -> bool | None:
         return n_keep >= len(self.seqs.get(seq, [])) and super().keep(seq, n_keep)
-
-    def trim(self, seq: int, n_keep: int) -> bool | None:
-        return self.keep(seq, n_keep)
 
 
 def test_a_memory_that_cannot_cut_the_reply_keeps_it_and_a_turn_extending_it_reuses_it() -> None:

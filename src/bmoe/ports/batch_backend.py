@@ -33,17 +33,12 @@ class IBatchBackend(Protocol):
         """Forget sequence ``seq``'s positions (its slot then starts again at 0)."""
         ...
 
-    def keep(self, seq: int, n_keep: int) -> bool:
-        """Remove ``seq``'s positions from ``n_keep`` on, keeping the rest; False (nothing
-        promised about ``seq``: the caller drops it) when the memory cannot keep a part
-        (recurrent state, a sliding window that pruned cells the prefix needs)."""
-        ...
-
-    def trim(self, seq: int, n_keep: int) -> bool | None:
-        """Cut ``seq``'s positions from ``n_keep`` on where its memory can: True when cut
-        (and the prefix still usable); False when the memory cannot remove a part and was
-        left as it was (recurrent state); None when the cut left nothing usable (a sliding
-        window that pruned cells the prefix needs): the caller drops ``seq``."""
+    def keep(self, seq: int, n_keep: int) -> bool | None:
+        """Remove ``seq``'s positions from ``n_keep`` on, keeping the rest: True when done (and
+        the prefix still usable); False when the memory cannot remove a part and was left as
+        it was (recurrent state); None when the cut left nothing usable (a sliding window
+        that pruned cells the prefix needs). Either way but True, a caller that needs the
+        prefix drops ``seq``."""
         ...
 
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:

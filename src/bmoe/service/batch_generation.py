@@ -310,7 +310,7 @@ class BatchRun:
         backend, seq = self.backend, slot.seq
         target = StateTarget(
             lambda blob: backend.load_state(seq, blob),
-            lambda n: backend.keep(seq, n),
+            lambda n: backend.keep(seq, n) is True,
             lambda: backend.drop(seq),
         )
         done = cache.restore(found, slot.spec.prompt, target)
@@ -432,7 +432,7 @@ def _finish(
         slot.text.append(delta.text)
         slot.reasoning.append(delta.reasoning)
     prompt = slot.spec.prompt[: slot.fed]
-    cut = backend.trim(slot.seq, len(prompt)) if keep and slot.steps else False
+    cut = backend.keep(slot.seq, len(prompt)) if keep and slot.steps else False
     if keep and cut:
         memory.hold(slot.seq, prompt)
     elif keep and cut is False:

@@ -45,12 +45,7 @@ class LlamaBatchBackend:
         if not self.ctx.remove_from(0, seq):
             raise ConfigError("this model's memory cannot drop one sequence (recurrent state)")
 
-    def keep(self, seq: int, n_keep: int) -> bool:
-        if not self.ctx.remove_from(n_keep, seq):
-            return False  # recurrent / hybrid memory: no partial removal
-        return swa_prefix_usable(n_keep, self.ctx.pos_min(seq), self.model.n_swa)
-
-    def trim(self, seq: int, n_keep: int) -> bool | None:
+    def keep(self, seq: int, n_keep: int) -> bool | None:
         if not self.ctx.remove_from(n_keep, seq):
             return False  # recurrent / hybrid memory: left as it was (llama_memory_seq_rm's contract)
         return True if swa_prefix_usable(n_keep, self.ctx.pos_min(seq), self.model.n_swa) else None
