@@ -232,13 +232,7 @@ def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[s
         n_threads=args.threads,
         n_seq_max=2 if parallel else 1,
     )
-    streamed = args.cache_mb is not None
-    stream = StreamConfig(
-        enabled=streamed,
-        cache_mb=args.cache_mb,
-        governor="off",
-        size_prompt_batch=streamed and args.batch == "auto",
-    )
+    stream = stream_config(args)
     config = SessionConfig(
         model_path=args.model,
         context=context,
@@ -297,6 +291,18 @@ def fixed_batch(args: argparse.Namespace) -> int:
     """The batch a context is made with: ``-b``'s count, or 512 under ``auto`` (which the
     streamed session then sizes)."""
     return 512 if args.batch == "auto" else int(args.batch)
+
+
+def stream_config(args: argparse.Namespace) -> StreamConfig:
+    """Streamed with ``--cache-mb`` (else resident), the governor off; under ``-b auto`` the
+    prompt batch sized from the room."""
+    streamed = args.cache_mb is not None
+    return StreamConfig(
+        enabled=streamed,
+        cache_mb=args.cache_mb,
+        governor="off",
+        size_prompt_batch=streamed and args.batch == "auto",
+    )
 
 
 def session_flags(p: argparse.ArgumentParser, ctx: int) -> None:

@@ -18,9 +18,15 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from bench_agent_turns import Sink, filler, fixed_batch, session_flags  # a sibling: run as python tools/...
+from bench_agent_turns import (
+    Sink,
+    filler,
+    fixed_batch,
+    session_flags,
+    stream_config,
+)  # a sibling: run as python tools/...
 
-from bmoe import GenerateRequest, Session, SessionConfig, StreamConfig
+from bmoe import GenerateRequest, Session, SessionConfig
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.chat import ChatMessage
 from bmoe.service.parallel_jobs import ParallelEntry
@@ -35,7 +41,7 @@ def run(args: argparse.Namespace) -> None:
         n_threads=args.threads,
         n_seq_max=2,
     )
-    stream = StreamConfig(enabled=args.cache_mb is not None, cache_mb=args.cache_mb, governor="off")
+    stream = stream_config(args)
     config = SessionConfig(model_path=args.model, context=context, chat=True, think=False, stream=stream)
     system = ChatMessage("system", "You are a coding agent.")
     with Session.open(config) as s:
