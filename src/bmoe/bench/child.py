@@ -38,7 +38,7 @@ from bmoe.bench.decode import (
     teacher_force,
     teacher_force_parallel,
 )
-from bmoe.bench.prefill import AUTO_BATCH, PREFILL_BATCH, Prefiller, timed_prefill
+from bmoe.bench.prefill import AUTO_BATCH, PREFILL_BATCH, Prefiller, context_batch, timed_prefill
 
 PROGRESS_TAG = "PROGRESS "
 RESULT_TAG = "RESULT "
@@ -131,7 +131,7 @@ class BmoeStepper:
         streamed = spec["kind"] == "stream"
         batch = spec.get("batch", PREFILL_BATCH)
         sized = batch == AUTO_BATCH and streamed  # the batch from the room, as bmoe.cli's default
-        n_batch = PREFILL_BATCH if batch == AUTO_BATCH else int(batch)
+        n_batch = context_batch(batch)
         stream = StreamConfig(
             enabled=streamed,
             cache_mb=spec.get("cache_mib"),
@@ -289,7 +289,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
             spec["threads"],
             repack=kind == "stock",
             n_seq=len(texts),
-            batch=PREFILL_BATCH if batch == AUTO_BATCH else int(batch),
+            batch=context_batch(batch),
         )
     else:
         stepper = BmoeStepper(spec)

@@ -30,6 +30,14 @@ otherwise (llama-cpp-python's ``Llama`` default)."""
 AUTO_BATCH = "auto"
 """``--batch-size auto``: bmoe's streamed configurations size their prompt batch from the room."""
 
+
+def context_batch(batch: int | str) -> int:
+    """The ``n_batch = n_ubatch`` a configuration's context is made with for ``--batch-size``
+    ``batch``: its count, or :data:`PREFILL_BATCH` under ``auto`` (which a streamed session
+    then sizes from the room)."""
+    return PREFILL_BATCH if batch == AUTO_BATCH else int(batch)
+
+
 DEFAULT_PROMPT_TOKENS = 464
 """The default prompt: a long chat turn's worth, under one batch."""
 
