@@ -43,6 +43,8 @@ from pathlib import Path
 import attrs
 
 from bmoe.adapters.llama import ContextParams
+from bmoe.bench.main import parse_batch
+from bmoe.bench.prefill import context_batch
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.streaming import MIB, StreamConfig
@@ -141,7 +143,7 @@ def run_stock(args: argparse.Namespace, system: str, tools: Sequence[str]) -> li
     llm = llama_cpp.Llama(
         model_path=str(args.model),
         n_ctx=args.ctx,
-        n_batch=fixed_batch(args),
+        n_batch=context_batch(args.batch),
         n_threads=args.threads,
         verbose=False,
     )
@@ -178,7 +180,7 @@ def run_stock_server(args: argparse.Namespace, system: str, tools: Sequence[str]
         "--n_ctx",
         str(args.ctx),
         "--n_batch",
-        str(fixed_batch(args)),
+        str(context_batch(args.batch)),
         "--n_threads",
         str(args.threads),
         "--cache",
@@ -227,8 +229,8 @@ def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[s
     parallel = mode.startswith("np2")
     context = ContextParams(
         n_ctx=args.ctx,
-        n_batch=fixed_batch(args),
-        n_ubatch=fixed_batch(args),
+        n_batch=context_batch(args.batch),
+        n_ubatch=context_batch(args.batch),
         n_threads=args.threads,
         n_seq_max=2 if parallel else 1,
     )
@@ -282,17 +284,6 @@ def run_mode(mode: str, args: argparse.Namespace, system: str, tools: Sequence[s
     return turns
 
 
-def batch_flag(text: str) -> int | str:
-    """``-b``: a token count, or ``auto``."""
-    return "auto" if text == "auto" else int(text)
-
-
-def fixed_batch(args: argparse.Namespace) -> int:
-    """The batch a context is made with: ``-b``'s count, or 512 under ``auto`` (which the
-    streamed session then sizes)."""
-    return 512 if args.batch == "auto" else int(args.batch)
-
-
 def stream_config(args: argparse.Namespace) -> StreamConfig:
     """Streamed with ``--cache-mb`` (else resident), the governor off; under ``-b auto`` the
     prompt batch sized from the room."""
@@ -313,7 +304,7 @@ def session_flags(p: argparse.ArgumentParser, ctx: int) -> None:
     p.add_argument(
         "-b",
         "--batch",
-        type=batch_flag,
+        type=parse_batch,
         default=512,
         help="n_batch = n_ubatch (default 512); auto: streamed, sized from the memory room as bmoe.cli "
         "--moe-stream does without -b (the stock modes keep 512)",

@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from bench_agent_turns import (
     Sink,
     filler,
-    fixed_batch,
     session_flags,
     stream_config,
 )  # a sibling: run as python tools/...
 
 from bmoe import GenerateRequest, Session, SessionConfig
 from bmoe.adapters.llama import ContextParams
+from bmoe.bench.prefill import context_batch
 from bmoe.domain.chat import ChatMessage
 from bmoe.service.parallel_jobs import ParallelEntry
 from bmoe.tinymodel import default_model_path
@@ -36,8 +36,8 @@ from bmoe.tinymodel import default_model_path
 def run(args: argparse.Namespace) -> None:
     context = ContextParams(
         n_ctx=args.ctx,
-        n_batch=fixed_batch(args),
-        n_ubatch=fixed_batch(args),
+        n_batch=context_batch(args.batch),
+        n_ubatch=context_batch(args.batch),
         n_threads=args.threads,
         n_seq_max=2,
     )
