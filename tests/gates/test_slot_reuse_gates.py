@@ -8,6 +8,7 @@ decision between runs takes the context and the next run starts empty."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -57,11 +58,14 @@ def run_round(session: Session, entries: Sequence[ParallelEntry]) -> None:
 
 def conversation_rounds(session: Session) -> dict[str, list[RunResult]]:
     """Each round's two requests, each carrying its conversation, in one run per round."""
-    return conversation_rounds_of(session, ROUNDS)
+    return conversation_rounds_of(functools.partial(run_round, session), ROUNDS)
 
 
-def conversation_rounds_of(session: Session, rounds: Sequence[dict[str, str]]) -> dict[str, list[RunResult]]:
-    """Each round's requests, each carrying its conversation, in one run per round."""
+def conversation_rounds_of(
+    serve: Callable[[list[ParallelEntry]], None], rounds: Sequence[dict[str, str]]
+) -> dict[str, list[RunResult]]:
+    """Each round's requests, each carrying its conversation, served by ``serve`` (one call
+    a round)."""
     histories = {who: [SYSTEM] for who in rounds[0]}
     results: dict[str, list[RunResult]] = {who: [] for who in rounds[0]}
     for prompts in rounds:
@@ -72,7 +76,7 @@ def conversation_rounds_of(session: Session, rounds: Sequence[dict[str, str]]) -
             )
             for who, prompt in prompts.items()
         ]
-        run_round(session, entries)
+        serve(entries)
         for who, prompt in prompts.items():
             result = sinks[who].results[0]
             results[who].append(result)
@@ -241,30 +245,14 @@ def test_more_conversations_than_slots_come_back_through_the_prompt_cache(
     assert all(r.n_prompt < plain[c][1].n_prompt for c, r in zip("abc", second, strict=True))
 
 
-def fresh_rounds(path: Path, streamed: bool, rounds: Sequence[dict[str, str]]) -> dict[str, list[RunResult]]:
-    """Each round served by a session of its own (nothing held), each request carrying its
-    conversation: what a fresh server answers."""
-    histories: dict[str, list[ChatMessage]] = {}
-    results: dict[str, list[RunResult]] = {}
-    for prompts in rounds:
-        sinks = {who: Collect() for who in prompts}
+def in_fresh_sessions(path: Path, streamed: bool) -> Callable[[list[ParallelEntry]], None]:
+    """Serving each round in a session of its own (nothing held): what a fresh server answers."""
+
+    def serve(entries: list[ParallelEntry]) -> None:
         with Session.open(config(path, streamed, 0.1)) as s:
-            run_round(
-                s,
-                [
-                    ParallelEntry(
-                        GenerateRequest(prompt, n_predict=6, logprobs=2),
-                        sinks[who],
-                        history=list(histories.setdefault(who, [SYSTEM])),
-                    )
-                    for who, prompt in prompts.items()
-                ],
-            )
-        for who, prompt in prompts.items():
-            result = sinks[who].results[0]
-            results.setdefault(who, []).append(result)
-            histories[who] += [ChatMessage("user", prompt), ChatMessage("assistant", result.text)]
-    return results
+            run_round(s, entries)
+
+    return serve
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
@@ -279,8 +267,8 @@ def test_a_conversation_back_in_its_kept_slot_answers_bit_for_bit_as_a_fresh_ser
     path = tiny_model_path(name)
     lone = [{"a": r["a"]} for r in ROUNDS]
     with Session.open(config(path, streamed, 0.1)) as s:
-        kept = conversation_rounds_of(s, lone)
-    fresh = fresh_rounds(path, streamed, lone)
+        kept = conversation_rounds_of(functools.partial(run_round, s), lone)
+    fresh = conversation_rounds_of(in_fresh_sessions(path, streamed), lone)
     assert [r.tokens for r in kept["a"]] == [r.tokens for r in fresh["a"]]
     assert [r.logprobs for r in kept["a"]] == [r.logprobs for r in fresh["a"]]
     first, second = kept["a"]
