@@ -84,8 +84,12 @@ def conversation_rounds_of(
     return results
 
 
-def config(path: Path, streamed: bool, similarity: float) -> SessionConfig:
-    stream = StreamConfig(enabled=streamed, cache_mb=2, governor="off")
+def config(path: Path, streamed: bool, similarity: float, profile: Path | None = None) -> SessionConfig:
+    """``profile``: streamed, learn the usage profile there and start warm from it (the CLI's
+    and the server's default, ``--profile auto``)."""
+    stream = StreamConfig(
+        enabled=streamed, cache_mb=2, governor="off", profile="off" if profile is None else str(profile)
+    )
     return SessionConfig(
         model_path=path, context=PARAMS, chat=True, stream=stream, slot_similarity=similarity
     )
@@ -245,11 +249,13 @@ def test_more_conversations_than_slots_come_back_through_the_prompt_cache(
     assert all(r.n_prompt < plain[c][1].n_prompt for c, r in zip("abc", second, strict=True))
 
 
-def in_fresh_sessions(path: Path, streamed: bool) -> Callable[[list[ParallelEntry]], None]:
+def in_fresh_sessions(
+    path: Path, streamed: bool, profile: Path | None = None
+) -> Callable[[list[ParallelEntry]], None]:
     """Serving each round in a session of its own (nothing held): what a fresh server answers."""
 
     def serve(entries: list[ParallelEntry]) -> None:
-        with Session.open(config(path, streamed, 0.1)) as s:
+        with Session.open(config(path, streamed, 0.1, profile)) as s:
             run_round(s, entries)
 
     return serve
@@ -258,17 +264,20 @@ def in_fresh_sessions(path: Path, streamed: bool) -> Callable[[list[ParallelEntr
 @pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
 @pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss"])
 def test_a_conversation_back_in_its_kept_slot_answers_bit_for_bit_as_a_fresh_server(
-    tiny_model_path: TinyModel, name: str, streamed: bool
+    tiny_model_path: TinyModel, name: str, streamed: bool, tmp_path: Path
 ) -> None:
     """A slot keeps its prompt and cuts its reply's cells (computed one per step; the next
     turn computes them in a batch, as a fresh server does): the returning turn's tokens and
     log-probabilities are the fresh server's to the last bit, and it prefilled only its
-    reply and its new message."""
+    reply and its new message. Streamed as the server's defaults run: the kept session learns
+    the usage profile and every fresh one starts warm from it."""
     path = tiny_model_path(name)
     lone = [{"a": r["a"]} for r in ROUNDS]
-    with Session.open(config(path, streamed, 0.1)) as s:
+    profile = tmp_path / "profile.json" if streamed else None
+    with Session.open(config(path, streamed, 0.1, profile)) as s:
         kept = conversation_rounds_of(functools.partial(run_round, s), lone)
-    fresh = conversation_rounds_of(in_fresh_sessions(path, streamed), lone)
+    assert profile is None or profile.is_file()
+    fresh = conversation_rounds_of(in_fresh_sessions(path, streamed, profile), lone)
     assert [r.tokens for r in kept["a"]] == [r.tokens for r in fresh["a"]]
     assert [r.logprobs for r in kept["a"]] == [r.logprobs for r in fresh["a"]]
     first, second = kept["a"]
