@@ -7,6 +7,8 @@ these types in one place: ``bmoe.adapters.llama.status``.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 
 class BmoeError(Exception):
     """Base of every error bmoe raises on purpose."""
@@ -147,3 +149,17 @@ class ExpertReadError(StreamingFaultError, OSError):
 class ExpertGraphError(StreamingFaultError, RuntimeError):
     """The compute graph routed to something streaming cannot serve (a layer without known
     experts, an expert id out of range)."""
+
+
+def is_fatal(error: BaseException) -> TypeGuard[BmoeError]:
+    """Whether ``error`` leaves the engine broken, so that the session must end (sticky):
+    the one place that decides it, by the error's type (docs/reliability.md, "Fatal or
+    not"). Fatal: a streaming fault (an expert read failed, a graph streaming cannot
+    serve), a resident model file truncated, a decode that failed inside llama.cpp
+    (``DecodeError``, ``KvCacheFullError``; not ``DecodeAbortedError``, a cancel). Everything
+    else, whatever a request brought (its constraint dead-ending, a context overflow, a
+    tokenization, a tool call that does not parse, an error of Python's), ends that request
+    only."""
+    if isinstance(error, DecodeAbortedError):
+        return False
+    return isinstance(error, StreamingFaultError | ModelFileTruncatedError | DecodeError | SessionFailedError)

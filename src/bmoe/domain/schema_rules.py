@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from bmoe.domain.schema_dead_ends import refuse_dead_ends
 from bmoe.errors import GrammarError
 
 _YEAR = r"(\d{3}[1-9]|\d{2}[1-9]\d|\d[1-9]\d{2}|[1-9]\d{3})"  # 0001 to 9999
@@ -105,7 +106,8 @@ def enforceable(schema: object, field: str, refused: frozenset[str]) -> Mapping[
     """``schema`` (from the request's ``field``) made ready for an engine that cannot
     enforce ``refused``: its formats as patterns, its objects closed. Raises
     ``GrammarError`` naming every keyword it cannot enforce, ``where`` the first one's
-    pointer (``field#/pointer``)."""
+    pointer (``field#/pointer``), or for a schema that allows no finite value
+    (``schema_dead_ends``: a reference to itself, a required recursion), ``where`` the field."""
     if not isinstance(schema, Mapping):
         raise GrammarError(f"{field} must be a JSON object", field)
     found = unenforced(schema, refused)
@@ -114,7 +116,9 @@ def enforceable(schema: object, field: str, refused: frozenset[str]) -> Mapping[
         raise GrammarError(
             f"{field} uses what bmoe's grammar cannot enforce: {listed}", f"{field}#{found[0].pointer}"
         )
-    return with_format_patterns(schema)  # type: ignore[no-any-return]
+    ready: Mapping[str, Any] = with_format_patterns(schema)
+    refuse_dead_ends(ready, field)  # compiles, yet no value ends: refused before the prefill
+    return ready
 
 
 def with_format_patterns(schema: object) -> Any:

@@ -26,7 +26,7 @@ import codecs
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -36,7 +36,7 @@ from bmoe.domain.prompt_cache import PromptCache, StateTarget
 from bmoe.domain.reasoning import ReasoningSplitter
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotChoice, SlotMemory
-from bmoe.errors import ContextOverflowError
+from bmoe.errors import ContextOverflowError, is_fatal
 from bmoe.ports.batch_backend import IBatchBackend
 
 
@@ -66,6 +66,7 @@ class BatchOutput:
     steps: int  # decode steps this job took part in
     reused: int = 0  # prompt tokens its slot already held (not prefilled)
     restored: int = 0  # of ``reused``, those a state from the prompt cache held
+    error: Exception | None = None  # what ended it early (never fatal: ``is_fatal``)
 
 
 @attrs.define
@@ -88,6 +89,7 @@ class _Slot:
     prefill_s: float = 0.0
     started: float = 0.0
     steps: int = 0
+    error: Exception | None = None  # what ended this request alone (its KV is dropped)
 
     @property
     def cells(self) -> int:
@@ -202,12 +204,14 @@ class BatchRun:
             slot = _Slot(ticket, choice.seq, job, keep=choice.keep)
             if sink is not None:
                 self._sinks[ticket] = sink
-            self._prepare(slot)
-            _claim(backend, slot, self.memory)
-            if self.chunked:  # prefilled in chunks beside the running ones and each other
+            self._alone(slot, self._prepare, slot)
+            if slot.error is None:
+                self._alone(slot, _claim, backend, slot, self.memory)
+            if self.chunked and slot.error is None:  # prefilled in chunks beside the others
                 self._joining.append(slot)
                 continue
-            _prefill(backend, slot, self._sink(slot))
+            if slot.error is None:
+                self._alone(slot, _prefill, backend, slot, self._sink(slot))
             if self._ends(slot):
                 ended.append((ticket, self._end(slot)))
             else:
@@ -246,7 +250,7 @@ class BatchRun:
         ended: list[tuple[int, BatchOutput]] = []
         for row, slot in enumerate(self._running):
             slot.steps += 1
-            _take(backend, slot, row, self._sink(slot))
+            self._alone(slot, _take, backend, slot, row, self._sink(slot))
         for slot in [s for s in self._running if self._ends(s)]:
             self._running.remove(slot)
             ended.append((slot.job, self._end(slot)))
@@ -255,7 +259,7 @@ class BatchRun:
             slot.prefill_s = time.perf_counter() - slot.started
             slot.started = time.perf_counter()
             if slot.spec.n_predict > 0:
-                _take(backend, slot, row, self._sink(slot))
+                self._alone(slot, _take, backend, slot, row, self._sink(slot))
             if self._ends(slot):
                 ended.append((slot.job, self._end(slot)))
             else:
@@ -327,11 +331,29 @@ class BatchRun:
 
     def _ends(self, slot: _Slot) -> bool:
         sink = self._sinks.get(slot.job)
-        return slot.done or (sink is not None and sink.wants_stop())
+        return slot.done or slot.error is not None or (sink is not None and sink.wants_stop())
 
     def _end(self, slot: _Slot) -> BatchOutput:
         self._sinks.pop(slot.job, None)
+        if slot.error is not None:  # its KV dropped, its slot free: the others run on
+            self.backend.drop(slot.seq)
+            self.memory.forget(slot.seq)
+            self._free = sorted([*self._free, slot.seq])
+            return BatchOutput(
+                "", "", tuple(slot.tokens), False, (), slot.prefill_s, 0.0, slot.steps, error=slot.error
+            )
         return _finish(self.backend, slot, self._free, self.memory, keep=self.keep_slots)
+
+    @staticmethod
+    def _alone(slot: _Slot, work: Callable[..., object], *args: Any) -> None:
+        """Run ``work(*args)`` for ``slot``: an error that is not fatal (its constraint dead-ending,
+        ``is_fatal``) ends this request only (kept in ``slot.error``); a fatal one ends the run."""
+        try:
+            work(*args)
+        except Exception as exc:
+            if is_fatal(exc):
+                raise
+            slot.error = exc
 
     def close(self) -> None:
         self.backend.close_samplers()
@@ -354,6 +376,9 @@ def run_batch(
             outputs.update(run.step())
     finally:
         run.close()
+    for out in outputs.values():
+        if out.error is not None:
+            raise out.error  # that request's error: the others' results are lost with it
     return [outputs[i] for i in range(len(jobs))]
 
 

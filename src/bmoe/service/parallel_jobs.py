@@ -210,8 +210,9 @@ class ParallelJobs:
 
     def serve(self, backend: IBatchBackend, take: Take, memory: SlotMemory | None) -> SlotMemory:
         """Run entries as ``take`` hands them over until it hands none while idle; each
-        entry's sink hears its tokens and gets its result, or the error that refused it
-        (``ConfigError``, the others run on) or ended the run (every live sink hears it, then
+        entry's sink hears its tokens and gets its result, or the error that refused or
+        ended it alone (``ConfigError``, a constraint that dead-ends: not ``is_fatal``; the
+        others run on) or ended the run (every live sink hears it, then
         it is raised). The slots start from ``memory``; what they hold at the end is returned,
         for the next run (none when the run fails: the caller must empty the context)."""
         run = BatchRun(
@@ -225,7 +226,8 @@ class ParallelJobs:
         live: dict[int, tuple[ParallelEntry, BatchJob]] = {}
         try:
             while True:
-                for entry in take(run.idle):
+                entries = take(run.idle)
+                for entry in entries:
                     try:
                         job = self.job(entry.request, entry.chat, entry.history)
                         ticket = run.add(job, _Following(entry.sink, job.n_predict))
@@ -233,11 +235,14 @@ class ParallelJobs:
                         entry.sink.failed(exc)
                         continue
                     live[ticket] = (entry, job)
-                if run.idle:
+                if run.idle and not entries:  # ``take`` handed none while idle: it knows the run ends
                     return run.memory  # the slots keep their KV for the next run
                 for ticket, out in run.step():
                     entry, job = live.pop(ticket)
-                    entry.sink.done(self.result(entry.request, job, out, entry.chat))
+                    if out.error is not None:  # this request's own (its KV dropped, its slot free)
+                        entry.sink.failed(out.error)
+                    else:
+                        entry.sink.done(self.result(entry.request, job, out, entry.chat))
         except BaseException as exc:
             for entry, _ in live.values():
                 entry.sink.failed(exc)

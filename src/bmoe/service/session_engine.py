@@ -29,6 +29,7 @@ from bmoe.errors import (
     SessionFailedError,
     StreamingFaultError,
     ToolFormatError,
+    is_fatal,
 )
 from bmoe.ports.generate_backend import IChatRenderer, IGenerateBackend
 
@@ -281,8 +282,9 @@ class SessionEngine:
                 self._keep_state()
                 self.kv_tokens = []
                 return work()
-            except StreamingFaultError as exc:
-                self._fatal = exc
+            except BaseException as exc:
+                if is_fatal(exc):
+                    self._fatal = exc
                 raise
             finally:
                 self._set_running(False)
@@ -320,8 +322,11 @@ class SessionEngine:
         except (_Cancelled, DecodeAbortedError):
             self._roll_back(turn)
             return self._result(turn, cancelled=True)
-        except BmoeError as exc:
-            self._fatal = exc
+        except BaseException as exc:  # fatal (sticky) or this request's end only: is_fatal
+            if is_fatal(exc):
+                self._fatal = exc
+            else:
+                self._roll_back(turn)  # as a cancel: the session answers as a fresh one would
             raise
         self.transcript = [*turn.prompt, *turn.tokens]
         tools = ToolUse.shown(request.tools) if chat else None

@@ -178,21 +178,58 @@ class GuidanceMask:
         assert llguidance is not None
         vocab = _vocabulary(model)
         grammar = llguidance.LLMatcher.grammar_from_lark(lark_grammar(constraint, vocab.special))
+        self.where = _field(constraint)
         bad, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, vocab.tokenizer)
         if bad or warnings:
-            raise GrammarError(f"llguidance refused the grammar: {'; '.join(warnings) or 'invalid'}")
+            raise GrammarError(
+                f"the schema at {self.where} cannot be enforced: {_short(warnings)}", self.where
+            )
         self.matcher = llguidance.LLMatcher(vocab.tokenizer, grammar)
         if self.matcher.is_error():
-            raise GrammarError(f"llguidance refused the grammar: {self.matcher.get_error()}")
+            why = _short([self.matcher.get_error()])
+            raise GrammarError(f"the schema at {self.where} cannot be enforced: {why}", self.where)
         self.n_vocab = vocab.n_vocab
+        self.accepted = 0  # tokens of the reply so far
         self._words = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
 
     def allowed(self) -> NDArray[np.bool_]:
+        """Raises ``GrammarError`` when no token may come next: the schema dead-ends (said in
+        a few words about the schema, never llguidance's state, which is its own business)."""
         self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
-        if self.matcher.is_error():
-            raise GrammarError(f"the constraint failed: {self.matcher.get_error()}")
-        return allowed_ids(self._words, self.n_vocab)
+        allowed = allowed_ids(self._words, self.n_vocab)
+        if self.matcher.is_error() or not allowed.any():
+            raise GrammarError(
+                f"the schema at {self.where} allows no complete value: no token may follow the "
+                f"{self.accepted} of the reply so far (a reference to itself, or a recursion "
+                "that never ends?)",
+                self.where,
+            )
+        return allowed
 
     def accept(self, token: int) -> None:
         if not self.matcher.consume_token(token):
-            raise GrammarError(f"token {token} broke the constraint: {self.matcher.get_error()}")
+            raise GrammarError(
+                f"the schema at {self.where} refused token {token} after {self.accepted} of the reply",
+                self.where,
+            )
+        self.accepted += 1
+
+
+def _short(problems: Sequence[str]) -> str:
+    """llguidance's first problem in a line: what it says of the schema, without its place in
+    the grammar or the grammar itself (bmoe's wording of the request, not the client's)."""
+    line = (problems[0] if problems else "").strip().splitlines()[:1]
+    text = line[0] if line else "invalid"
+    for lead in ("failed to compile JSON schema: ", "failed to compile JSON schema:"):
+        if lead in text:
+            text = text.split(lead, 1)[1]
+    return text if len(text) <= 200 else f"{text[:200]}..."
+
+
+def _field(constraint: OutputConstraint) -> str:
+    """Where in the request ``constraint``'s schema came from (the error's ``param``)."""
+    if constraint.kind == "json_schema":
+        return constraint.field
+    if constraint.kind == "tool_calls":
+        return "tools"
+    return "response_format"
