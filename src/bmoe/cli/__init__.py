@@ -34,6 +34,7 @@ from bmoe.frontend.flags import (
     add_run_options,
     add_stream_options,
 )
+from bmoe.frontend.stopping import Stopping
 from bmoe.runtime import Session, SessionConfig
 
 DEFAULT_PROMPT = "Hello, world"
@@ -119,14 +120,11 @@ def _serve(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(encode_response(Error(id=None, fatal=True, msg=str(exc))))
         sys.stdout.flush()
         return 1
-    with session:
-        loop = SessionLoop(
-            session,
-            sys.stdin.buffer,
-            sys.stdout.buffer,
-            progress=args.progress,
-            sampling=sampling_params(args),
-        )
+    loop = SessionLoop(
+        session, sys.stdin.buffer, sys.stdout.buffer, progress=args.progress, sampling=sampling_params(args)
+    )
+    # SIGTERM as Ctrl-C: serve no more, close the session (the prompt cache written), exit 0
+    with Stopping(loop.stop).installed(), session:
         return loop.run()
 
 

@@ -48,7 +48,7 @@ from bmoe.domain.metrics import run_summary
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB
 from bmoe.domain.streaming.governor import BudgetChange
-from bmoe.errors import BmoeError, ConfigError, SessionFailedError
+from bmoe.errors import BmoeError, is_fatal
 from bmoe.runtime import Session
 
 _STOP = object()
@@ -81,11 +81,19 @@ class SessionLoop:
         self._queued: Counter[RequestId] = Counter()  # ids of requests queued, not yet begun
         self._cancel_on_begin: Counter[RequestId] = Counter()  # queued ids already cancelled
         self._changes_sent = 0  # the governor's budget changes already on a BMOE_PROGRESS line
+        self._stopping = False
 
     def send(self, response: Response) -> None:
         with self._out:
             self.stdout.write(encode_response(response))
             self.stdout.flush()
+
+    def stop(self) -> None:
+        """Serve no more (any thread but the serving one; a signal's): the request in flight
+        is cancelled, the queued ones are dropped, ``run`` returns 0."""
+        self._stopping = True
+        self.session.cancel()
+        self._queue.put(_STOP)
 
     # -- input (reader thread) -------------------------------------------------------------
 
@@ -174,7 +182,7 @@ class SessionLoop:
         threading.Thread(target=self._read, name="bmoe-stdin", daemon=True).start()
         while True:
             event = self._queue.get()
-            if event is _STOP:
+            if event is _STOP or self._stopping:
                 return 0
             if not self._serve(event):
                 return 1
@@ -190,20 +198,18 @@ class SessionLoop:
         return True
 
     def _answer(self, rid: RequestId, work: Callable[[], Response]) -> bool:
-        """Send what ``work`` answers, or its error: non-fatal for a refused request
-        (``ConfigError``), fatal for anything else bmoe raised. False after a fatal one."""
+        """Send what ``work`` answers, or its error: fatal when ``is_fatal`` says the
+        engine is broken, else this request's only (a refusal, a constraint that dead-ends).
+        False after a fatal one."""
         try:
             try:
                 response = work()
             finally:
                 self._end(rid)
-        except (ConfigError, SessionFailedError) as exc:
-            fatal = isinstance(exc, SessionFailedError)
+        except BmoeError as exc:
+            fatal = is_fatal(exc)
             self.send(Error(id=rid, fatal=fatal, msg=str(exc)))
             return not fatal
-        except BmoeError as exc:
-            self.send(Error(id=rid, fatal=True, msg=str(exc)))
-            return False
         self.send(response)
         return True
 

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ipaddress
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from bmoe.errors import BmoeError
 from bmoe.frontend.configs import resolve_model
 from bmoe.frontend.devices import list_devices
+from bmoe.frontend.stopping import Stopping
 from bmoe.runtime import Session
 from bmoe.serve.api_responses import ModelCard
-from bmoe.serve.flags import build_parser, http_options, model_id, serve_defaults, session_config
+from bmoe.serve.flags import HttpOptions, build_parser, http_options, model_id, serve_defaults, session_config
 from bmoe.serve.service import ServedSession
+
+if TYPE_CHECKING:
+    from bmoe.serve.http_server import HttpServer
 
 
 def model_card(session: Session, name: str) -> ModelCard:
@@ -71,9 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_tokens is not None and args.max_tokens < 0:
         parser.error("--max-tokens must be >= 0")
     try:
-        import uvicorn
-
         from bmoe.serve.app import build_app
+        from bmoe.serve.http_server import HttpServer
     except ImportError as exc:
         print(
             f"bmoe.serve: error: {exc}: install the server's extra, "
@@ -87,6 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BmoeError as exc:
         print(f"bmoe.serve: error: {exc}", file=sys.stderr)
         return 1
+    stopping = Stopping(lambda: None)  # SIGTERM as Ctrl-C: the HTTP server asked to stop
+    with stopping.installed():
+        return _serve(args, options, served, stopping, HttpServer, build_app)
+
+
+def _serve(
+    args: argparse.Namespace,
+    options: HttpOptions,
+    served: ServedSession,
+    stopping: Stopping,
+    server_class: type[HttpServer],
+    build_app: Callable[[ServedSession, HttpOptions], Any],
+) -> int:
+    """Serve until a signal, then close ``served`` (its session writes the prompt cache)."""
     try:
         for note in served.session.notes:
             print(f"bmoe.serve: {note}", file=sys.stderr)
@@ -100,10 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bmoe.serve: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
             return 1
         with sock:
-            config = uvicorn.Config(
-                build_app(served, options), log_level=args.log_level, timeout_graceful_shutdown=10
-            )
-            server = uvicorn.Server(config)
+            server = server_class.of(build_app(served, options), args.log_level)
+            stopping.on_first = server.stop
+            if stopping.asked:  # a signal came before the server was made
+                server.stop()
             host, port = sock.getsockname()[:2]
             url = f"http://{host}:{port}/v1"
             if not options.api_keys and not _loopback(host):
@@ -114,8 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             print(f"bmoe.serve: serving '{served.model_id}' on {url}", file=sys.stderr)
             print(f"bmoe.serve: chat and engine view: http://{host}:{port}/", file=sys.stderr, flush=True)
-            with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
-                server.run(sockets=[sock])
+            server.run(sockets=[sock])
     finally:
         served.close()
     return 0
