@@ -68,7 +68,10 @@ cdef struct proj_t:
 
 ctypedef void (*tensor_set_f)(ggml_tensor *, const void *, size_t, size_t) noexcept nogil
 ctypedef void (*tensor_get_f)(const ggml_tensor *, void *, size_t, size_t) noexcept nogil
-ctypedef bint (*buffer_is_host_f)(void *) noexcept nogil
+# ggml's C ``bool``, not Cython's ``bint`` (an int): a ``bool`` is returned in the low byte
+# of ``eax`` alone, and a clang-built ggml leaves the upper bytes as they were (0x7f603701
+# seen for ``true``, and a ``false`` may read as non-zero), where gcc happens to clear them
+ctypedef bool (*buffer_is_host_f)(void *) noexcept nogil
 ctypedef size_t (*nbytes_f)(const ggml_tensor *) noexcept nogil
 
 
@@ -469,4 +472,6 @@ cdef inline bint in_host_memory(stream_t * s, const ggml_tensor * t) noexcept no
     """Whether ``t.data`` is an address of this process (not a device's). For graph nodes and
     weights as loaded; not for expert tensors once tagged for repacking (a ``CPU_REPACK``
     buffer is host memory but says it is not)."""
-    return s.buffer_is_host == NULL or t.buffer == NULL or s.buffer_is_host(t.buffer)
+    if s.buffer_is_host == NULL or t.buffer == NULL:
+        return True
+    return s.buffer_is_host(t.buffer) != 0  # exactly 0 or 1: ``host`` is compared with 1
