@@ -1,12 +1,16 @@
-"""The AMX probe: the tile instructions run in a child process, the answer cached.
+"""The AMX probe: the tile instructions, then llama.cpp's own AMX kernel, each run in a
+child process; the answer cached.
 
-``probe_amx()`` starts ``python -m bmoe.adapters.cpu_features``, which asks Linux for the
-tile state and executes ``bmoe.cext.cpu_probe.run_amx_tiles`` (configure, load, one int8
-tile product, store, release, compare). A child that exits 0 proves AMX works; one that
-dies of a signal (SIGILL, SIGSEGV) or computes a wrong product proves it does not, and
-the parent lives on. The verdict is cached per machine and llama.cpp version in
-``cpu-probe.json`` under bmoe's cache root (:mod:`bmoe.adapters.cache_dirs`): a probe costs
-one short process, once.
+``probe_amx()`` first starts ``python -m bmoe.adapters.cpu_features``, which asks Linux for
+the tile state and executes ``bmoe.cext.cpu_probe.run_amx_tiles`` (configure, load, one int8
+tile product, store, release, compare): the cheap step, which answers for the CPU. Where the
+tiles ran, the kernel step decides (``kernel``: ``bmoe.adapters.amx_kernel``, llama.cpp's
+AMX kernel computing a batch with the thread counts asked, against its plain kernels): a
+CPU that runs the tiles can still have a llama.cpp whose AMX kernel its compiler broke
+(gcc 12, docs/machines.md). A child that dies of a signal (SIGILL, SIGSEGV) or computes
+wrong says no, and the parent lives on. The verdict is cached per machine and llama.cpp
+*library* in ``cpu-probe.json`` under bmoe's cache root (:mod:`bmoe.adapters.cache_dirs`):
+reinstalling llama-cpp-python (another compiler, other flags) probes again.
 
 Where the child cannot run at all (no ``fork``/``exec``, a timeout), the verdict is "not
 usable" and says so: refusing AMX costs some speed, using a faulting AMX costs the process.
@@ -21,12 +25,17 @@ import platform
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bmoe.adapters.cache_dirs import probe_verdict_file
+from bmoe.domain.amx_kernel import KernelReport, kernel_verdict
 from bmoe.domain.cpu_features import AmxVerdict
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: the kernel step, and the library's identity in the key
+
+KernelStep = Callable[[tuple[int, ...]], KernelReport]
+"""Runs llama.cpp's AMX kernel with these thread counts (``bmoe.adapters.amx_kernel``)."""
 _TIMEOUT_S = 60.0
 # the child's exit codes (besides 0: the tiles ran and multiplied right)
 _EXIT_NO_PERMISSION = 3
@@ -50,16 +59,43 @@ def _cpu_text() -> str:
     return "\n".join(f"{k}: {seen.get(k, '')}" for k in wanted)
 
 
-def machine_key() -> str:
-    """What the verdict depends on: this CPU, this kernel, this llama.cpp, this probe."""
+def llama_library() -> str:
+    """The identity of the llama.cpp build that will run: the version, and the path, size and
+    modification time of each of its ggml CPU libraries (another compiler or other flags make
+    other files); "unknown" where llama-cpp-python cannot be found."""
     try:
         from importlib.metadata import version
+        from importlib.util import find_spec
 
+        spec = find_spec("llama_cpp")
         llama = version("llama-cpp-python")
     except Exception:
-        llama = "unknown"
+        return "unknown"
+    parts = [llama]
+    if spec is not None and spec.origin:
+        lib = Path(spec.origin).parent / "lib"
+        for path in sorted(lib.glob("libggml-cpu*.so*")) + sorted(lib.glob("libggml-cpu*.dylib")):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            parts.append(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+def machine_key(variant: str = "") -> str:
+    """What the verdict depends on: this CPU, this kernel, this llama.cpp library, this probe
+    (and ``variant``: a fault the tests inject)."""
     text = "\n".join(
-        [_cpu_text(), platform.release(), platform.machine(), llama, str(PROBE_VERSION), sys.executable]
+        [
+            _cpu_text(),
+            platform.release(),
+            platform.machine(),
+            llama_library(),
+            str(PROBE_VERSION),
+            sys.executable,
+            variant,
+        ]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -114,25 +150,41 @@ def run_probe(timeout_s: float = _TIMEOUT_S, *, ask_permission: bool = True) -> 
     return AmxVerdict(usable=False, why=f"the probe exited with status {code}; {diagnosis}")
 
 
-def probe_amx(*, cached: bool = True) -> AmxVerdict:
-    """The verdict for this machine: from the cache where this machine's key has one, else
-    probed now and cached (a cache that cannot be written only costs a probe next time)."""
+def probe_amx(
+    *,
+    cached: bool = True,
+    kernel: KernelStep | None = None,
+    threads: Sequence[int] = (),
+    variant: str = "",
+    tiles: AmxVerdict | None = None,
+) -> AmxVerdict:
+    """The verdict for this machine: from the cache where this machine's key has one (and,
+    for a "yes", its kernel step ran every thread count of ``threads``), else probed now and
+    cached (a cache that cannot be written only costs a probe next time). Without ``kernel``
+    only the tiles are run; with ``tiles``, that is their verdict (the tests' pretence)."""
     path = probe_verdict_file()
-    key = machine_key()
+    key = machine_key(variant)
+    wanted = tuple(sorted(set(threads)))
     if cached:
         try:
             entry = json.loads(path.read_text())[key]
-            return AmxVerdict(usable=bool(entry["usable"]), why=str(entry["why"]))
+            verdict = AmxVerdict(usable=bool(entry["usable"]), why=str(entry["why"]))
+            probed = tuple(int(n) for n in entry.get("threads", ()))
+            if not verdict.usable or set(wanted) <= set(probed):
+                return verdict
+            wanted = tuple(sorted(set(wanted) | set(probed)))
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    verdict = run_probe()
+    verdict = tiles if tiles is not None else run_probe()
+    if verdict.usable and kernel is not None:
+        verdict = kernel_verdict(kernel(wanted), verdict)
     try:
         table = json.loads(path.read_text()) if path.is_file() else {}
         if not isinstance(table, dict):
             table = {}
     except (OSError, ValueError):
         table = {}
-    table[key] = {"usable": verdict.usable, "why": verdict.why}
+    table[key] = {"usable": verdict.usable, "why": verdict.why, "threads": list(wanted)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -89,7 +89,7 @@ class LoadChoice:
         # stream: it is loaded as one (llama.cpp repacks it)
         streams_experts = config.stream.enabled and has_streamable_experts(config.model_path)
         # AMX refused (its tiles fault here, or --amx off): bmoe places the weights itself
-        amx = amx_choice(config.amx, config.repack)
+        amx = amx_choice(config.amx, config.repack, config.context.n_threads)
         where = resolve(config.placement, config.model_path, streaming=config.stream.enabled)
         return cls(streams_experts, config.repack, amx, where)
 
@@ -123,12 +123,14 @@ class LoadChoice:
             model.close()
             raise
 
-    def layout_note(self) -> str:
-        """What a resident fallback of a streamed load computes with: a model loaded for
-        streaming keeps its weights in the file's layout."""
-        if self.repack and not self.repack_at_load:
-            return " (weights in the file's layout: loaded for streaming)"
-        return ""
+    def place_fallback(self, model: LlamaModel) -> WeightLayout | None:
+        """Asked to stream and unable to (the model runs resident): the weights placed as a
+        plain resident run's, so that the output equals it bit for bit (llama.cpp's own
+        placement, made by bmoe: AMX included only where it may be used); None with
+        ``--no-repack`` (the file's layout, as a plain resident run's)."""
+        if not (self.repack and self.streams_experts):
+            return None
+        return place_resident(model, self.amx.refused)
 
     def layout(
         self, model: LlamaModel, streamed: WeightLayout | None, placed: WeightLayout | None

@@ -81,9 +81,10 @@ class Session:
         self._placed: WeightLayout | None = self._load.place(self.model)  # resident, placed by bmoe
         self._decisions = SessionDecisions(config.decide, self.model)
         try:
-            self.ctx, self.streaming = session_streaming.open_context(
+            self.ctx, self.streaming, fallback = session_streaming.open_context(
                 self.model, config, self._flag, self._decisions.hook, self._load, self.notes, on_load
             )
+            self._placed = fallback or self._placed  # asked to stream, unable to: placed as resident
         except BaseException:
             self._decisions.close()
             self.model.close()

@@ -31,6 +31,7 @@ from bmoe.domain.streaming.prefill_memory import (
     lending_floor,
     spare_bytes,
 )
+from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import ConfigError
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
@@ -53,17 +54,29 @@ def open_context(
     load: LoadChoice,
     notes: list[str],
     on_load: OnLoad | None,
-) -> tuple[LlamaContext, StreamingControl | None]:
+) -> tuple[LlamaContext, StreamingControl | None, WeightLayout | None]:
     """The session's context; with ``config.stream`` on, the streamer attached to it and its
-    control (None, and a note, where streaming is unavailable: the model runs resident)."""
+    control (None, and a note, where streaming is unavailable: the model runs resident, its
+    weights placed as a plain resident run's, what was placed the third item)."""
     n_ubatch = config.context.n_ubatch
+
+    def resident(why: StreamingUnavailable | None) -> tuple[LlamaContext, None, WeightLayout | None]:
+        placed = None
+        if why is not None:
+            notes.append(f"moe-stream: {why}; running resident")
+            placed = load.place_fallback(model)
+        return (
+            LlamaContext(model, config.context, abort=flag, eval_callback=hook(None, n_ubatch)),
+            None,
+            placed,
+        )
+
     if not config.stream.enabled:
-        return LlamaContext(model, config.context, abort=flag, eval_callback=hook(None, n_ubatch)), None
+        return resident(None)
     try:
         streamer, layout, found = ExpertStreaming.new_streamer(model, flag.fault_address)
     except StreamingUnavailable as why:
-        notes.append(f"moe-stream: {why}; running resident{load.layout_note()}")
-        return LlamaContext(model, config.context, abort=flag, eval_callback=hook(None, n_ubatch)), None
+        return resident(why)
     context = config.context
     if config.placement.offloaded:  # streamed experts are computed where they are read
         context = attrs.evolve(context, op_offload=False)
@@ -94,9 +107,10 @@ def open_context(
         )
         if on_load is not None:
             on_load("setting up expert streaming", 1.0)
-    except StreamingUnavailable as why:
-        notes.append(f"moe-stream: {why}; running resident{load.layout_note()}")
-        return ctx, None
+    except StreamingUnavailable as why:  # nothing was changed yet: a resident context instead
+        ctx.close()
+        streamer.close()
+        return resident(why)
     except BaseException:
         ctx.close()
         raise
@@ -117,7 +131,7 @@ def open_context(
     if streaming.info.recycling_off:
         off = streaming.info.recycling_off
         notes.append(f"moe-cache: evicted pages are given back, not recycled: {off}")
-    return ctx, control
+    return ctx, control, None
 
 
 def start_governor(

@@ -5,7 +5,8 @@ The parameters must match the run being checked: same batch sizes and threads, f
 attention off on both sides (stock ``Llama`` turns it off; bmoe's context leaves it on
 ``auto`` unless told), and an F32/F16 model so weight repacking changes nothing.
 
-Where llama.cpp's AMX kernels fault (``bmoe.testing.machine.AMX_BROKEN``), or with
+Where llama.cpp's AMX kernel faults (``bmoe.testing.machine.STOCK_IN_PROCESS`` false: the
+probe ran llama.cpp's own kernel and it died or computed wrong), or with
 ``BMOE_STOCK_IN_CHILD=1``, the oracle runs in a child process: a stock llama.cpp that
 dies of a signal there skips the test that asked ("stock llama.cpp crashed on this CPU"),
 instead of taking the whole test run down with it.
@@ -31,11 +32,11 @@ def stock_greedy(
 ) -> tuple[list[int], npt.NDArray[np.float32]]:
     """Greedy tokens of stock llama-cpp-python after ``prompt`` (specials parsed, no BOS), and
     the logits of the last token it computed (the last generated token is never fed)."""
-    from bmoe.testing.machine import AMX_BROKEN
+    from bmoe.testing.machine import STOCK_IN_PROCESS
 
     args = {"path": str(path), "prompt": prompt, "n_predict": n_predict, "n_ctx": n_ctx}
     args |= {"n_batch": n_batch, "n_threads": n_threads}
-    if AMX_BROKEN or os.environ.get("BMOE_STOCK_IN_CHILD") == "1":
+    if not STOCK_IN_PROCESS or os.environ.get("BMOE_STOCK_IN_CHILD") == "1":
         return _in_child(args)
     return _stock_greedy(path, prompt, n_predict, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
 
