@@ -137,7 +137,7 @@ def test_a_probe_that_says_the_tiles_fault_refuses_amx_with_one_line_and_places_
         want = s.generate(REQUEST).tokens, s.last_logits()
     faults = AmxVerdict(usable=False, why="the tile instructions fault on this CPU (SIGSEGV in the probe)")
     monkeypatch.setattr(cpu_choice, "offered_buffer_types", lambda: ("AMX", "CPU_REPACK"))
-    monkeypatch.setattr(cpu_choice, "probe_amx", lambda: faults)
+    monkeypatch.setattr(cpu_choice, "amx_verdict", lambda threads: faults)
     with session(q4_0, "auto") as s:
         assert s.amx.refused == ("AMX",)
         summary = s.weight_layout.summary()
