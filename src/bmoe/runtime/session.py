@@ -11,6 +11,7 @@ so both paths are the same machinery.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
@@ -106,7 +107,7 @@ class Session:
         self._parallel = ParallelJobs(
             self.engine,
             config.n_predict,
-            lambda on_step: LlamaBatchBackend(self.model, self.ctx, on_step),
+            functools.partial(LlamaBatchBackend, self.model, self.ctx),  # not self: no cycle
             config.slot_similarity,
             self.prompt_cache,
             rows=self.streaming,
@@ -391,6 +392,7 @@ class Session:
         self.ctx.close()
         self._decisions.close()
         self.model.close()
+        self._parallel.after = None  # the cycle back to the session: a dropped session is freed at once
 
     def __enter__(self) -> Session:
         return self
