@@ -74,18 +74,16 @@ class Session:
         busy = cpu_choice.busy_note(config.context.n_threads)
         if busy is not None:
             self.notes.append(busy)
-        self.streaming: StreamingControl | None = None
+        self.streaming: StreamingControl | None = None  # _placed: what bmoe placed itself, or None
         self._load = LoadChoice.of(config)
         self.amx = self._load.amx
         self.model = LlamaModel(config.model_path, self._load.model_params(config.n_expert_used, on_load))
         self._mapped = MappedFiles.snapshot(config.model_path)
-        self._placed: WeightLayout | None = self._load.place(self.model)  # resident, placed by bmoe
         self._decisions = SessionDecisions(config.decide, self.model)
         try:
-            self.ctx, self.streaming, fallback = session_streaming.open_context(
+            self.ctx, self.streaming, self._placed = session_streaming.open_context(
                 self.model, config, self._flag, self._decisions.hook, self._load, self.notes, on_load
             )
-            self._placed = fallback or self._placed  # asked to stream, unable to: placed as resident
         except BaseException:
             self._decisions.close()
             self.model.close()
@@ -162,8 +160,7 @@ class Session:
 
     @property
     def parallel_peak(self) -> int:
-        """The most sequences one decode step of parallel sequences held (settable: 0 starts
-        counting again)."""
+        """The most sequences one decode step of parallel sequences held (settable: 0 resets)."""
         return self._parallel.peak
 
     @parallel_peak.setter
@@ -185,8 +182,7 @@ class Session:
 
     @property
     def placement_line(self) -> str:
-        """Where the weights sit, with devices (``placement: -ngl ... (weights: ...)``), else
-        empty."""
+        """Where the weights sit, with devices (``placement: -ngl ... (weights: ...)``), or ""."""
         return model_placement.where_line(self.config.placement, self.model.weight_buffers)
 
     @property

@@ -57,11 +57,13 @@ def open_context(
 ) -> tuple[LlamaContext, StreamingControl | None, WeightLayout | None]:
     """The session's context; with ``config.stream`` on, the streamer attached to it and its
     control (None, and a note, where streaming is unavailable: the model runs resident, its
-    weights placed as a plain resident run's, what was placed the third item)."""
+    weights placed as a plain resident run's); third, what bmoe placed itself, if anything
+    (resident with AMX refused, or that fallback). ``model`` is closed if placing fails."""
     n_ubatch = config.context.n_ubatch
+    placed = load.place(model)
 
     def resident(why: StreamingUnavailable | None) -> tuple[LlamaContext, None, WeightLayout | None]:
-        placed = None
+        nonlocal placed
         if why is not None:
             notes.append(f"moe-stream: {why}; running resident")
             placed = load.place_fallback(model)
