@@ -100,10 +100,7 @@ def resolve_budget(config: StreamConfig, *, memory: RunMemory, token_cycle_bytes
         budget = config.cache_mb * MIB
         warnings = []
         if 0 < budget < token_cycle_bytes:
-            warnings.append(
-                f"cache {config.cache_mb} MiB is below one token cycle "
-                f"({token_cycle_bytes / MIB:.0f} MiB): expect almost no hits"
-            )
+            warnings.append(below_working_set(config.cache_mb, token_cycle_bytes))
         if budget > memory.cache_fits_bytes:
             warnings.append(does_not_fit(config.cache_mb, memory))
         return Budget(budget, auto=False, warning="; ".join(warnings) or None, memory=memory)
@@ -133,4 +130,14 @@ def does_not_fit(cache_mb: int, memory: RunMemory) -> str:
         f"the room of {m.room_before_bytes / MIB:.0f} MiB ({m.room.describe()}): the kernel may "
         f"kill the process; at most --cache-mb {m.cache_fits_bytes // MIB} fits "
         f"(--cache-mb auto leaves {AUTO_FLOOR_MIB} MiB free besides)"
+    )
+
+
+def below_working_set(cache_mb: int, token_cycle_bytes: int) -> str:
+    """The warning for a budget below one token's working set (the token cycle): every token
+    evicts what the last one read, so the cache cycles (``python -m bmoe.plan`` says it so)."""
+    return (
+        f"cache {cache_mb} MiB is below one token's working set ({token_cycle_bytes / MIB:.0f} MiB, "
+        f"every MoE layer's top-k experts: --cache-mb {-(-token_cycle_bytes // MIB)} holds it): "
+        "the cache cycles, expect almost no hits"
     )

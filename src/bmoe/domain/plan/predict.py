@@ -1,0 +1,246 @@
+"""The plan: whether a model fits here, resident or streamed, how fast it would decode and
+prefill, and the flags to run it with, from ``ModelFigures`` and ``MachineFigures``.
+
+The arithmetic is the run's own: the prompt batch is ``choose_prompt_batch`` on the same
+``PrefillRoom`` a streamed session sizes it from, the budget is ``resolve_budget`` on the
+``RunMemory`` a session would read once its dense part and KV cache are in. The speeds are
+bounds, not measurements:
+
+- decode: the disk bound (MiB read a token at the expected hit rate, over the disk's speed)
+  and the compute bound (the weight bytes one token computes with, over the rate a
+  matrix-vector product streams them here); the prediction is the smaller, and names it;
+- prefill of P tokens: each prompt batch routes to nearly every expert of every layer, so it
+  reads the experts ``ceil(P / batch)`` times over (once, where the cache holds them all),
+  while the compute is ``2 x active weights x P`` FLOPs at the matmul rate measured here;
+  the read-ahead overlaps the two, so the time is the larger.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from bmoe.domain.memory_room import MemoryRoom
+from bmoe.domain.plan.figures import MIB, MachineFigures, ModelFigures
+from bmoe.domain.plan.hit_rate import (
+    CurvePoint,
+    entries_per_layer,
+    profile_curve,
+    profile_hit_rate,
+    uniform_hit_rate,
+)
+from bmoe.domain.streaming.budget import (
+    AUTO_FLOOR_MIB,
+    Budget,
+    RunMemory,
+    below_working_set,
+    resolve_budget,
+)
+from bmoe.domain.streaming.config import StreamConfig
+from bmoe.domain.streaming.prefill_memory import (
+    PrefillRoom,
+    choose_prompt_batch,
+    decode_compute_bytes,
+)
+from bmoe.domain.streaming.usage_profile import UsageProfile
+
+DEFAULT_PROMPT_TOKENS = (2048, 20000)  # a chat's prompt; an agent's first request
+WORK_TOKENS = 4096  # room to work past the longest prompt, in the recommended context
+CONTEXT_STEP = 1024
+RESIDENT_BATCH = 512  # llama.cpp's default prompt batch, a resident run's
+CURVE_SHARES = (0.1, 0.25, 0.5, 0.75)  # of every expert: where the profile's curve is shown
+
+
+@attrs.frozen
+class PlanSettings:
+    """What the user asked: ``n_ctx`` (None: the longest prompt plus ``WORK_TOKENS``),
+    ``cache_mb`` (None: auto), ``prompt_tokens`` (the prefills to time), ``n_parallel``
+    (``-np``), ``cache_disk`` (the ``--cache-disk`` folder to recommend; "" none)."""
+
+    n_ctx: int | None = None
+    cache_mb: int | None = None
+    prompt_tokens: tuple[int, ...] = DEFAULT_PROMPT_TOKENS
+    n_parallel: int = 1
+    cache_disk: str = ""
+
+    def context(self, model: ModelFigures) -> int:
+        if self.n_ctx is not None:
+            return self.n_ctx
+        longest = max(self.prompt_tokens, default=0) + WORK_TOKENS
+        wanted = math.ceil(longest / CONTEXT_STEP) * CONTEXT_STEP
+        return min(wanted, model.n_ctx_train) if model.n_ctx_train > 0 else wanted
+
+
+@attrs.frozen
+class Prefill:
+    tokens: int
+    seconds: float
+    read_bytes: int
+    bound: str  # "disk" or "compute"
+
+
+@attrs.frozen
+class Plan:
+    """The prediction (module docstring). Sizes in bytes, speeds in tokens a second."""
+
+    model: ModelFigures
+    machine: MachineFigures
+    n_ctx: int
+    n_parallel: int
+    kv_bytes: int
+    compute_per_token: float
+    prompt_batch: int
+    resident_needs_bytes: int
+    resident_fits: bool
+    streamed_needs_bytes: int  # dense + KV + compute buffer + one token's working set
+    streamed_fits: bool
+    budget: Budget
+    hit_rate: float  # uniform-routing floor
+    profile_hit_rate: float | None
+    profile_curve: tuple[CurvePoint, ...]
+    read_bytes_per_token: float
+    disk_tok_s: float
+    compute_tok_s: float
+    prefills: tuple[Prefill, ...]
+    cache_disk: str = ""
+
+    @property
+    def cycles(self) -> bool:
+        """The budget is below one token's working set: the cache hits almost never."""
+        return self.budget.bytes < self.model.token_cycle_bytes
+
+    @property
+    def decode_tok_s(self) -> float:
+        return min(self.disk_tok_s, self.compute_tok_s)
+
+    @property
+    def decode_bound(self) -> str:
+        return "disk" if self.disk_tok_s < self.compute_tok_s else "compute"
+
+    def flags(self) -> list[str]:
+        """The recommended command-line flags for a streamed run."""
+        cache_mb = min(self.budget.bytes // MIB, -(-self.model.expert_bytes // MIB))  # no more than all
+        out = ["--moe-stream", "--cache-mb", str(cache_mb), "-c", str(self.n_ctx)]
+        out += ["-b", str(self.prompt_batch)]
+        if self.n_parallel > 1:
+            out += ["-np", str(self.n_parallel)]
+        if self.cache_disk:
+            out += ["--cache-disk", self.cache_disk]
+        return out
+
+    def notes(self) -> list[str]:
+        """What the user must know, in plain words: a cache that cycles, a model that does not
+        fit, and what would."""
+        m, out = self.model, []
+        room = self.machine.room.room_bytes
+        if not self.streamed_fits:
+            kept = decode_compute_bytes(self.compute_per_token, self.prompt_batch)
+            beside = m.dense_bytes + m.token_cycle_bytes + kept
+            fits_ctx = (room - beside) // m.kv_bytes_per_token if m.kv_bytes_per_token else 0
+            what = (
+                f"-c {int(fits_ctx) // 256 * 256} would fit"
+                if fits_ctx >= 256
+                else f"it needs about {(beside + m.kv_bytes(4096)) // MIB} MiB of room at -c 4096"
+            )
+            out.append(
+                f"does not fit even streamed: dense {m.dense_bytes // MIB} + KV {self.kv_bytes // MIB} + "
+                f"one token's working set {m.token_cycle_bytes // MIB} MiB + compute buffer, more than the "
+                f"room of {room // MIB} MiB; {what}"
+            )
+        elif self.budget.bytes == 0:
+            out.append("cache off (--cache-mb 0): every token reads its whole working set")
+        elif self.cycles:
+            out.append(below_working_set(self.budget.bytes // MIB, m.token_cycle_bytes))
+        if self.resident_fits:
+            out.append("fits resident: streaming is not needed (it still runs)")
+        free = self.machine.free_disk_bytes
+        if free is not None and free < m.file_bytes:
+            out.append(
+                f"the disk has {free // MIB} MiB free where the model goes; it needs {m.file_bytes // MIB}"
+            )
+        return out
+
+
+def less(room: MemoryRoom, taken: int) -> MemoryRoom:
+    """The room once ``taken`` bytes more are in memory."""
+    group = None if room.group_room_bytes is None else max(0, room.group_room_bytes - taken)
+    return attrs.evolve(room, available_bytes=max(0, room.available_bytes - taken), group_room_bytes=group)
+
+
+def prefill(model: ModelFigures, machine: MachineFigures, tokens: int, batch: int, budget: int) -> Prefill:
+    """One prompt of ``tokens`` (module docstring)."""
+    batch = max(1, min(batch, tokens))
+    ubatches = math.ceil(tokens / batch)
+    touched = 1.0 - (1.0 - model.n_expert_used / max(1, model.n_expert)) ** batch
+    once = model.expert_bytes * touched
+    read = once if budget >= model.expert_bytes else once * ubatches
+    disk = read / MIB / machine.disk_mib_s if machine.disk_mib_s > 0 else math.inf
+    weights = model.active_bytes / max(model.bytes_per_weight, 1e-9)
+    compute = 2.0 * weights * tokens / machine.matmul_flops if machine.matmul_flops > 0 else math.inf
+    return Prefill(tokens, max(disk, compute), int(read), "disk" if disk > compute else "compute")
+
+
+def make_plan(
+    model: ModelFigures,
+    machine: MachineFigures,
+    settings: PlanSettings,
+    profile: UsageProfile | None = None,
+) -> Plan:
+    """The plan for ``model`` on ``machine`` (``profile``: this model's usage profile, where
+    one exists: its hit rate at the budget and at ``CURVE_SHARES`` of the experts)."""
+    n_ctx = settings.context(model)
+    kv = model.kv_bytes(n_ctx)
+    per_token = model.compute_per_token(n_ctx)
+    room = machine.room.room_bytes
+    resident = model.file_bytes + kv + int(per_token * min(n_ctx, RESIDENT_BATCH))
+    batch = choose_prompt_batch(
+        n_ctx,
+        PrefillRoom(
+            room_bytes=room,
+            dense_bytes=model.dense_bytes,
+            kv_bytes=kv,
+            layer_bytes=model.layer_bytes,
+            compute_per_token=per_token,
+        ),
+        least=settings.n_parallel,
+    )
+    kept = decode_compute_bytes(per_token, batch.tokens)
+    memory = RunMemory(less(machine.room, model.dense_bytes + kv), model.dense_bytes, kv, kept)
+    config = StreamConfig(enabled=True, cache_mb=settings.cache_mb)
+    budget = resolve_budget(config, memory=memory, token_cycle_bytes=model.token_cycle_bytes)
+    streamed = model.dense_bytes + kv + kept + model.token_cycle_bytes
+    prompts = settings.prompt_tokens
+    hit = uniform_hit_rate(budget.bytes, model.expert_bytes, model.n_expert, model.n_expert_used)
+    profile_hit: float | None = None
+    curve: tuple[CurvePoint, ...] = ()
+    if profile is not None:
+        held = entries_per_layer(budget.bytes, model.expert_bytes, model.n_expert)
+        profile_hit = 0.0 if held < model.n_expert_used else profile_hit_rate(profile, held, model.moe_layers)
+        curve = tuple(profile_curve(profile, model.expert_bytes, model.moe_layers, CURVE_SHARES))
+    best = hit if profile_hit is None else max(hit, profile_hit)
+    per_token_read = model.token_cycle_bytes * (1.0 - best)
+    disk_tok_s = machine.disk_mib_s * MIB / per_token_read if per_token_read > 0 else math.inf
+    compute_tok_s = machine.matvec_bytes_s / model.active_bytes if model.active_bytes > 0 else math.inf
+    return Plan(
+        model=model,
+        machine=machine,
+        n_ctx=n_ctx,
+        n_parallel=settings.n_parallel,
+        kv_bytes=kv,
+        compute_per_token=per_token,
+        prompt_batch=batch.tokens,
+        resident_needs_bytes=resident,
+        resident_fits=resident + AUTO_FLOOR_MIB * MIB <= room,
+        streamed_needs_bytes=streamed,
+        streamed_fits=streamed <= room,
+        budget=budget,
+        hit_rate=hit,
+        profile_hit_rate=profile_hit,
+        profile_curve=curve,
+        read_bytes_per_token=per_token_read,
+        disk_tok_s=disk_tok_s,
+        compute_tok_s=compute_tok_s,
+        prefills=tuple(prefill(model, machine, p, batch.tokens, budget.bytes) for p in prompts),
+        cache_disk=settings.cache_disk,
+    )

@@ -1,0 +1,1 @@
+"""``python -m bmoe.launch claude|codex|opencode``: a coding agent on bmoe."""
