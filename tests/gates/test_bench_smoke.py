@@ -38,9 +38,14 @@ def test_bench_runs_stock_and_streaming_and_checks_their_tokens(
         "1",
         "--out",
         str(out),
+        "--plan",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # --plan: the planner's prediction beside the streamed configuration's measure
+    [planned] = [line for line in proc.stderr.splitlines() if line.startswith("bench: plan: ")]
+    assert "decode tok/s predicted" in planned and "measured" in planned and "-bound predicted" in planned
+    assert "MiB/token predicted" in planned and "prefill 464 tokens s predicted" in planned
 
     result = json.loads((out / "bench.json").read_text())
     summaries = {s["key"]: s for s in result["summaries"]}

@@ -177,6 +177,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for bench.json/md/png")
     p.add_argument("--title", default="", help="title of the report and the chart")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print python -m bmoe.plan's prediction beside each streamed configuration's measure",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -442,6 +447,20 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 progress.end(f"{config.label}: {finished_text(r)}")
     finally:
         progress.close()
+    if args.plan:
+        from bmoe.bench.plan_check import prediction_lines
+
+        n_ctx = {c.key: plan.n_ctx_for(c) for c in configs}
+        for line in prediction_lines(
+            model,
+            configs,
+            runs,
+            n_ctx=n_ctx,
+            prompt_tokens=args.prompt_tokens,
+            mem_limit_mb=args.mem_limit_mb,
+            disk_mib_s=ceiling_mib_s,
+        ):
+            print(line, file=sys.stderr)
 
     if plan.parallel:
         from bmoe.bench import parallel_report
