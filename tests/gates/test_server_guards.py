@@ -152,6 +152,9 @@ def test_llamacpps_service_endpoints(tiny_model_path: TinyModelPath) -> None:
         base = streamed.url.removesuffix("/v1")
         assert httpx.get(f"{base}/metrics").status_code == 404  # not without --metrics
         assert httpx.get(f"{base}/health").status_code == 200
+        plan = httpx.get(f"{base}/props", timeout=60).json()["plan"]  # python -m bmoe.plan's figures
+        assert plan["model"]["arch"] == "qwen3moe" and plan["streamed"]["cache_bytes"] == 1 << 20
+        assert plan["streamed"]["decode_bound"] in ("disk", "compute") and "--cache-mb" in plan["flags"]
 
 
 def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(

@@ -8,9 +8,10 @@ import json
 import sys
 from pathlib import Path
 
+from bmoe.domain.plan.document import to_json
 from bmoe.domain.plan.predict import DEFAULT_PROMPT_TOKENS, PlanSettings
 from bmoe.errors import BmoeError
-from bmoe.plan.table import render, to_json
+from bmoe.plan.table import render
 from bmoe.runtime.planning import MachineOptions, PlannedModel, plan_hf, plan_local
 
 

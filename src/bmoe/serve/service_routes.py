@@ -16,6 +16,9 @@ for a generation.
 from __future__ import annotations
 
 import asyncio
+import functools
+from pathlib import Path
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,7 +26,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 import bmoe
-from bmoe.errors import RequestError
+from bmoe.errors import BmoeError, RequestError
 from bmoe.requests.fields import Body, opt_bool
 from bmoe.serve.http_jobs import answering_errors, json_response, read_json_body
 from bmoe.serve.prometheus import prometheus_text
@@ -102,6 +105,10 @@ def service_routes(served: ServedSession, *, metrics: bool) -> list[Route]:
             "build_info": f"bmoe {bmoe.__version__} (llama.cpp through llama-cpp-python)",
             "bmoe": served.card.meta,
         }
+        stream = session.config.stream
+        if stream.enabled:  # the planner's figures for the loaded model (python -m bmoe.plan --json)
+            key = (str(session.config.model_path), session.n_ctx, n_slots, stream.cache_mb)
+            body["plan"] = await asyncio.to_thread(loaded_model_plan, *key)
         return json_response(body)
 
     async def slots(_: Request) -> Response:
@@ -131,3 +138,19 @@ def service_routes(served: ServedSession, *, metrics: bool) -> list[Route]:
         Route("/slots", answering_errors(slots), methods=["GET"]),
         Route("/metrics", answering_errors(prometheus), methods=["GET"]),
     ]
+
+
+@functools.cache
+def loaded_model_plan(path: str, n_ctx: int, n_parallel: int, cache_mb: int | None) -> dict[str, Any]:
+    """``/props``'s ``plan``: the plan of the loaded model in this server's context, made once
+    (its disk and compute measures included); ``{"error": ...}`` where it cannot be made."""
+    from bmoe.domain.plan.document import to_json
+    from bmoe.domain.plan.predict import PlanSettings
+    from bmoe.runtime.planning import MachineOptions, plan_local
+
+    settings = PlanSettings(n_ctx=n_ctx, cache_mb=cache_mb, n_parallel=n_parallel)
+    try:
+        planned = plan_local(Path(path), settings, MachineOptions())
+    except (BmoeError, OSError) as exc:
+        return {"error": str(exc)}
+    return to_json(planned.plan, planned.source)
