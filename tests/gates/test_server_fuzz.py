@@ -1,10 +1,15 @@
-"""Mutated bodies on the Responses and Messages routes: each answer is a success or a 4xx in
-the route's error shape, never a 5xx for a bad body, never a hang; and a valid request
-afterwards gets the same answer as before the storm."""
+"""Mutated bodies on the chat completions, Responses and Messages routes: each answer is a
+success or a 4xx in the route's error shape, never a 5xx for a bad body, never a hang. One
+body in five has a pathological schema (``test_dead_end_schemas.PATHOLOGICAL``: a schema
+that is itself, a required recursion, an empty enum, contradictions...) where the route
+takes one (a response format, a tool's parameters). After every body a valid greedy request
+is answered with the tokens it gave before the storm, and at the end the route's own valid
+request gets the same answer as before. ``BMOE_FUZZ_EXAMPLES`` sets the bodies per route."""
 
 from __future__ import annotations
 
 import copy
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+from test_dead_end_schemas import PATHOLOGICAL, greedy
 from test_server import serving  # the in-process server of test_server.py
 
 TinyModelPath = Callable[..., Path]
-MUTANTS = 1000
+MUTANTS = int(os.environ.get("BMOE_FUZZ_EXAMPLES", "400"))
 TOOL_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 RESPONSES = {
     "model": "t",
@@ -48,6 +54,54 @@ MESSAGES = {
     "max_tokens": 3,
     "stop_sequences": ["\n\n"],
 }
+CHAT = {
+    "model": "t",
+    "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL_SCHEMA}}],
+    "tool_choice": "auto",
+    "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": TOOL_SCHEMA}},
+    "max_tokens": 3,
+    "temperature": 0.0,
+}
+
+
+def _set(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    node: Any = body
+    for step in path[:-1]:
+        if isinstance(node, dict) and not isinstance(node.get(step), dict | list):
+            node[step] = {}
+        node = node[step]
+    node[path[-1]] = value
+
+
+# where each route takes a schema: the paths a pathological one goes to (after the format is
+# made a json_schema one where the path is a format's)
+SCHEMA_SLOTS: dict[str, list[tuple[tuple[Any, ...], dict[tuple[Any, ...], Any]]]] = {
+    "chat": [
+        (("response_format", "json_schema", "schema"), {("response_format", "type"): "json_schema"}),
+        (("tools", 0, "function", "parameters"), {}),
+    ],
+    "responses": [
+        (
+            ("text", "format", "schema"),
+            {("text", "format", "type"): "json_schema", ("text", "format", "name"): "r"},
+        ),
+        (("tools", 0, "parameters"), {}),
+    ],
+    "messages": [(("tools", 0, "input_schema"), {})],
+}
+
+
+def pathological(body: dict[str, Any], kind: str, rng: random.Random) -> dict[str, Any]:
+    """``body`` with one pathological schema where ``kind``'s route takes a schema."""
+    out = copy.deepcopy(body)
+    path, beside = rng.choice(SCHEMA_SLOTS[kind])
+    for at, value in beside.items():
+        _set(out, at, value)
+    _set(out, path, copy.deepcopy(rng.choice(list(PATHOLOGICAL.values()))))
+    return out
+
+
 JUNK: list[Any] = [
     None,
     True,
@@ -116,40 +170,47 @@ def _shape_ok(route: str, body: Any) -> bool:
 @pytest.mark.parametrize(
     ("route", "base"),
     [
+        ("/v1/chat/completions", CHAT),
         ("/v1/responses", RESPONSES),
         ("/v1/responses/input_tokens", RESPONSES),
         ("/v1/messages", MESSAGES),
         ("/v1/messages/count_tokens", MESSAGES),
     ],
 )
-def test_a_thousand_mutated_bodies_get_a_4xx_in_the_routes_shape_or_an_answer(
+def test_mutated_bodies_get_a_4xx_in_the_routes_shape_or_an_answer_and_never_end_the_session(
     tiny_model_path: TinyModelPath, route: str, base: dict[str, Any]
 ) -> None:
     rng = random.Random(route)
+    kind = route.split("/")[2]
     with (
         serving(tiny_model_path("qwen3moe"), "-c", "512", "--max-tokens", "3") as s,
         httpx.Client(timeout=30.0) as http,
     ):
-        url = s.url.removesuffix("/v1") + route
+        root = s.url.removesuffix("/v1")
+        url = root + route
         before = http.post(url, json=base)
         assert before.status_code == 200, before.text
+        tokens = greedy(http, root)
         statuses: dict[int, int] = {}
         for n in range(MUTANTS):
+            body: Any = None
             if n % 50 == 0:
                 answer = http.post(
                     url, content=b'{"model": "t", "input": [', headers={"content-type": "application/json"}
                 )
             else:
-                body = mutate(base, rng)
-                body["stream"] = False  # a stream's answer is read whole below; its status counts
+                body = pathological(base, kind, rng) if rng.random() < 0.2 else mutate(base, rng)
+                body["stream"] = rng.random() < 0.1  # a stream's answer is read whole; its status counts
                 answer = http.post(url, json=body)
             statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
             assert answer.status_code < 500, (body, answer.text)
             if answer.status_code >= 400:
                 assert _shape_ok(route, answer.json()), answer.text
+            assert greedy(http, root) == tokens, body  # the session lives on, unchanged
+        assert http.get(f"{root}/health").status_code == 200
         after = http.post(url, json=base)
     assert statuses.get(400, 0) > MUTANTS // 4  # the storm was mostly bad bodies
-    strip = ("id", "created_at")
+    strip = ("id", "created_at", "created", "system_fingerprint")
     first, last = before.json(), after.json()
     for key in strip:
         first.pop(key, None)
@@ -164,4 +225,6 @@ def test_a_thousand_mutated_bodies_get_a_4xx_in_the_routes_shape_or_an_answer(
 def _prompt_tokens(usage: Any) -> int | None:
     if usage is None:
         return None
+    if "prompt_tokens" in usage:  # chat completions: the prompt, cached tokens counted in it
+        return int(usage["prompt_tokens"])
     return int(usage["input_tokens"] + usage.get("cache_read_input_tokens", 0))
