@@ -7,6 +7,7 @@ from typing import Literal
 import attrs
 
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.drafting.draft_gate import DraftReport
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import StreamCounters, StreamReport
 from bmoe.domain.tools.values import ToolCall, ToolUse
@@ -36,6 +37,7 @@ class GenerateRequest:
       of the call ``tool_call_id``, which the model then answers.
     - ``logprobs``: ``None``, or report each generated token's log-probability and that
       many alternatives (0 to 20) in ``RunResult.logprobs``.
+    - ``draft``: False turns copy drafts off for this request (where the session drafts).
 
     Generation stops after ``n_predict`` tokens or at an end-of-generation token, which is
     not part of the result.
@@ -52,6 +54,7 @@ class GenerateRequest:
     tool_call_id: str = ""
     logprobs: int | None = None
     conversation: str | None = None
+    draft: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not self.prompt and self.role == "user":
@@ -122,6 +125,7 @@ class RunResult:
     tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (a request with tools)
     logprobs: tuple[TokenLogprob, ...] = ()  # one per generated token, when asked for
     n_restored: int = 0  # of the prompt's tokens not prefilled, those the prompt cache held
+    drafts: DraftReport | None = None  # what copy drafts did (None: the request was not drafted)
 
     @property
     def prefill_tps(self) -> float:

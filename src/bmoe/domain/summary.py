@@ -32,6 +32,15 @@ def timing_line(result: RunResult, load_s: float, n_ubatch: int | None = None) -
             ubatch = f", ubatch {n_ubatch}" if n_ubatch else ""
             line += f" (the experts {passes:.2f} times over{ubatch})"
         line += f", waited {p.stall_s:.3f} s for reads"
+    if (d := result.drafts) is not None:
+        line += (
+            f"; drafts: {d.verifies} verifies, {d.accepted} of {d.drafted} drafted tokens accepted "
+            f"({d.per_verify:.2f} tokens a verify)"
+        )
+        if d.paused:
+            line += f", paused {d.paused} times"
+        if result.stream is not None and result.tokens:
+            line += f", {result.stream.decode.read_mib / len(result.tokens):.2f} MiB read a generated token"
     return line
 
 

@@ -152,4 +152,5 @@ def session_config(args: argparse.Namespace, model: Path) -> SessionConfig:
         cache_disk=args.cache_disk,
         cache_disk_mb=args.cache_disk_mb,
         slot_similarity=args.slot_prompt_similarity,
+        draft=args.draft,
     )

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.decide.prefix_cache import StateBlob
@@ -67,6 +70,11 @@ class IGenerateBackend(Protocol):
         Raises ``DecodeAbortedError`` when ``abort()`` stopped it, another ``DecodeError``
         when it failed; either way the positions it was computing are in an unknown state.
         """
+        ...
+
+    def feed_rows(self, tokens: Sequence[int], start_pos: int) -> npt.NDArray[np.float32]:
+        """``feed`` in one batch, returning the logits of every token fed (``[n, n_vocab]``):
+        a copy draft's verify. Raises as ``feed`` does."""
         ...
 
     def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:

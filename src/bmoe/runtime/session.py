@@ -41,6 +41,7 @@ from bmoe.requests.neutral import Delta, Outcome
 from bmoe.runtime import chat_requests, cpu_choice, pieces, session_streaming
 from bmoe.runtime import placement as model_placement
 from bmoe.runtime.decisions import SessionDecisions
+from bmoe.runtime.engine_defaults import engine_defaults
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
 from bmoe.runtime.prompt_states import keep_at_close, open_prompt_cache
@@ -50,7 +51,7 @@ from bmoe.runtime.usage_profile import ProfileKeeper
 from bmoe.service import perplexity as ppl
 from bmoe.service.parallel_jobs import ParallelEntry, ParallelJobs, ParallelSink, Take
 from bmoe.service.perplexity import OnWindow, Perplexity
-from bmoe.service.session_engine import EngineDefaults, OnBegin, OnProgress, SessionEngine
+from bmoe.service.session_engine import OnBegin, OnProgress, SessionEngine
 
 # names that moved out of this module, still importable from it
 __all__ = ["OnLoad", "OnWindow", "ParallelEntry", "ParallelSink", "Perplexity", "Session", "SessionConfig"]
@@ -97,10 +98,7 @@ class Session:
         self._backend = LlamaGenerateBackend(self.model, self.ctx, self._flag)
         self.prompt_cache = open_prompt_cache(config, self.notes)
         self.engine = SessionEngine(
-            self._backend,
-            self.template,
-            EngineDefaults(chat=config.chat, think=config.think, n_predict=config.n_predict),
-            self.prompt_cache,
+            self._backend, self.template, engine_defaults(config, self.model, self.notes), self.prompt_cache
         )
         self._parallel = ParallelJobs(
             self.engine,

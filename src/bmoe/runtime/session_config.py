@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -13,6 +13,7 @@ from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.state_files import DEFAULT_CACHE_DISK_MIB
 from bmoe.domain.cpu_features import AmxMode, check_amx_mode
 from bmoe.domain.decide import DecideConfig
+from bmoe.domain.drafting import DraftPolicy
 from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.slots import DEFAULT_SIMILARITY
 from bmoe.domain.streaming import StreamConfig
@@ -61,6 +62,9 @@ class SessionConfig:
       after its request and a new request takes the free slot sharing the longest prefix
       with its prompt when that prefix is at least this share of the prompt
       (``--slot-prompt-similarity``, llama.cpp's; ``bmoe.domain.slots``).
+    - ``draft``: ``copy`` verifies drafts copied from the request's own context in one
+      batch (``--draft``; greedy requests, one sequence; ``bmoe.service.copy_drafts``),
+      ``off`` (the default) never; ``draft_policy`` its match and draft lengths.
     """
 
     model_path: Path
@@ -80,6 +84,8 @@ class SessionConfig:
     slot_similarity: float = DEFAULT_SIMILARITY
     cache_disk: Path | None = None
     cache_disk_mb: int = DEFAULT_CACHE_DISK_MIB
+    draft: Literal["copy", "off"] = "off"
+    draft_policy: DraftPolicy = attrs.field(factory=DraftPolicy)
 
     @classmethod
     def from_hf(cls, spec: str, hf_file: str | None = None, **fields: Any) -> SessionConfig:
@@ -92,6 +98,8 @@ class SessionConfig:
 
     def __attrs_post_init__(self) -> None:
         check_amx_mode(self.amx)
+        if self.draft not in ("copy", "off"):
+            raise ConfigError(f"--draft must be copy or off, not {self.draft!r}")
         if self.n_predict < 0:
             raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
         check_placement(self.placement, self.stream, self.decide)

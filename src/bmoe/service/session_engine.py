@@ -16,6 +16,7 @@ import attrs
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.drafting import DraftPolicy
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.kv_reuse import plan_reuse
 from bmoe.domain.prompt_cache import PromptCache, StateTarget
@@ -32,6 +33,7 @@ from bmoe.errors import (
     is_fatal,
 )
 from bmoe.ports.generate_backend import IChatRenderer, IGenerateBackend
+from bmoe.service.copy_drafts import Drafting, drafts_for
 
 OnProgress = Callable[[Progress], None]
 OnBegin = Callable[[], None]
@@ -42,12 +44,14 @@ T = TypeVar("T")
 class EngineDefaults:
     """Session-wide settings a request may leave unsaid.
 
-    ``chat``: prompts are user messages rendered through the chat template (else raw text).
+    ``chat``: prompts are user messages rendered through the chat template (else raw text);
+    ``draft``: copy drafts' policy (``--draft copy``), None: off.
     """
 
     chat: bool = False
     think: bool = True
     n_predict: int = 128
+    draft: DraftPolicy | None = None
 
 
 class _Cancelled(Exception):
@@ -70,6 +74,7 @@ class _Turn:
     stopped_at_eog: bool = False
     logprobs: list[TokenLogprob] = attrs.Factory(list)
     tool_calls: tuple[ToolCall, ...] = ()
+    drafting: Drafting | None = None  # copy drafts (service.copy_drafts), None: plain steps
 
 
 class SessionEngine:
@@ -309,8 +314,11 @@ class SessionEngine:
                 f"exceeds the context of {self.backend.n_ctx} tokens"
             )
         # before anything changes: a grammar that does not compile refuses the request here
-        self.backend.start_sampling(request.sampling, self.constraint(request))
+        constraint = self.constraint(request)
+        self.backend.start_sampling(request.sampling, constraint)
         turn = _Turn(prompt=prompt, n_predict=n_predict)
+        if self.defaults.draft is not None and drafts_for(request, constraint is not None):
+            turn.drafting = Drafting(prompt, self.defaults.draft)
         if request.clear_kv:
             self.history = []
             self.transcript = []
@@ -401,7 +409,10 @@ class SessionEngine:
             while len(turn.tokens) < turn.n_predict and not self._stop.is_set():
                 if self._cancel.is_set():
                     raise _Cancelled
-                token = self.backend.sample()
+                drafting = turn.drafting
+                token = (
+                    self.backend.sample() if drafting is None else drafting.next_token(self.backend.sample)
+                )
                 if self.backend.is_eog(token):
                     turn.stopped_at_eog = True
                     break
@@ -426,8 +437,17 @@ class SessionEngine:
                         )
                     )
                 if len(turn.tokens) < turn.n_predict and not self._stop.is_set():
-                    self.backend.feed([token], len(self.kv_tokens))
-                    self.kv_tokens.append(token)
+                    if drafting is not None:  # alone or with a draft, unless a verify fed it
+                        drafting.emitted(token)
+                        drafting.feed(
+                            self.backend, token, self.kv_tokens, turn.n_predict - len(turn.tokens) - 1
+                        )
+                    else:
+                        self.backend.feed([token], len(self.kv_tokens))
+                        self.kv_tokens.append(token)
+            if turn.drafting is not None and turn.tokens:  # the KV as plain steps leave it
+                want = len(turn.prompt) + len(turn.tokens) - (0 if turn.stopped_at_eog else 1)
+                turn.drafting.settle(self.backend, self.kv_tokens, want)
         finally:
             turn.decode_s = time.perf_counter() - t_start
             self._add(turn, splitter.feed(utf8.decode(b"", final=True)))
@@ -463,6 +483,7 @@ class SessionEngine:
             stopped_at_eog=turn.stopped_at_eog,
             tool_calls=turn.tool_calls,
             logprobs=tuple(turn.logprobs),
+            drafts=turn.drafting.report if turn.drafting is not None else None,
         )
 
 

@@ -114,6 +114,14 @@ class ScriptedGenerateBackend(IGenerateBackend):
             raise DecodeError("context full", 1)
         self.context.extend(tokens)
 
+    def feed_rows(self, tokens: Sequence[int], start_pos: int) -> np.ndarray:
+        """One row a token: the scripted next token after the context up to it, at 1.0."""
+        rows = np.zeros((len(tokens), 256), dtype=np.float32)
+        for i in range(len(tokens)):
+            rows[i, self.next_token([*self.context[:start_pos], *tokens[: i + 1]])] = 1.0
+        self.feed(tokens, start_pos)
+        return rows
+
     def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:
         self.samplings.append((params, constraint))
 

@@ -92,6 +92,9 @@ class LlamaGenerateBackend(IGenerateBackend):
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
         self.ctx.decode(tokens, start_pos)
 
+    def feed_rows(self, tokens: Sequence[int], start_pos: int) -> np.ndarray:
+        return self.ctx.decode_all_rows(tokens, start_pos)
+
     def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:
         self.close_sampler()
         self._sampler = constrained_sampler(params, self.model, self.ctx.n_ctx, constraint)

@@ -1,0 +1,26 @@
+"""A session's ``EngineDefaults`` from its config and model: among them whether it drafts
+(``SessionConfig.draft``). Copy drafts cut rejected tokens from the KV, which a recurrent
+memory or a pruned sliding window cannot do; there ``--draft copy`` is off, with one line
+saying why."""
+
+from __future__ import annotations
+
+from bmoe.adapters.llama import LlamaModel
+from bmoe.domain.drafting import DraftPolicy
+from bmoe.runtime.session_config import SessionConfig
+from bmoe.service.session_engine import EngineDefaults
+
+
+def draft_policy(config: SessionConfig, model: LlamaModel, notes: list[str]) -> DraftPolicy | None:
+    """The drafting policy of ``config`` on ``model`` (None: off; a note where refused)."""
+    if config.draft != "copy":
+        return None
+    if model.is_recurrent_or_hybrid or model.n_swa > 0:
+        notes.append("draft: copy drafts need a memory that can drop a rejected draft: off for this model")
+        return None
+    return config.draft_policy
+
+
+def engine_defaults(config: SessionConfig, model: LlamaModel, notes: list[str]) -> EngineDefaults:
+    draft = draft_policy(config, model, notes)
+    return EngineDefaults(chat=config.chat, think=config.think, n_predict=config.n_predict, draft=draft)
