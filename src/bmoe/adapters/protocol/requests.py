@@ -100,7 +100,9 @@ class GenerateCmd:
     def constraint(self) -> OutputConstraint | None:
         if self.grammar:
             return OutputConstraint.gbnf(self.grammar)
-        return OutputConstraint.json_schema(self.json_schema) if self.json_schema is not None else None
+        if self.json_schema is None:
+            return None
+        return attrs.evolve(OutputConstraint.json_schema(self.json_schema), field="json_schema")
 
     def tool_use(self) -> ToolUse | None:
         return read_tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
