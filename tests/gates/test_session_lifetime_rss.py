@@ -2,7 +2,7 @@
 (the tiny qwen3moe, streamed through a 1 MiB cache), a 2-token generate and ``close`` leave
 the resident memory within 10 MiB of where the 10th cycle left it.
 
-Measured (a loaded 2-core machine): 68.1 MiB after the 10th cycle, 68.5 after the 100th.
+Measured (a 2-core machine): 72.5 MiB after the 10th cycle, 73.9 after the 100th.
 Before, a closed session was freed only by Python's cyclic collector (the session's
 parallel-sequence runner called back into it), so its native buffers (the streamer's
 bookkeeping, freed when it is deallocated) outlived it by many cycles and the heap's holes

@@ -11,7 +11,6 @@ from typing import Protocol
 import attrs
 import llama_cpp
 
-from bmoe.adapters import heap
 from bmoe.adapters.gguf_layout import read_header_values, validate_model_files
 from bmoe.adapters.llama.devices import cpu_buffer_type
 from bmoe.adapters.llama.log import capture_model_buffers, ensure_backend
@@ -160,15 +159,12 @@ class LlamaModel:
         self._after_free.append(owner)
 
     def close(self) -> None:
-        """Free the model (and what was to be freed after it), then give the heap's free
-        pages back to the system (``heap.give_back``: glibc would keep them, and each
-        session closed would leave the process larger)."""
+        """Free the model (and what was to be freed after it)."""
         if self._ptr is not None:
             llama_cpp.llama_model_free(self._ptr)
             self._ptr = None
         while self._after_free:
             self._after_free.pop().close()
-        heap.give_back()
 
     def __enter__(self) -> LlamaModel:
         return self
