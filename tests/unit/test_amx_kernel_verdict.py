@@ -103,3 +103,11 @@ def test_the_refusal_reads_as_one_line_on_the_mode_line() -> None:
     choice = choose_amx("auto", True, lambda: verdict)
     assert choice.refused == ("AMX",)
     assert choice.note.startswith("AMX refused: llama.cpp's AMX kernel faulted in the probe (SIGILL")
+
+
+def test_a_fault_where_the_tiles_were_not_run_says_so_instead_of_that_they_ran() -> None:
+    pretended = AmxVerdict(True, "the tiles were not run (BMOE_AMX_PRETEND_OFFERED=1)")
+    verdict = kernel_verdict(read_report([PLACED, computing()], signal="SIGILL"), pretended)
+    assert verdict.why.endswith(
+        "(SIGILL with Q4_0, 1 thread; the tiles were not run (BMOE_AMX_PRETEND_OFFERED=1))"
+    )

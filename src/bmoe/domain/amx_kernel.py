@@ -113,7 +113,8 @@ def kernel_verdict(report: KernelReport, tiles: AmxVerdict) -> AmxVerdict:
     if not tiles.usable:
         return tiles
     where = f" with {report.at}" if report.at else ""
-    tiles_ran = "the tile instructions alone ran right"
+    ran = tiles.why.startswith("the tile instructions ran")  # else: why they were not run
+    tiles_ran = "the tile instructions alone ran right" if ran else tiles.why
     if report.signal:
         return AmxVerdict(
             False, f"llama.cpp's AMX kernel faulted in the probe ({report.signal}{where}; {tiles_ran})"
