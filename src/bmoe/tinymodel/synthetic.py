@@ -32,6 +32,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 import zlib
@@ -216,7 +217,7 @@ def _symmetric_codes(fmt: QuantFormat, raw: npt.NDArray[np.uint8]) -> npt.NDArra
         hi = raw >> 4
         lo[lo == 0] = 8
         hi[hi == 0] = 8
-        return lo | (hi << 4)
+        return np.asarray(lo | (hi << 4), dtype=np.uint8)
     if fmt.ggml_type == GGMLQuantizationType.Q8_0:
         codes = raw.copy()
         codes[codes == 0x80] = 0  # int8 -128 -> 0
@@ -253,6 +254,7 @@ def plan_tensors(shape: SyntheticShape, seed: int) -> list[PlannedTensor]:
     spec = FixtureSpec(name="synthetic", arch=ARCH, dims=dims, description="synthetic benchmark model")
     muted = vocab.special_ids + vocab.unprintable_byte_ids
     for name, values in embedding_and_head(spec, init, vocab.size, muted):
+        assert isinstance(values, np.ndarray)  # F32 tensors: never quantized here
         f32(name, values.astype(np.float32))
 
     q_width = shape.heads * shape.head_dim
@@ -268,7 +270,7 @@ def plan_tensors(shape: SyntheticShape, seed: int) -> list[PlannedTensor]:
         f32(tensor_name(MODEL_TENSOR.ATTN_K_NORM, il), WeightInit.ones((shape.head_dim,)))
         f32(tensor_name(MODEL_TENSOR.FFN_NORM, il), WeightInit.ones((embd,)))
         router = tensor_name(MODEL_TENSOR.FFN_GATE_INP, il)
-        lazy_f32(router, (e, embd), lambda name=router: init.matrix(name, (e, embd)))
+        lazy_f32(router, (e, embd), functools.partial(init.matrix, router, (e, embd)))
         quant(tensor_name(MODEL_TENSOR.FFN_GATE_EXP, il), (e, ff, embd))
         quant(tensor_name(MODEL_TENSOR.FFN_UP_EXP, il), (e, ff, embd))
         quant(tensor_name(MODEL_TENSOR.FFN_DOWN_EXP, il), (e, embd, ff))
