@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel, ModelParams
 from bmoe.domain.amx_kernel import PROBE_TOKENS, KernelReport, event_line, read_report
 
 FAULT_ENV = "BMOE_AMX_PROBE_FAULT"
@@ -76,13 +77,8 @@ def _say(kind: str, **fields: object) -> None:
     print(event_line(kind, **fields), flush=True)
 
 
-def _batch_logits(
-    path: Path, extra_bufts: bool, threads: int, fault: str, name: str
-) -> npt.NDArray[np.float32]:
-    """The logits of every row of the probe's batch, the model loaded with or without
-    llama.cpp's extra buffer types."""
-    from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel, ModelParams
-
+def _batch_logits(model: LlamaModel, threads: int) -> npt.NDArray[np.float32]:
+    """The logits of every row of the probe's batch, computed with ``threads``."""
     params = ContextParams(
         n_ctx=2 * PROBE_TOKENS,
         n_batch=PROBE_TOKENS,
@@ -90,18 +86,19 @@ def _batch_logits(
         n_threads=threads,
         flash_attn="off",
     )
-    with LlamaModel(path, ModelParams(use_extra_bufts=extra_bufts)) as model:
-        if extra_bufts:
-            _say("placed", model=name, amx_bytes=model.weight_buffers.get("AMX", 0))
-            _say("computing", model=name, threads=threads)
-        tokens = [(7 * i + 3) % model.n_vocab for i in range(PROBE_TOKENS)]
-        with LlamaContext(model, params) as ctx:
-            if extra_bufts and fault in ("SIGILL", "SIGSEGV"):
-                signal.raise_signal(getattr(signal, fault))
-            if extra_bufts and fault == "hang":
-                time.sleep(10 * TIMEOUT_S)
-            logits = np.array(ctx.decode_all_rows(tokens, 0), dtype=np.float32)
-    if extra_bufts and fault == "logits":  # off by the logits' own size
+    tokens = [(7 * i + 3) % model.n_vocab for i in range(PROBE_TOKENS)]
+    with LlamaContext(model, params) as ctx:
+        return np.array(ctx.decode_all_rows(tokens, 0), dtype=np.float32)
+
+
+def _amx_logits(model: LlamaModel, threads: int, fault: str) -> npt.NDArray[np.float32]:
+    """``_batch_logits`` with llama.cpp's default buffer types, the injected fault applied."""
+    if fault in ("SIGILL", "SIGSEGV"):  # where the AMX batch would compute
+        signal.raise_signal(getattr(signal, fault))
+    if fault == "hang":
+        time.sleep(10 * TIMEOUT_S)
+    logits = _batch_logits(model, threads)
+    if fault == "logits":  # off by the logits' own size
         noise = np.sin(np.arange(logits.size, dtype=np.float32)).reshape(logits.shape)
         logits = (logits + np.float32(np.abs(logits).max()) * noise).astype(np.float32)
     return logits
@@ -123,12 +120,16 @@ def _child(argv: list[str]) -> int:
     models = [(argv[i], Path(argv[i + 1])) for i in range(1, len(argv) - 1, 2)]
     try:
         for name, path in models:
-            plain = _batch_logits(path, False, 1, fault, name)
-            for n in threads:
-                amx = _batch_logits(path, True, n, fault, name)
-                error = float(np.linalg.norm(amx - plain) / max(float(np.linalg.norm(plain)), 1e-30))
-                same = _same_tokens(amx, plain)
-                _say("run", model=name, threads=n, relative_error=error, same_tokens=same)
+            with LlamaModel(path, ModelParams(use_extra_bufts=False)) as model:
+                plain = _batch_logits(model, 1)
+            with LlamaModel(path, ModelParams(use_extra_bufts=True)) as model:
+                _say("placed", model=name, amx_bytes=model.weight_buffers.get("AMX", 0))
+                for n in threads:
+                    _say("computing", model=name, threads=n)
+                    amx = _amx_logits(model, n, fault)
+                    error = float(np.linalg.norm(amx - plain) / max(float(np.linalg.norm(plain)), 1e-30))
+                    same = _same_tokens(amx, plain)
+                    _say("run", model=name, threads=n, relative_error=error, same_tokens=same)
     except Exception as exc:  # a failure that is not a fault: said, then a plain exit status
         _say("error", message=f"{type(exc).__name__}: {exc}"[:300])
         return 1
