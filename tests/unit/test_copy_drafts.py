@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from test_session_engine import TinyTemplate  # raw prompts here: never rendered
 
 from bmoe.domain.drafting import CopyDrafter, DraftGate, DraftPolicy
 from bmoe.domain.generation import GenerateRequest
@@ -85,18 +86,6 @@ def test_the_gate_keeps_drafting_where_verifies_pay() -> None:
 # -- the engine ------------------------------------------------------------------------------
 
 
-class Template:
-    def render(
-        self,
-        messages: Sequence[object],
-        *,
-        add_generation_prompt: bool = True,
-        think: bool = True,
-        **_: object,
-    ) -> str:
-        return "".join(getattr(m, "content", "") for m in messages)
-
-
 def copier(context: Sequence[int]) -> int:
     """Repeats the context's first 40 tokens, over and over, then ends at 200 tokens."""
     if len(context) >= 200:
@@ -106,7 +95,9 @@ def copier(context: Sequence[int]) -> int:
 
 def engine(draft: DraftPolicy | None, next_token=copier) -> tuple[SessionEngine, ScriptedGenerateBackend]:
     backend = ScriptedGenerateBackend(512, next_token)
-    return SessionEngine(backend, Template(), EngineDefaults(chat=False, n_predict=120, draft=draft)), backend  # type: ignore[arg-type]
+    return SessionEngine(
+        backend, TinyTemplate(), EngineDefaults(chat=False, n_predict=120, draft=draft)
+    ), backend  # type: ignore[arg-type]
 
 
 PROMPT = "".join(chr(65 + i % 26) for i in range(40))

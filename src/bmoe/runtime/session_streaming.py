@@ -63,15 +63,12 @@ def open_context(
     placed = load.place(model)
 
     def resident(why: StreamingUnavailable | None) -> tuple[LlamaContext, None, WeightLayout | None]:
-        nonlocal placed
-        if why is not None:
+        done = placed
+        if why is not None:  # loaded to stream, so ``place`` placed nothing: placed now
             notes.append(f"moe-stream: {why}; running resident")
-            placed = load.place_fallback(model)
-        return (
-            LlamaContext(model, config.context, abort=flag, eval_callback=hook(None, n_ubatch)),
-            None,
-            placed,
-        )
+            done = load.place_fallback(model)
+        ctx = LlamaContext(model, config.context, abort=flag, eval_callback=hook(None, n_ubatch))
+        return ctx, None, done
 
     if not config.stream.enabled:
         return resident(None)

@@ -405,11 +405,11 @@ class SessionEngine:
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         splitter = ReasoningSplitter()
         t_start = t_tok = time.perf_counter()
+        drafting = turn.drafting
         try:
             while len(turn.tokens) < turn.n_predict and not self._stop.is_set():
                 if self._cancel.is_set():
                     raise _Cancelled
-                drafting = turn.drafting
                 token = (
                     self.backend.sample() if drafting is None else drafting.next_token(self.backend.sample)
                 )
@@ -445,9 +445,9 @@ class SessionEngine:
                     else:
                         self.backend.feed([token], len(self.kv_tokens))
                         self.kv_tokens.append(token)
-            if turn.drafting is not None and turn.tokens:  # the KV as plain steps leave it
+            if drafting is not None and turn.tokens:  # the KV as plain steps leave it
                 want = len(turn.prompt) + len(turn.tokens) - (0 if turn.stopped_at_eog else 1)
-                turn.drafting.settle(self.backend, self.kv_tokens, want)
+                drafting.settle(self.backend, self.kv_tokens, want)
         finally:
             turn.decode_s = time.perf_counter() - t_start
             self._add(turn, splitter.feed(utf8.decode(b"", final=True)))
