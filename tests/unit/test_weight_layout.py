@@ -7,9 +7,6 @@ from bmoe.domain.weight_layout import WeightLayout
 
 def test_each_reason_for_the_files_layout_is_named() -> None:
     assert WeightLayout(asked=False).summary() == "weights in the file's layout (--no-repack)"
-    assert WeightLayout(asked=True, streaming_load=True).summary() == (
-        "weights in the file's layout (loaded for streaming)"
-    )
     assert WeightLayout(asked=True).summary() == (
         "weights in the file's layout (this llama.cpp has no CPU_REPACK buffer type)"
     )

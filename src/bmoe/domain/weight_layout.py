@@ -21,12 +21,11 @@ class WeightLayout:
     - ``dense_tensors`` / ``dense_bytes``: dense weights repacked (``by_llama``: ``dense_bytes``
       is every repacked byte, llama.cpp's ``CPU_REPACK`` buffer);
     - ``expert_tensors`` of ``expert_tensors_total``: routed-expert tensors written repacked;
-    - ``streaming_load``: a model loaded for streaming that runs resident (its weights stay
-      in the file's layout);
     - ``buffers``: ``(buffer type, bytes)`` of the weights in llama.cpp's extra buffer types
       (``CPU_REPACK``, ``AMX``), where more than ``CPU_REPACK`` alone is known;
-    - ``resident``: bmoe placed a resident model's weights itself (AMX refused), dense and
-      experts alike, ``dense_tensors`` / ``dense_bytes`` counting them all;
+    - ``resident``: bmoe placed a resident model's weights itself (AMX refused, or a load for
+      streaming that runs resident), dense and experts alike, ``dense_tensors`` /
+      ``dense_bytes`` counting them all;
     - ``note``: one line on a buffer type refused (``AMX refused: ...``), else "".
     """
 
@@ -37,7 +36,6 @@ class WeightLayout:
     dense_bytes: int = 0
     expert_tensors: int = 0
     expert_tensors_total: int = 0
-    streaming_load: bool = False
     buffers: tuple[tuple[str, int], ...] = ()
     resident: bool = False
     note: str = ""
@@ -63,8 +61,6 @@ class WeightLayout:
     def _where(self) -> str:
         if not self.asked:
             return "weights in the file's layout (--no-repack)"
-        if self.streaming_load:
-            return "weights in the file's layout (loaded for streaming)"
         if not self.available:
             return "weights in the file's layout (this llama.cpp has no CPU_REPACK buffer type)"
         if not self.repacked:

@@ -147,10 +147,8 @@ class LoadChoice:
             return streamed
         if not self.repack:
             return WeightLayout(asked=False)
-        if placed is not None:
+        if placed is not None:  # bmoe placed them: AMX refused, or a streamed load run resident
             return placed
-        if not self.repack_at_load:
-            return WeightLayout(asked=True, streaming_load=True)
         extra = set(offered_buffer_types())
         buffers = tuple((name, n) for name, n in model.weight_buffers.items() if name in extra and n)
         repacked = sum(n for _, n in buffers) if buffers else model.repacked_bytes
