@@ -26,7 +26,6 @@ from bmoe.adapters.llama.repack import offered_buffer_types
 from bmoe.domain.amx_kernel import KernelReport
 from bmoe.domain.cpu_features import AMX_BUFT_NAME, AmxChoice, AmxMode, AmxVerdict, choose_amx
 from bmoe.domain.threads import busy_machine_note
-from bmoe.tinymodel.probe_models import probe_models
 
 PRETEND_ENV = "BMOE_AMX_PRETEND_OFFERED"
 PROBE_THREADS = (1, 3)
@@ -44,6 +43,9 @@ def amx_offered() -> bool:
 
 
 def _kernel_step(threads: tuple[int, ...]) -> KernelReport:
+    # imported here: the model generator is needed once per machine, not at every start
+    from bmoe.tinymodel.probe_models import probe_models
+
     return run_kernel_probe(probe_models(), threads)
 
 
