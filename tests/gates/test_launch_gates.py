@@ -179,3 +179,27 @@ def _use(client: str, text: str) -> None:
             model=doc["model"].split("/", 1)[1], messages=[{"role": "user", "content": "Hi"}], max_tokens=4
         )
         assert chat.choices
+
+
+def test_a_random_key_that_starts_with_a_dash_reaches_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``secrets.token_urlsafe`` may begin with ``-``: given as ``--api-key KEY`` argparse read
+    it as a flag and the server exited (2) before serving (seen once in about 25 runs)."""
+    import socket
+
+    from bmoe.launch import server as launched
+
+    monkeypatch.setenv("BMOE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("BMOE_FIXTURE_DIR", str(fixture_dir()))
+    monkeypatch.setattr(launched.secrets, "token_urlsafe", lambda n: "-starts-with-a-dash")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    running = launched.start("127.0.0.1", port, [], ["-c", "256"])
+    try:
+        assert running.key == "-starts-with-a-dash"
+        assert launched._get(f"{running.url}/v1/models", running.key)[0] == 200
+        assert launched._get(f"{running.url}/v1/models", "wrong")[0] == 401
+    finally:
+        running.stop()

@@ -104,7 +104,17 @@ def start(host: str, port: int, model: list[str], flags: list[str]) -> Server:
     folder = state_dir()
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{port}.log"
-    argv = [sys.executable, "-m", "bmoe.serve", *flags, "--host", host, "--port", str(port), "--api-key", key]
+    argv = [
+        sys.executable,
+        "-m",
+        "bmoe.serve",
+        *flags,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        f"--api-key={key}",
+    ]
     with log.open("wb") as out:
         # its own session: the terminal's Ctrl-C goes to the agent (which uses it), not the server
         process = subprocess.Popen(
