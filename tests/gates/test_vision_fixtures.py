@@ -147,20 +147,26 @@ def test_a_picture_becomes_the_image_chunk_the_fixture_predicts(fixture: VisionF
         image = parts[1]
         assert mtmd.mtmd_input_chunk_get_n_tokens(image) == fixture.n_image_tokens(width, height)
         assert mtmd.mtmd_input_chunk_get_n_pos(image) == fixture.n_image_pos(width, height)
-        tokens = mtmd.mtmd_input_chunk_get_tokens_image(image)
-        across, down = fixture.image_grid(width, height)
-        if fixture.mrope:  # mtmd keeps the grid for M-RoPE positions, else the count in a row
-            assert (mtmd.mtmd_image_tokens_get_nx(tokens), mtmd.mtmd_image_tokens_get_ny(tokens)) == (
-                across,
-                down,
-            )
+        if fixture.mrope:
             assert fixture.n_image_pos(width, height) < fixture.n_image_tokens(width, height)
-        else:
-            assert mtmd.mtmd_image_tokens_get_nx(tokens) == across * down
         for text in (parts[0], parts[2]):
             assert mtmd.mtmd_input_chunk_get_n_pos(text) == mtmd.mtmd_input_chunk_get_n_tokens(text) > 0
         total = sum(mtmd.mtmd_input_chunk_get_n_pos(c) for c in parts)
         assert mtmd.mtmd_helper_get_n_pos(chunks) == total
+
+
+def test_the_fixture_predicts_the_grid_of_pictures_of_any_size(fixture: VisionFixture) -> None:
+    """Small (scaled up to the 8-token least), wide, tall and odd sizes."""
+    sizes = [(64, 48), (20, 20), (100, 30), (33, 95), (7, 90), (130, 129)]
+    with text_model(fixture.model) as model, projector(fixture.mmproj, model) as ctx:
+        for width, height in sizes:
+            with tokenized(ctx, png(width, height), MARKER) as chunks:
+                tokens = mtmd.mtmd_input_chunk_get_tokens_image(image_chunk(chunks))
+                grid = (mtmd.mtmd_image_tokens_get_nx(tokens), mtmd.mtmd_image_tokens_get_ny(tokens))
+            across, down = fixture.image_grid(width, height)
+            # mtmd keeps the grid for M-RoPE positions, else the count in one row
+            assert grid == ((across, down) if fixture.mrope else (across * down, 1)), (width, height)
+            assert across * down >= (8 if fixture.mrope else 1)
 
 
 def test_the_encoder_gives_finite_live_embeddings_and_the_same_bytes_twice(fixture: VisionFixture) -> None:
