@@ -71,6 +71,16 @@ class TokenizeError(ConfigError):
     surrogate from a JSON ``"\\ud800"``): the request is refused, the session goes on."""
 
 
+class ImageError(ConfigError):
+    """An image a request carries that cannot be used: the model has no vision encoder, the
+    picture does not decode, or it does not fit. ``where`` names the image's place."""
+
+
+class VisionEncoderError(BmoeError, OSError):
+    """The vision encoder (``--mmproj``) did not load: not an mmproj, a projector llama.cpp
+    does not know, or one made for another model."""
+
+
 class DecodeError(BmoeError, RuntimeError):
     """``llama_decode`` failed; ``code`` is its return value."""
 

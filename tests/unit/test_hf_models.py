@@ -111,9 +111,17 @@ def test_hf_resolves_from_an_offline_cache_and_the_cli_runs_it(offline_hub: Path
         str(offline_hub / "tiny-moe-Q4_K_M.gguf"),
         str(offline_hub / "tiny-moe-Q8_0.gguf"),
     ]
-    proc = _run("-m", "bmoe.cli", "-hf", "someone/tiny-moe-GGUF", "-p", "Hello", "-n", "4")
+    proc = _run("-m", "bmoe.cli", "-hf", "someone/tiny-moe-GGUF", "--no-mmproj", "-p", "Hello", "-n", "4")
     assert proc.returncode == 0, proc.stderr
     assert "generation: 4 tokens" in proc.stderr
+
+
+def test_hf_fetches_the_repositorys_mmproj_beside_the_model(offline_hub: Path) -> None:
+    """As llama.cpp's -hf: the repository's mmproj comes with the model (here a text model
+    under an mmproj's name, which the vision encoder refuses by name)."""
+    proc = _run("-m", "bmoe.cli", "-hf", "someone/tiny-moe-GGUF", "-p", "Hello", "-n", "4")
+    assert proc.returncode == 1
+    assert "bmoe: error: mmproj-tiny.gguf is not a vision encoder for this model" in proc.stderr
 
 
 def test_hf_names_the_cache_when_a_model_is_neither_there_nor_reachable(offline_hub: Path) -> None:
@@ -121,3 +129,12 @@ def test_hf_names_the_cache_when_a_model_is_neither_there_nor_reachable(offline_
     assert proc.returncode != 0
     assert "someone/absent-GGUF is not in the Hugging Face cache" in proc.stderr
     assert str(offline_hub.parents[2]) in proc.stderr
+
+
+def test_the_mmproj_picked_is_f16_where_several_are_offered() -> None:
+    from bmoe.domain.hf_models import pick_mmproj
+
+    files = ["model-Q4_K_M.gguf", "mmproj-model-Q8_0.gguf", "mmproj-model-F16.gguf", "README.md"]
+    assert pick_mmproj(files) == "mmproj-model-F16.gguf"
+    assert pick_mmproj(["model-Q4_K_M.gguf", "sub/mmproj-x.gguf"]) == "sub/mmproj-x.gguf"
+    assert pick_mmproj(["model-Q4_K_M.gguf"]) is None

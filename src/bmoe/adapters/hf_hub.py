@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bmoe.domain.hf_models import HfSpec, pick_files
+from bmoe.domain.hf_models import HfSpec, pick_files, pick_mmproj
 from bmoe.errors import ConfigError, ModelFetchError
 
 INSTALL = "-hf needs huggingface_hub: .venv/bin/pip install '.[hf]' (from a checkout of bmoe)"
@@ -67,3 +67,18 @@ def fetch_model(spec: str, hf_file: str | None = None) -> Path:
             where = "in the cache (offline)" if offline else "on the Hub"
             raise ModelFetchError(f"{parsed.repo}: cannot get {name} {where}: {exc}") from None
     return Path(paths[0])
+
+
+def fetch_mmproj(spec: str) -> Path | None:
+    """The vision encoder of ``spec``'s repository (its ``mmproj`` GGUF), fetched into the
+    cache beside the model as llama.cpp's ``-hf`` does; None where the repository has none."""
+    hub = _hub()
+    parsed = HfSpec.parse(spec)
+    offline = bool(hub.constants.HF_HUB_OFFLINE)
+    name = pick_mmproj(_files(hub, parsed.repo, offline))
+    if name is None:
+        return None
+    try:
+        return Path(hub.hf_hub_download(parsed.repo, name, local_files_only=offline))
+    except Exception as exc:
+        raise ModelFetchError(f"{parsed.repo}: cannot get its vision encoder {name}: {exc}") from None

@@ -19,12 +19,13 @@ import attrs
 from bmoe.adapters.protocol import Error, encode_response
 from bmoe.cli.session_loop import SessionLoop
 from bmoe.domain.generation import GenerateRequest, Progress
+from bmoe.domain.media import MEDIA_MARKER, Image
 from bmoe.domain.metrics import MemorySample, parse_proc_status, preamble, row_line, run_summary, token_row
 from bmoe.domain.metrics import trailer as metrics_trailer
 from bmoe.domain.perplexity import PplAccumulator, PplWindow
 from bmoe.domain.streaming import MIB
 from bmoe.domain.summary import generation_line, stream_lines, stream_mode_line, timing_line
-from bmoe.errors import BmoeError
+from bmoe.errors import BmoeError, ConfigError
 from bmoe.frontend.configs import resolve_model, sampling_params, session_config
 from bmoe.frontend.devices import list_devices
 from bmoe.frontend.flags import (
@@ -50,6 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(p)
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help="prompt text (default: %(default)r)")
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default: 32)")
+    p.add_argument(
+        "--image",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an image for the prompt (repeatable; needs --mmproj): placed where the prompt says "
+        f"{MEDIA_MARKER}, else in front of it, as llama.cpp's mtmd-cli does",
+    )
     add_context_options(p)
     p.add_argument(
         "--chatml", action="store_true", help="wrap the prompt as a user turn with the chat template"
@@ -86,6 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_decide_options(s, "with --session: accept decide requests (docs/decide.md)")
     return p
+
+
+def prompt_images(prompt: str, files: Sequence[Path]) -> tuple[str, tuple[Image, ...]]:
+    """``--image`` files read, and the prompt with a marker for each where it has none
+    (``ConfigError`` for a file that cannot be read)."""
+    images = []
+    for path in files:
+        try:
+            images.append(Image(path.read_bytes(), name=f"--image {path}"))
+        except OSError as exc:
+            raise ConfigError(f"--image {path}: {exc.strerror}") from None
+    if images and MEDIA_MARKER not in prompt:
+        prompt = MEDIA_MARKER * len(images) + prompt
+    return prompt, tuple(images)
 
 
 def _config(args: argparse.Namespace) -> SessionConfig:
@@ -236,10 +260,8 @@ def _metrics_config(args: argparse.Namespace, config: SessionConfig, session: Se
 def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
     try:
         config = _config(args)
-        request = GenerateRequest(
-            prompt=args.prompt,
-            sampling=sampling_params(args),
-        )
+        prompt, images = prompt_images(args.prompt, args.image)
+        request = GenerateRequest(prompt=prompt, sampling=sampling_params(args), images=images)
         display = None
         if args.progress:
             from bmoe.cli.live import make_display

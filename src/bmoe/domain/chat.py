@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
+from bmoe.domain.media.images import Image
 from bmoe.domain.tools.values import ToolCall, template_call_id
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -15,13 +16,15 @@ Role = Literal["system", "user", "assistant", "tool"]
 class ChatMessage:
     """One turn of a conversation. ``reasoning`` is the assistant's thinking, kept apart;
     ``tool_calls`` the calls an assistant turn made; ``tool_call_id`` the call a ``tool``
-    message answers."""
+    message answers. ``images``: the pictures ``content`` places, one per media marker
+    (``bmoe.domain.media.MEDIA_MARKER``), in order."""
 
     role: Role
     content: str
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
+    images: tuple[Image, ...] = ()
 
     def as_template_dict(self) -> dict[str, Any]:
         """The dict a Jinja chat template iterates over (``role``, ``content``...). Calls

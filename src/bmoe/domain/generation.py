@@ -8,6 +8,7 @@ import attrs
 
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.drafting.draft_gate import DraftReport
+from bmoe.domain.media.images import MEDIA_MARKER, Image, count_markers
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import StreamCounters, StreamReport
 from bmoe.domain.tools.values import ToolCall, ToolUse
@@ -38,6 +39,9 @@ class GenerateRequest:
     - ``logprobs``: ``None``, or report each generated token's log-probability and that
       many alternatives (0 to 20) in ``RunResult.logprobs``.
     - ``draft``: False turns copy drafts off for this request (where the session drafts).
+    - ``images``: the pictures the prompt places, one per media marker
+      (``bmoe.domain.media.MEDIA_MARKER``, ``<__media__>``), in order; they need a vision
+      encoder (``SessionConfig.mmproj``).
 
     Generation stops after ``n_predict`` tokens or at an end-of-generation token, which is
     not part of the result.
@@ -55,10 +59,17 @@ class GenerateRequest:
     logprobs: int | None = None
     conversation: str | None = None
     draft: bool = True
+    images: tuple[Image, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if not self.prompt and self.role == "user":
             raise ConfigError("empty prompt")
+        if self.images and count_markers(self.prompt) != len(self.images):
+            raise ConfigError(
+                f"the prompt places {count_markers(self.prompt)} images ({MEDIA_MARKER}) "
+                f"but the request carries {len(self.images)}",
+                "images",
+            )
         if self.n_predict is not None and self.n_predict < 0:
             raise ConfigError(f"n_predict must be >= 0, not {self.n_predict}")
         if self.logprobs is not None and not 0 <= self.logprobs <= TOP_LOGPROBS_MAX:

@@ -63,3 +63,24 @@ def pick_files(spec: HfSpec, files: Iterable[str]) -> list[str]:
         offered = ", ".join(n.rsplit("/", 1)[-1] for n in names[:12])
         raise ConfigError(f"{spec.repo} has no GGUF file for {spec.quant!r}; it has: {offered}", "hf_repo")
     return _shards((fitting or names)[0], names)
+
+
+MMPROJ_PREFERENCE = ("f16", "bf16", "f32", "q8_0")  # the encoder's usual releases, best first
+
+
+def pick_mmproj(files: Iterable[str]) -> str | None:
+    """The repository's vision encoder (a GGUF with ``mmproj`` in its name), as llama.cpp's
+    ``-hf`` fetches it beside the model: F16 before the others where several are offered;
+    None where there is none."""
+    names = sorted(
+        f for f in files if f.lower().endswith(".gguf") and "mmproj" in f.rsplit("/", 1)[-1].lower()
+    )
+    for kind in MMPROJ_PREFERENCE:
+        for name in names:
+            if kind in name.rsplit("/", 1)[-1].lower():
+                return name
+    return names[0] if names else None
+
+
+def _base(name: str) -> str:
+    return name.rsplit("/", 1)[-1].lower()

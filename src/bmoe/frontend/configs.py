@@ -18,6 +18,7 @@ from bmoe.domain.placement import Placement, parse_device_names, parse_rpc_serve
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import StreamConfig, prompt_batch
 from bmoe.errors import ConfigError
+from bmoe.frontend.vision_options import vision_fields
 from bmoe.runtime import SessionConfig
 
 DEFAULT_MODEL_FIXTURE = "qwen3moe"
@@ -51,6 +52,19 @@ def resolve_model(args: argparse.Namespace, prog: str) -> Path:
         file=sys.stderr,
     )
     return path
+
+
+def chosen_mmproj(args: argparse.Namespace) -> Path | None:
+    """The vision encoder: ``--mmproj``, else with ``-hf`` the repository's own (fetched;
+    ``--no-mmproj``: none), else none."""
+    given: Path | None = getattr(args, "mmproj", None)
+    if given is not None:
+        return given
+    if getattr(args, "hf_repo", None) is None or getattr(args, "no_mmproj", True):
+        return None
+    from bmoe.adapters.hf_hub import fetch_mmproj
+
+    return fetch_mmproj(args.hf_repo)
 
 
 def chat_template_text(args: argparse.Namespace) -> str | None:
@@ -153,4 +167,5 @@ def session_config(args: argparse.Namespace, model: Path) -> SessionConfig:
         cache_disk_mb=args.cache_disk_mb,
         slot_similarity=args.slot_prompt_similarity,
         draft=args.draft,
+        **vision_fields(args, chosen_mmproj(args)),
     )

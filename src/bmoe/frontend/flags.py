@@ -19,6 +19,7 @@ from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES
 from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
 from bmoe.frontend.draft_option import add_draft_option
+from bmoe.frontend.vision_options import add_vision_options
 
 
 def cache_mb(text: str) -> int | None:
@@ -126,6 +127,7 @@ def add_context_options(p: argparse.ArgumentParser) -> None:
     add_placement_options(p)
     add_template_option(p)
     add_draft_option(p)
+    add_vision_options(p)
     p.add_argument(
         "--n-expert-used",
         type=int,

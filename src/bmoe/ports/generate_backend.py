@@ -12,6 +12,7 @@ from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.domain.generation import TokenLogprob
+from bmoe.domain.media import Image
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.tools import ToolFormat, ToolUse
 
@@ -31,6 +32,13 @@ class IGenerateBackend(Protocol):
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text``, special tokens parsed, with exactly one leading BOS when
         the model wants one (``domain.chat.with_one_bos``). Raises ``TokenizeError``."""
+        ...
+
+    def tokenize_media(self, text: str, images: Sequence[Image]) -> list[int]:
+        """``tokenize`` for a prompt that places ``images`` (one ``MEDIA_MARKER`` each, in
+        order): each image a run of row ids (``domain.media.image_rows``) that ``feed``
+        decodes as the image. Raises ``ImageError`` where the model has no vision encoder
+        or a picture cannot be read."""
         ...
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:

@@ -25,7 +25,6 @@ from bmoe.adapters import crash_line
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.llama import LlamaModel
 from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
-from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.model_files import MappedFiles
 from bmoe.cext.abort_flag import AbortFlag
@@ -38,7 +37,7 @@ from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import ConfigError, ModelFileTruncatedError, StreamingFaultError
 from bmoe.requests.chat_fields import ChatFields, Messages
 from bmoe.requests.neutral import Delta, Outcome
-from bmoe.runtime import chat_requests, cpu_choice, pieces, session_streaming
+from bmoe.runtime import chat_requests, cpu_choice, pieces, session_streaming, vision
 from bmoe.runtime import placement as model_placement
 from bmoe.runtime.decisions import SessionDecisions
 from bmoe.runtime.engine_defaults import engine_defaults
@@ -95,7 +94,16 @@ class Session:
             bos_token=self.model.bos_text,
             eos_token=self.model.eos_text,
         )
-        self._backend = LlamaGenerateBackend(self.model, self.ctx, self._flag)
+        try:
+            self.vision = vision.open_encoder(self.model, config)
+        except BaseException:
+            if self.streaming is not None:
+                self.streaming.close()
+            self.ctx.close()
+            self._decisions.close()
+            self.model.close()
+            raise
+        self._backend = vision.generate_backend(self.model, self.ctx, self._flag, self.vision)
         self.prompt_cache = open_prompt_cache(config, self.notes)
         self.engine = SessionEngine(
             self._backend, self.template, engine_defaults(config, self.model, self.notes), self.prompt_cache
@@ -383,6 +391,8 @@ class Session:
             self.profile.save()
         if self.streaming is not None:
             self.streaming.close()
+        if self.vision is not None:
+            self.vision.close()
         self.ctx.close()
         self._decisions.close()
         self.model.close()

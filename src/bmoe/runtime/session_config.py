@@ -65,6 +65,11 @@ class SessionConfig:
     - ``draft``: ``copy`` verifies drafts copied from the request's own context in one
       batch (``--draft``; greedy requests, one sequence; ``bmoe.service.copy_drafts``),
       ``off`` (the default) never; ``draft_policy`` its match and draft lengths.
+    - ``mmproj``: the model's vision encoder (``--mmproj``, llama.cpp's flag): requests may
+      then carry images (``GenerateRequest.images``), encoded by it (resident) and decoded
+      by the language model (streamed or not, as the rest); ``image_min_tokens`` /
+      ``image_max_tokens`` bound an image's tokens for encoders of dynamic resolution
+      (-1: the file's own). None: text only, an image is refused by name.
     """
 
     model_path: Path
@@ -86,6 +91,9 @@ class SessionConfig:
     cache_disk_mb: int = DEFAULT_CACHE_DISK_MIB
     draft: Literal["copy", "off"] = "off"
     draft_policy: DraftPolicy = attrs.field(factory=DraftPolicy)
+    mmproj: Path | None = None
+    image_min_tokens: int = -1
+    image_max_tokens: int = -1
 
     @classmethod
     def from_hf(cls, spec: str, hf_file: str | None = None, **fields: Any) -> SessionConfig:

@@ -17,11 +17,15 @@ token, not yet fed).
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable
 
+import attrs
+
 from bmoe.domain.drafting import CopyDrafter, DraftGate, DraftPolicy, DraftReport
 from bmoe.domain.generation import GenerateRequest
+from bmoe.domain.media import is_image_row
 from bmoe.errors import BmoeError
 from bmoe.ports.generate_backend import IGenerateBackend
 
@@ -69,6 +73,10 @@ class Drafting:
         if self._fed:
             return
         draft = self.drafter.propose(limit)
+        if any(is_image_row(t) for t in draft.tokens):  # a copy runs into an image: no draft
+            draft = attrs.evolve(
+                draft, tokens=tuple(itertools.takewhile(lambda t: not is_image_row(t), draft.tokens))
+            )
         if not draft.tokens or not self.gate.allow(draft.match):
             backend.feed([token], len(kv_tokens))
             kv_tokens.append(token)

@@ -19,6 +19,7 @@ from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.drafting import DraftPolicy
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
 from bmoe.domain.kv_reuse import plan_reuse
+from bmoe.domain.media import Image, count_markers
 from bmoe.domain.prompt_cache import PromptCache, StateTarget
 from bmoe.domain.reasoning import Delta, ReasoningSplitter
 from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
@@ -27,6 +28,7 @@ from bmoe.errors import (
     ConfigError,
     ContextOverflowError,
     DecodeAbortedError,
+    ImageError,
     SessionFailedError,
     StreamingFaultError,
     ToolFormatError,
@@ -195,8 +197,9 @@ class SessionEngine:
             if key is not None and kept is not None and kept[0] == key:
                 return list(kept[1])
             past = history if history is not None else [] if request.clear_kv else self.history
-            text = self.renderer.render([*past, _turn_message(request)], enable_thinking=think, tools=tools)
-            tokens = self.backend.tokenize(text)
+            messages = [*past, _turn_message(request)]
+            text = self.renderer.render(messages, enable_thinking=think, tools=tools)
+            tokens = self._tokenize(text, [image for m in messages for image in m.images])
             if key is not None:
                 self._last_render = (key, tuple(tokens))
             return tokens
@@ -205,7 +208,19 @@ class SessionEngine:
         if tools is not None or request.role != "user":
             raise ConfigError("tools and tool results need chat mode")
         past_tokens = [] if request.clear_kv else self.transcript
-        return [*past_tokens, *self.backend.tokenize(request.prompt)]
+        return [*past_tokens, *self._tokenize(request.prompt, request.images)]
+
+    def _tokenize(self, text: str, images: Sequence[Image]) -> list[int]:
+        """A prompt's tokens, its images as rows where it places any."""
+        if not images:
+            return self.backend.tokenize(text)
+        if count_markers(text) != len(images):
+            raise ImageError(
+                f"the chat template placed {count_markers(text)} of the conversation's "
+                f"{len(images)} images (it drops images in some messages?)",
+                "images",
+            )
+        return self.backend.tokenize_media(text, images)
 
     def constraint(self, request: GenerateRequest) -> OutputConstraint | None:
         """The grammar the reply follows: the request's; a forced tool choice's calls (a
@@ -489,4 +504,4 @@ class SessionEngine:
 
 def _turn_message(request: GenerateRequest) -> ChatMessage:
     """The message a request adds to the conversation: a user's, or a tool's result."""
-    return ChatMessage(request.role, request.prompt, tool_call_id=request.tool_call_id)
+    return ChatMessage(request.role, request.prompt, tool_call_id=request.tool_call_id, images=request.images)

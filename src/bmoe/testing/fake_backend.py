@@ -16,11 +16,13 @@ import numpy as np
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.domain.generation import TokenChoice, TokenLogprob
+from bmoe.domain.media import MEDIA_MARKER, Image, image_row_ids
 from bmoe.domain.sampling import SamplingParams
-from bmoe.errors import DecodeAbortedError, DecodeError
+from bmoe.errors import DecodeAbortedError, DecodeError, ImageError
 from bmoe.ports.generate_backend import IGenerateBackend
 
 EOG = 0
+IMAGE_ROWS = 4  # rows of every image in the script
 
 NextToken = Callable[[Sequence[int]], int]
 
@@ -72,6 +74,16 @@ class ScriptedGenerateBackend(IGenerateBackend):
 
     def tokenize(self, text: str) -> list[int]:
         return [b for b in text.encode("utf-8") if b != 0]
+
+    def tokenize_media(self, text: str, images: Sequence[Image]) -> list[int]:
+        """Each image is ``IMAGE_ROWS`` rows named by its bytes' digest."""
+        pieces = text.split(MEDIA_MARKER)
+        if len(pieces) != len(images) + 1:
+            raise ImageError(f"the prompt places {len(pieces) - 1} images but {len(images)} were given")
+        out = self.tokenize(pieces[0])
+        for image, piece in zip(images, pieces[1:], strict=True):
+            out += [*image_row_ids(bytes.fromhex(image.digest), IMAGE_ROWS), *self.tokenize(piece)]
+        return out
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         return bytes([token]) if 0 < token < 256 else b""

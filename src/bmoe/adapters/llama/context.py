@@ -15,6 +15,7 @@ import numpy.typing as npt
 from gguf import GGMLQuantizationType
 
 from bmoe.adapters.cpu_topology import physical_cores
+from bmoe.adapters.llama.embd_batch import EmbeddingBatch
 from bmoe.adapters.llama.log import capture_compute_buffers, capture_kv_buffers
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.status import check_decode
@@ -283,13 +284,47 @@ class LlamaContext:
         batch.n_tokens = len(entries)
         self._decode_batch()
 
-    def _decode_batch(self) -> None:
-        """``llama_decode`` the prepared batch, at a decode boundary the session controls;
-        an abort is explained (a streaming fault raises as itself)."""
+    def decode_embeddings(
+        self,
+        rows: npt.NDArray[np.float32],
+        positions: npt.NDArray[np.int32],
+        *,
+        last_logits: bool,
+        causal: bool = True,
+        seq: int = 0,
+    ) -> None:
+        """Feed embedding rows (an image's, ``[n, n_embd_inp]``) at ``positions``
+        (``[sections, n]``: one section, or M-RoPE's four) in chunks of ``n_batch``, through
+        the same decode boundary as tokens (the streaming hook sees every chunk). Logits
+        for the last row when ``last_logits``. ``causal=False``: the rows attend to each
+        other both ways (mtmd says which encoders want it)."""
+        n = rows.shape[0]
+        if int(positions.max()) >= self.n_ctx:
+            raise ContextOverflowError(f"position {int(positions.max())} is past the context of {self.n_ctx}")
+        step = self.params.n_batch
+        if not causal:
+            llama_cpp.llama_set_causal_attn(self.ptr, False)
+        try:
+            for begin in range(0, n, step):
+                self.feeding = (begin, n)
+                end = min(begin + step, n)
+                chunk = EmbeddingBatch(
+                    rows[begin:end], positions[:, begin:end], seq, last_logits=last_logits and end == n
+                )
+                self._decode_batch(chunk.batch)
+        finally:
+            if not causal:
+                llama_cpp.llama_set_causal_attn(self.ptr, True)
+        self.feeding = (n, n)
+
+    def _decode_batch(self, batch: llama_cpp.llama_batch | None = None) -> None:
+        """``llama_decode`` the prepared batch (or ``batch``), at a decode boundary the
+        session controls; an abort is explained (a streaming fault raises as itself)."""
+        batch = self._batch if batch is None else batch
         if self.before_decode is not None:
-            self.before_decode(int(self._batch.n_tokens))
+            self.before_decode(int(batch.n_tokens))
         with self.decode_lock:
-            code = llama_cpp.llama_decode(self.ptr, self._batch)
+            code = llama_cpp.llama_decode(self.ptr, batch)
         try:
             check_decode(code)
         except DecodeAbortedError:

@@ -18,7 +18,9 @@ from bmoe.domain.decide.log_softmax import log_softmax
 from bmoe.domain.decide.prefix_cache import StateBlob
 from bmoe.domain.generation import TokenChoice, TokenLogprob
 from bmoe.domain.kv_reuse import swa_prefix_usable
+from bmoe.domain.media import Image
 from bmoe.domain.sampling import SamplingParams
+from bmoe.errors import ImageError
 from bmoe.ports.generate_backend import IGenerateBackend
 
 
@@ -51,6 +53,16 @@ def constrained_sampler(
     return Sampler(params, model, n_ctx, grammar, mask)
 
 
+def no_vision_encoder(images: Sequence[Image]) -> ImageError:
+    """The refusal of an image by a model loaded without a vision encoder."""
+    where = images[0].name if images and images[0].name else "images"
+    return ImageError(
+        f"{where}: this model was loaded without a vision encoder, so it cannot see images "
+        "(start bmoe with --mmproj FILE, the model's projector)",
+        where,
+    )
+
+
 class LlamaGenerateBackend(IGenerateBackend):
     """Borrows a model and a context created with ``abort=flag`` (the same ``AbortFlag``);
     owns the sampler of the current generation. A streaming fault surfaces from ``feed``
@@ -68,6 +80,9 @@ class LlamaGenerateBackend(IGenerateBackend):
 
     def tokenize(self, text: str) -> list[int]:
         return self.model.tokenize_prompt(text)
+
+    def tokenize_media(self, text: str, images: Sequence[Image]) -> list[int]:
+        raise no_vision_encoder(images)
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         return self.model.token_bytes(token, special=special)

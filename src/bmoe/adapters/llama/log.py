@@ -14,7 +14,7 @@ import ctypes
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import llama_cpp
 
@@ -59,6 +59,9 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
                 name = match.group(1).decode("utf-8", errors="replace")
                 size = round(float(match.group(2)) * 1048576)
                 found[name] = found.get(name, 0) + size if kind in _ADDED else size
+    errors = getattr(_capture, "errors", None)
+    if errors is not None and effective == _ERROR_LEVEL:
+        errors.append(text.decode("utf-8", errors="replace").strip())
     if shown(effective, text):
         sys.stderr.write(text.decode("utf-8", errors="replace"))
         sys.stderr.flush()
@@ -95,6 +98,20 @@ def capture_model_buffers() -> contextlib.AbstractContextManager[dict[str, int]]
 
 
 @contextlib.contextmanager
+def capture_errors() -> Iterator[list[str]]:
+    """Around a call that fails by returning NULL (``mtmd_init_from_file``): the error lines
+    llama.cpp and mtmd logged meanwhile, from the calling thread, to say why."""
+    found: list[str] = []
+    previous = getattr(_capture, "errors", None)
+    set_llama_verbose(bool(_state["verbose"]))
+    _capture.errors = found
+    try:
+        yield found
+    finally:
+        _capture.errors = previous
+
+
+@contextlib.contextmanager
 def _capturing(kind: str) -> Iterator[dict[str, int]]:
     found: dict[str, int] = {}
     previous = getattr(_capture, kind, None)
@@ -118,8 +135,20 @@ def set_llama_verbose(verbose: bool) -> None:
     debug line llama.cpp logs for each weight it repacks is never shown."""
     _state["verbose"] = int(verbose)
     llama_cpp.llama_log_set(_filter, _forward)
+    if _mtmd_log_set is not None:  # the vision encoder (clip, mtmd) logs through its own hook
+        _mtmd_log_set(_filter, _forward)
 
 
+def _mtmd_logger() -> Callable[[object, ctypes.c_void_p], None] | None:
+    """``mtmd_log_set``, or None where llama-cpp-python was built without libmtmd."""
+    try:
+        from llama_cpp import mtmd_cpp
+    except (ImportError, OSError, FileNotFoundError):
+        return None
+    return mtmd_cpp.mtmd_log_set  # type: ignore[no-any-return]
+
+
+_mtmd_log_set = _mtmd_logger()
 _backend_ready = False
 
 

@@ -1,0 +1,34 @@
+"""A session's vision encoder (``SessionConfig.mmproj``) and the backend that feeds images."""
+
+from __future__ import annotations
+
+from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
+from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.llama.vision import VisionEncoder
+from bmoe.adapters.llama.vision_backend import VisionGenerateBackend
+from bmoe.cext.abort_flag import AbortFlag
+from bmoe.runtime.session_config import SessionConfig
+
+
+def open_encoder(model: LlamaModel, config: SessionConfig) -> VisionEncoder | None:
+    """The encoder ``config.mmproj`` holds, loaded for ``model`` (None: text only). Raises
+    ``VisionEncoderError`` for a file that is not one, or one made for another model."""
+    if config.mmproj is None:
+        return None
+    return VisionEncoder(
+        model,
+        config.mmproj,
+        n_threads=config.context.n_threads,
+        image_min_tokens=config.image_min_tokens,
+        image_max_tokens=config.image_max_tokens,
+    )
+
+
+def generate_backend(
+    model: LlamaModel, ctx: LlamaContext, flag: AbortFlag, encoder: VisionEncoder | None
+) -> LlamaGenerateBackend:
+    """The session's generate backend: one that feeds images where there is an encoder."""
+    if encoder is None:
+        return LlamaGenerateBackend(model, ctx, flag)
+    return VisionGenerateBackend(model, ctx, flag, encoder)
