@@ -102,7 +102,7 @@ USER: Any = [{"role": "user", "content": "Hi"}]
         ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
         ({"max_tokens": 5, "messages": [*USER, {"role": "assistant", "content": "Sure"}]}, "messages"),
         (
-            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "id": 1}]}]},
             "messages[0].content[0].type",
         ),
         (

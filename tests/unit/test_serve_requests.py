@@ -118,9 +118,9 @@ def test_an_assistant_message_may_have_null_content() -> None:
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content", "a string or a list"),
         ({"messages": [{"role": "user"}]}, "messages[0].content", "a string or a list"),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
             "messages[0].content[0]",
-            "only text parts",
+            "only text and image_url parts",
         ),
         ({"chat_template_kwargs": {"enable_thinking": 1}}, "enable_thinking", "must be a boolean"),
     ],

@@ -105,7 +105,7 @@ def test_text_format_goes_through_the_constraint_engine_and_sampling_is_read() -
         ({}, "input"),
         ({"input": ""}, "input"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
             "input[0].content[0]",
         ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),

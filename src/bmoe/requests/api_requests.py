@@ -6,7 +6,9 @@ OpenAI parameters that bmoe cannot honour (several choices, legacy ``functions``
 are refused when set to anything but their neutral value, never silently ignored;
 parameters that change nothing here (``user``, ``metadata``, ``store``...) are ignored, as
 OpenAI-compatible servers do. Tools, response formats, log-probabilities, penalties and
-``logit_bias`` are read by ``api_tools``. ``/v1/decide`` is bmoe's own and strict: an unknown
+``logit_bias`` are read by ``api_tools``. A user message's ``image_url`` parts
+(``{"url": ...}`` or the URL itself, as llama.cpp takes it) are its images, followed as the
+``MediaPolicy`` allows (``image_parts``). ``/v1/decide`` is bmoe's own and strict: an unknown
 key is refused, so a typo is not ignored.
 """
 
@@ -16,6 +18,8 @@ import attrs
 
 from bmoe.domain.chat import ChatMessage, Role
 from bmoe.domain.decide import DecideRequest
+from bmoe.domain.media.images import Image
+from bmoe.domain.media.references import INLINE_MEDIA, MediaPolicy
 from bmoe.errors import ChoiceError, ConfigError, RequestError
 from bmoe.requests.api_tools import (
     chat_logprobs,
@@ -35,6 +39,7 @@ from bmoe.requests.fields import (
     refuse_unless,
     stop_strings,
 )
+from bmoe.requests.image_parts import PartsText
 from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 SEED_MAX = 2**32 - 2
@@ -58,8 +63,9 @@ ROLES: dict[str, Role] = {
 }
 
 
-def parse_chat_completion(body: Body) -> ChatRequest:
-    """A ``/v1/chat/completions`` body as a request (``RequestError`` when it is not one)."""
+def parse_chat_completion(body: Body, media: MediaPolicy = INLINE_MEDIA) -> ChatRequest:
+    """A ``/v1/chat/completions`` body as a request (``RequestError`` when it is not one);
+    ``media`` says which image references its messages may use."""
     refuse_unless(body, "functions", [])
     refuse_unless(body, "function_call", "none")
     refuse_unless(body, "modalities", ["text"])
@@ -69,7 +75,7 @@ def parse_chat_completion(body: Body) -> ChatRequest:
     if max_tokens is None:
         max_tokens = opt_int(body, "max_tokens", low=0)
     return ChatRequest(
-        messages=_messages(body.get("messages")),
+        messages=_messages(body.get("messages"), media),
         think=_think(body),
         generation=_generation(body, max_tokens, chat_logprobs(body)),
         tools=tool_use(body),
@@ -154,13 +160,13 @@ def _think(body: Body) -> bool | None:
     return opt_bool(kwargs, "enable_thinking")
 
 
-def _messages(value: object) -> tuple[ChatMessage, ...]:
+def _messages(value: object, media: MediaPolicy) -> tuple[ChatMessage, ...]:
     if not isinstance(value, list) or not value:
         raise RequestError("'messages' must be a non-empty list of messages", "messages")
-    return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(value))
+    return tuple(_message(m, f"messages[{i}]", media) for i, m in enumerate(value))
 
 
-def _message(value: object, where: str) -> ChatMessage:
+def _message(value: object, where: str, media: MediaPolicy) -> ChatMessage:
     if not isinstance(value, dict):
         raise RequestError(f"{where} must be an object", where)
     role = value.get("role")
@@ -178,24 +184,35 @@ def _message(value: object, where: str) -> ChatMessage:
     reasoning = value.get("reasoning_content")
     if reasoning is not None and not isinstance(reasoning, str):
         raise RequestError(f"{where}.reasoning_content must be a string", f"{where}.reasoning_content")
-    content = _content(value.get("content"), role, f"{where}.content")
-    return ChatMessage(ROLES[role], content, reasoning or "", calls, call_id)
+    content, images = _content(value.get("content"), role, f"{where}.content", media)
+    return ChatMessage(ROLES[role], content, reasoning or "", calls, call_id, images)
 
 
-def _content(value: object, role: str, where: str) -> str:
-    """A string, or a list of text parts (joined by a line break); ``null`` for an assistant."""
+def _content(value: object, role: str, where: str, media: MediaPolicy) -> tuple[str, tuple[Image, ...]]:
+    """A string, or a list of text parts (joined by a line break) and, in a user message,
+    image parts (a media marker each); ``null`` for an assistant."""
     if isinstance(value, str):
-        return value
+        return value, ()
     if value is None and role == "assistant":
-        return ""
-    if isinstance(value, list):
-        texts = []
-        for i, part in enumerate(value):
-            is_text = isinstance(part, dict) and part.get("type") == "text"
-            if not is_text or not isinstance(part.get("text"), str):
-                raise RequestError(
-                    f"{where}[{i}]: only text parts are supported", f"{where}[{i}]", "unsupported_parameter"
-                )
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise RequestError(f"{where} must be a string or a list of text parts", where)
+        return "", ()
+    if not isinstance(value, list):
+        raise RequestError(f"{where} must be a string or a list of text parts", where)
+    parts = PartsText(media)
+    for i, part in enumerate(value):
+        at = f"{where}[{i}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(part, dict) and kind == "text" and isinstance(part.get("text"), str):
+            parts.text(part["text"], at)
+        elif isinstance(part, dict) and kind == "image_url" and role == "user":
+            reference, ref_at = part.get("image_url"), f"{at}.image_url"
+            if isinstance(reference, dict):
+                reference, ref_at = reference.get("url"), f"{ref_at}.url"
+            parts.image(reference, ref_at, at)
+        elif kind == "image_url":
+            raise RequestError(
+                f"{at}: image parts are taken in user messages only", at, "unsupported_parameter"
+            )
+        else:
+            only = "text and image_url" if role == "user" else "text"
+            raise RequestError(f"{at}: only {only} parts are supported", at, "unsupported_parameter")
+    return parts.read()

@@ -75,6 +75,7 @@ def chat_turn(asked: ChatRequest, defaults: ServeDefaults) -> ChatTurn:
         role="tool" if last.role == "tool" else "user",
         tool_call_id=last.tool_call_id,
         logprobs=gen.logprobs,
+        images=last.images,
     )
     return ChatTurn(history=tuple(history), request=request, most=n_predict if gen.fit_context else None)
 

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bmoe.domain.media.references import MediaPolicy
 from bmoe.requests.api_requests import parse_chat_completion, parse_completion, parse_decide
 from bmoe.requests.neutral import Delta, Generation, Outcome
 from bmoe.serve import api_responses as api
@@ -44,6 +45,7 @@ from bmoe.serve.http_jobs import (
     first_piece,
     job_result,
     json_response,
+    off_loop_if,
     pieces_then_outcome,
     read_json_body,
 )
@@ -59,6 +61,11 @@ from bmoe.serve.worker import Job
 def build_app(served: ServedSession, options: HttpOptions | None = None) -> Guards:
     """The ASGI application serving ``served``, behind its key check and body limit."""
     options = options or HttpOptions()
+    mb = options.max_body_mb
+    max_body = default_max_body(served.session.n_ctx) if mb is None else max(1, int(mb * MIB))
+    media = MediaPolicy(
+        allow_remote=options.allow_remote_media, media_path=options.media_path, max_bytes=max_body
+    )
 
     def envelope(prefix: str) -> Envelope:
         return Envelope(id=new_id(prefix), created=int(time.time()), model=served.model_id)
@@ -72,7 +79,8 @@ def build_app(served: ServedSession, options: HttpOptions | None = None) -> Guar
         return json_response(served.card.body())
 
     async def chat_completions(request: Request) -> Response:
-        asked = parse_chat_completion(await read_json_body(request))
+        body = await read_json_body(request)
+        asked = await off_loop_if(media.reaches_out, lambda: parse_chat_completion(body, media))
         pieces = Pieces()
         job = served.chat(asked, pieces.emit)
         return await _answer(request, job, pieces, asked.generation, envelope("chatcmpl"), chat=True)
@@ -98,14 +106,12 @@ def build_app(served: ServedSession, options: HttpOptions | None = None) -> Guar
         Route("/v1/chat/completions", answering_errors(chat_completions), methods=["POST"]),
         Route("/v1/completions", answering_errors(completions), methods=["POST"]),
         Route("/v1/decide", answering_errors(decide), methods=["POST"]),
-        *responses_routes(served, ResponseStore()),
-        *messages_routes(served),
+        *responses_routes(served, ResponseStore(), media),
+        *messages_routes(served, media),
         *service_routes(served, metrics=options.metrics),
         *page_routes(served),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-    mb = options.max_body_mb
-    max_body = default_max_body(served.session.n_ctx) if mb is None else max(1, int(mb * MIB))
     return Guards(app, api_keys=options.api_keys, max_body=max_body)
 
 

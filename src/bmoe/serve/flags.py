@@ -87,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: 32 bytes per context token, at least 8)",
     )
     h.add_argument(
+        "--media-path",
+        type=Path,
+        metavar="DIR",
+        help="read file:// image URLs in requests from DIR and the folders in it (llama.cpp's flag; "
+        "default: file:// images refused)",
+    )
+    h.add_argument(
+        "--allow-remote-media",
+        action="store_true",
+        help="fetch http(s):// image URLs in requests (each at most the body limit, in 10 s; "
+        "default: refused)",
+    )
+    h.add_argument(
         "--metrics", action="store_true", help="serve GET /metrics (Prometheus text format, as llama.cpp's)"
     )
     add_stream_options(p)
@@ -98,11 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
 @attrs.frozen
 class HttpOptions:
     """The HTTP side's settings: the API keys (none: no key needed), the largest body
-    (``None``: derived from the context) and whether ``/metrics`` is served."""
+    (``None``: derived from the context), whether ``/metrics`` is served, and where a
+    request's images may come from besides the request: ``media_path`` (resolved) for
+    ``file://`` URLs, ``allow_remote_media`` for ``http(s)://`` ones."""
 
     api_keys: tuple[str, ...] = ()
     max_body_mb: float | None = None
     metrics: bool = False
+    media_path: Path | None = None
+    allow_remote_media: bool = False
 
 
 def read_api_keys(path: Path) -> list[str]:
@@ -116,7 +133,7 @@ def read_api_keys(path: Path) -> list[str]:
 
 def http_options(args: argparse.Namespace) -> HttpOptions:
     """What the parsed flags say of the HTTP side (``ConfigError``: a key file unread,
-    a limit not positive)."""
+    a limit not positive, a media path that is not a folder)."""
     keys = [k.strip() for k in args.api_key]
     if any(not k for k in keys):
         raise ConfigError("--api-key must not be empty")
@@ -126,7 +143,24 @@ def http_options(args: argparse.Namespace) -> HttpOptions:
             raise ConfigError(f"--api-key-file {args.api_key_file} holds no key")
     if args.max_body_mb is not None and not args.max_body_mb > 0:
         raise ConfigError("--max-body-mb must be > 0")
-    return HttpOptions(api_keys=tuple(keys), max_body_mb=args.max_body_mb, metrics=args.metrics)
+    return HttpOptions(
+        api_keys=tuple(keys),
+        max_body_mb=args.max_body_mb,
+        metrics=args.metrics,
+        media_path=None if args.media_path is None else media_folder(args.media_path),
+        allow_remote_media=args.allow_remote_media,
+    )
+
+
+def media_folder(path: Path) -> Path:
+    """``--media-path``, resolved (``ConfigError`` when it is not a folder)."""
+    try:
+        folder = path.expanduser().resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise ConfigError(f"--media-path {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not folder.is_dir():
+        raise ConfigError(f"--media-path {path} is not a folder")
+    return folder
 
 
 def session_config(args: argparse.Namespace, model_path: Path) -> SessionConfig:

@@ -75,6 +75,12 @@ def answering_errors(handler: Handler, dialect: Dialect = "openai") -> Handler:
     return wrapped
 
 
+async def off_loop_if(blocking: bool, call: Callable[[], T]) -> T:
+    """``call()``: on a worker thread where it may block (a request whose images are
+    fetched or read: ``MediaPolicy.reaches_out``), else here."""
+    return await asyncio.to_thread(call) if blocking else call()
+
+
 async def read_json_body(request: Request) -> Json:
     """The request's body: a JSON object (``RequestError`` when it is not one)."""
     raw = await request.body()

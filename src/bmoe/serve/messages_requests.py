@@ -4,9 +4,11 @@
 ``system`` (a string or text blocks) is a system message in front; each message's content
 is a string or blocks: ``text``; an assistant's ``tool_use`` (a call, its ``input`` the
 arguments); a user's ``tool_result`` (the call's result, a tool message, text or text
-blocks; ``is_error`` accepted, the text passed as it is); ``thinking`` and
-``redacted_thinking`` accepted and kept out of the prompt, as Anthropic keeps earlier
-thinking out. Images and documents are refused by name. ``tools`` with an ``input_schema``
+blocks; ``is_error`` accepted, the text passed as it is); a user's ``image`` (its
+``source`` ``base64`` data, or a ``url`` followed as the ``MediaPolicy`` allows), in the
+user's text or in a ``tool_result``'s (the tool message's images: Claude Code's
+screenshots); ``thinking`` and ``redacted_thinking`` accepted and kept out of the prompt, as
+Anthropic keeps earlier thinking out. Documents are refused by name. ``tools`` with an ``input_schema``
 are offered (a server tool, one with another ``type``, is skipped); ``tool_choice`` ``auto``,
 ``any`` (a call is required), ``tool`` (that one) or ``none``, with
 ``disable_parallel_tool_use``. ``max_tokens`` is required, as Anthropic requires it.
@@ -27,6 +29,8 @@ import attrs
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.media.images import Image
+from bmoe.domain.media.references import INLINE_MEDIA, MediaPolicy
 from bmoe.domain.tools import Tool, ToolCall, ToolChoice, ToolUse
 from bmoe.domain.tools.openai_json import FUNCTION_NAME
 from bmoe.errors import ConfigError, RequestError
@@ -40,6 +44,7 @@ from bmoe.requests.fields import (
     refuse_unless,
     stop_strings,
 )
+from bmoe.requests.image_parts import PartsText
 from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 STOP_SEQUENCES_MAX = 16
@@ -55,16 +60,19 @@ class MessagesRequest:
     model: str
 
 
-def parse_messages(body: Body, *, counting: bool = False) -> MessagesRequest:
+def parse_messages(
+    body: Body, *, counting: bool = False, media: MediaPolicy = INLINE_MEDIA
+) -> MessagesRequest:
     """A ``/v1/messages`` body (``counting``: a ``/v1/messages/count_tokens`` one, which has
-    no ``max_tokens``) as a request (``RequestError`` when it is not one)."""
+    no ``max_tokens``) as a request (``RequestError`` when it is not one); ``media`` says
+    which image references it may use."""
     refuse_unless(body, "container")
     refuse_unless(body, "mcp_servers", [])
     max_tokens = opt_int(body, "max_tokens", low=1)
     if max_tokens is None and not counting:
         raise RequestError("'max_tokens' is required", "max_tokens")
     system = _system(body.get("system"))
-    messages = _messages(body.get("messages"))
+    messages = _messages(body.get("messages"), media)
     generation = Generation(
         model=opt_str(body, "model"),
         max_tokens=max_tokens,
@@ -167,7 +175,7 @@ def _system(value: object) -> tuple[ChatMessage, ...]:
     return (ChatMessage("system", _text_blocks(value, "system")),)
 
 
-def _messages(value: object) -> tuple[ChatMessage, ...]:
+def _messages(value: object, media: MediaPolicy) -> tuple[ChatMessage, ...]:
     if not isinstance(value, list) or not value:
         raise RequestError("'messages' must be a non-empty list of messages", "messages")
     out: list[ChatMessage] = []
@@ -178,7 +186,7 @@ def _messages(value: object) -> tuple[ChatMessage, ...]:
         role = message.get("role")
         content = message.get("content")
         if role == "user":
-            out += _user(content, f"{where}.content")
+            out += _user(content, f"{where}.content", media)
         elif role == "assistant":
             out.append(_assistant(content, f"{where}.content"))
         else:
@@ -205,26 +213,65 @@ def _refused(kind: object, where: str) -> RequestError:
     )
 
 
-def _user(content: object, where: str) -> list[ChatMessage]:
-    """A user turn: its tool results (tool messages), then its text (a user message)."""
+def _user(content: object, where: str, media: MediaPolicy) -> list[ChatMessage]:
+    """A user turn: its tool results (tool messages), then its text and images (a user
+    message)."""
     results: list[ChatMessage] = []
-    texts: list[str] = []
+    parts = PartsText(media)
     for i, block in enumerate(_blocks(content, where)):
         kind, at = _kind(block), f"{where}[{i}]"
         if kind == "text":
-            texts.append(_block_text(block, at))
+            parts.text(_block_text(block, at), at)
+        elif kind == "image":
+            _image(block, at, parts)
         elif kind == "tool_result":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str) or not call_id:
                 raise RequestError(f"{at}.tool_use_id must be a string", f"{at}.tool_use_id")
             opt_bool(block, "is_error")
-            result = block.get("content", "")
-            results.append(ChatMessage("tool", _text_blocks(result, f"{at}.content"), tool_call_id=call_id))
+            text, images = _result_blocks(block.get("content", ""), f"{at}.content", media)
+            results.append(ChatMessage("tool", text, tool_call_id=call_id, images=images))
         elif kind not in KEPT_OUT:
             raise _refused(kind, at)
-    if texts or not results:
-        results.append(ChatMessage("user", "\n".join(texts)))
+    if parts.parts or not results:
+        text, images = parts.read()
+        results.append(ChatMessage("user", text, images=images))
     return results
+
+
+def _image(block: Body, where: str, parts: PartsText) -> None:
+    """An ``image`` block: its ``source``, ``base64`` data or a ``url``."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise RequestError(f"{where}.source must be an object", f"{where}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        opt_str(source, "media_type")  # read, not trusted: mtmd tells the format from the bytes
+        parts.base64_image(source.get("data"), f"{where}.source.data", where)
+    elif kind == "url":
+        parts.image(source.get("url"), f"{where}.source.url", where)
+    else:
+        raise RequestError(
+            f"{where}.source.type must be 'base64' or 'url', got {kind!r}",
+            f"{where}.source.type",
+            "unsupported_parameter",
+        )
+
+
+def _result_blocks(value: object, where: str, media: MediaPolicy) -> tuple[str, tuple[Image, ...]]:
+    """A tool result's content: a string, or text and image blocks."""
+    if isinstance(value, str):
+        return value, ()
+    parts = PartsText(media)
+    for i, block in enumerate(_blocks(value, where)):
+        kind, at = _kind(block), f"{where}[{i}]"
+        if kind == "text":
+            parts.text(_block_text(block, at), at)
+        elif kind == "image":
+            _image(block, at, parts)
+        else:
+            raise _refused(block.get("type"), at)
+    return parts.read()
 
 
 def _assistant(content: object, where: str) -> ChatMessage:

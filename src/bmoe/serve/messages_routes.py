@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bmoe.domain.media.references import INLINE_MEDIA, MediaPolicy
 from bmoe.requests.neutral import Delta, Outcome
 from bmoe.serve.errors import api_error
 from bmoe.serve.http_jobs import (
@@ -28,11 +29,12 @@ from bmoe.serve.http_jobs import (
     first_piece,
     job_result,
     json_response,
+    off_loop_if,
     pieces_then_outcome,
     read_json_body,
 )
 from bmoe.serve.messages_replies import MessagesWriter, error_event, new_message_id
-from bmoe.serve.messages_requests import count_tokens_body, parse_messages
+from bmoe.serve.messages_requests import MessagesRequest, count_tokens_body, parse_messages
 from bmoe.serve.service import ServedSession
 from bmoe.serve.worker import Job
 
@@ -60,11 +62,17 @@ async def _events(
         job.cancel()  # the stream closed early: the client went away
 
 
-def messages_routes(served: ServedSession) -> list[Route]:
-    """The routes of the Messages API over ``served``."""
+def messages_routes(served: ServedSession, media: MediaPolicy = INLINE_MEDIA) -> list[Route]:
+    """The routes of the Messages API over ``served``, its images as ``media`` allows."""
+
+    async def read(request: Request, *, counting: bool = False) -> MessagesRequest:
+        body = await read_json_body(request)
+        return await off_loop_if(
+            media.reaches_out, lambda: parse_messages(body, counting=counting, media=media)
+        )
 
     async def create(request: Request) -> Response:
-        asked = parse_messages(await read_json_body(request))
+        asked = await read(request)
         pieces = Pieces()
         job = served.chat(asked.chat, pieces.emit)
         writer = MessagesWriter(new_message_id(), asked.model or served.model_id)
@@ -78,7 +86,7 @@ def messages_routes(served: ServedSession) -> list[Route]:
         )
 
     async def count(request: Request) -> Response:
-        asked = parse_messages(await read_json_body(request), counting=True)
+        asked = await read(request, counting=True)
         n = await asyncio.to_thread(served.prompt_tokens, asked.chat)
         return json_response(count_tokens_body(n))
 

@@ -3,14 +3,17 @@
 ``input`` is a string (one user message) or a list of items: ``message`` items (roles
 ``user``, ``system``, ``developer``, ``assistant``; text parts ``input_text``/``output_text``),
 ``function_call`` items (an assistant's call, ``call_id`` its id) and ``function_call_output``
-items (the call's result, a tool message); ``reasoning`` items are accepted and kept out of
+items (the call's result, a tool message, its ``output`` a string or ``input_text`` and
+``input_image`` parts, as Codex's ``view_image`` sends a picture); a user message's
+``input_image`` parts (``image_url``: a data: URI, base64, or a URL followed as the
+``MediaPolicy`` allows; ``detail`` ignored) are its images; ``reasoning`` items are accepted and kept out of
 the prompt, as chat templates keep earlier reasoning out. ``instructions`` is a system
 message in front. Tools of type ``function`` are offered; tools of other types (a hosted
 web search, Codex's ``local_shell``...) are skipped, as llama.cpp's server does, so a
 client that lists them still works. ``text.format`` goes through the same constraint
 engine as chat completions' ``response_format``.
 
-What cannot be honoured (images and files, ``background``, a stored ``conversation``, prompt
+What cannot be honoured (files, images by ``file_id``, ``background``, a stored ``conversation``, prompt
 templates, ``truncation: auto``, log-probabilities) is refused by name; what changes nothing
 here (``metadata``, ``user``, ``include``, ``service_tier``, ``prompt_cache_key``...) is
 accepted and ignored. Every failure is a ``RequestError`` naming the field.
@@ -25,6 +28,8 @@ import attrs
 
 from bmoe.domain.chat import ChatMessage, Role
 from bmoe.domain.constraints import OutputConstraint
+from bmoe.domain.media.images import Image
+from bmoe.domain.media.references import INLINE_MEDIA, MediaPolicy
 from bmoe.domain.tools import Tool, ToolCall, ToolChoice, ToolUse
 from bmoe.domain.tools.openai_json import FUNCTION_NAME
 from bmoe.errors import ConfigError, RequestError
@@ -39,6 +44,7 @@ from bmoe.requests.fields import (
     refuse_unless,
     stop_strings,
 )
+from bmoe.requests.image_parts import PartsText
 from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 ITEM_ROLES: dict[str, Role] = {
@@ -79,8 +85,9 @@ class ResponsesRequest:
         )
 
 
-def parse_responses(body: Body) -> ResponsesRequest:
-    """A ``/v1/responses`` body as a request (``RequestError`` when it is not one)."""
+def parse_responses(body: Body, media: MediaPolicy = INLINE_MEDIA) -> ResponsesRequest:
+    """A ``/v1/responses`` body as a request (``RequestError`` when it is not one);
+    ``media`` says which image references its input may use."""
     refuse_unless(body, "background", False)
     refuse_unless(body, "conversation")
     refuse_unless(body, "prompt")
@@ -117,7 +124,7 @@ def parse_responses(body: Body) -> ResponsesRequest:
         "top_p": generation.sampling.top_p,
     }
     return ResponsesRequest(
-        input=_input(body.get("input")),
+        input=_input(body.get("input"), media),
         instructions=instructions,
         previous_response_id=opt_str(body, "previous_response_id"),
         store=True if store is None else store,
@@ -227,7 +234,7 @@ def _echo_tool(tool: Tool) -> dict[str, Any]:
     }
 
 
-def _input(value: object) -> tuple[ChatMessage, ...]:
+def _input(value: object, media: MediaPolicy) -> tuple[ChatMessage, ...]:
     if isinstance(value, str):
         if not value:
             raise RequestError("'input' must not be empty", "input")
@@ -241,7 +248,7 @@ def _input(value: object) -> tuple[ChatMessage, ...]:
             raise RequestError(f"{where} must be an object", where)
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append(_message(item, where))
+            messages.append(_message(item, where, media))
         elif kind == "function_call":
             call = _call(item, where)
             last = messages[-1] if messages else None
@@ -253,8 +260,8 @@ def _input(value: object) -> tuple[ChatMessage, ...]:
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise RequestError(f"{where}.call_id must be a string", f"{where}.call_id")
-            output = _text(item.get("output"), f"{where}.output")
-            messages.append(ChatMessage("tool", output, tool_call_id=call_id))
+            output, images = _content(item.get("output"), f"{where}.output", media, images=True)
+            messages.append(ChatMessage("tool", output, tool_call_id=call_id, images=images))
         elif kind == "reasoning":
             continue  # earlier reasoning stays out of the prompt, as chat templates keep it out
         else:
@@ -268,13 +275,14 @@ def _input(value: object) -> tuple[ChatMessage, ...]:
     return tuple(messages)
 
 
-def _message(item: Body, where: str) -> ChatMessage:
+def _message(item: Body, where: str, media: MediaPolicy) -> ChatMessage:
     role = item.get("role")
     if not isinstance(role, str) or role not in ITEM_ROLES:
         raise RequestError(
             f"{where}.role must be one of {', '.join(ITEM_ROLES)}, got {role!r}", f"{where}.role"
         )
-    return ChatMessage(ITEM_ROLES[role], _text(item.get("content"), f"{where}.content"))
+    text, images = _content(item.get("content"), f"{where}.content", media, images=role == "user")
+    return ChatMessage(ITEM_ROLES[role], text, images=images)
 
 
 def _call(item: Body, where: str) -> ToolCall:
@@ -288,24 +296,27 @@ def _call(item: Body, where: str) -> ToolCall:
     return ToolCall(call_id, name, arguments or "{}")
 
 
-def _text(value: object, where: str) -> str:
-    """A string, or a list of text parts (joined by a line break); images and files refused."""
+def _content(value: object, where: str, media: MediaPolicy, *, images: bool) -> tuple[str, tuple[Image, ...]]:
+    """A string, or a list of text parts (joined by a line break) and, where ``images``,
+    ``input_image`` parts (a media marker each); files refused."""
     if isinstance(value, str):
-        return value
+        return value, ()
     if not isinstance(value, list):
         raise RequestError(f"{where} must be a string or a list of text parts", where)
-    texts = []
+    parts = PartsText(media)
     for i, part in enumerate(value):
+        at = f"{where}[{i}]"
         kind = part.get("type") if isinstance(part, dict) else None
         kind = kind if isinstance(kind, str) else repr(kind)
         if isinstance(part, dict) and kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-            continue
-        if not isinstance(part, dict) or kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            parts.text(part["refusal"], at)
+        elif isinstance(part, dict) and kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.text(part["text"], at)
+        elif isinstance(part, dict) and kind == "input_image" and images and part.get("file_id") is None:
+            parts.image(part.get("image_url"), f"{at}.image_url", at)
+        else:
+            only = "text and input_image (by image_url)" if images else "text"
             raise RequestError(
-                f"{where}[{i}]: only text parts are supported, got {kind!r}",
-                f"{where}[{i}]",
-                "unsupported_parameter",
+                f"{at}: only {only} parts are supported, got {kind!r}", at, "unsupported_parameter"
             )
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return parts.read()

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bmoe.domain.chat import ChatMessage
+from bmoe.domain.media.references import INLINE_MEDIA, MediaPolicy
 from bmoe.requests.neutral import ChatRequest, Delta, Outcome
 from bmoe.serve.api_responses import Envelope
 from bmoe.serve.errors import NotFoundError, api_error
@@ -32,6 +33,7 @@ from bmoe.serve.http_jobs import (
     first_piece,
     job_result,
     json_response,
+    off_loop_if,
     pieces_then_outcome,
     read_json_body,
 )
@@ -46,8 +48,8 @@ class _Turn:
     """One ``/v1/responses`` request: what it asked, the conversation it continues, and
     where its response is kept."""
 
-    def __init__(self, body: Json, store: ResponseStore) -> None:
-        self.asked: ResponsesRequest = parse_responses(body)
+    def __init__(self, asked: ResponsesRequest, store: ResponseStore) -> None:
+        self.asked = asked
         self.store = store
         self.earlier: tuple[ChatMessage, ...] = ()
         previous = self.asked.previous_response_id
@@ -88,14 +90,22 @@ async def _events(
         job.cancel()  # the stream closed early: the client went away
 
 
-def responses_routes(served: ServedSession, store: ResponseStore) -> list[Route]:
-    """The routes of the Responses API over ``served``, keeping responses in ``store``."""
+def responses_routes(
+    served: ServedSession, store: ResponseStore, media: MediaPolicy = INLINE_MEDIA
+) -> list[Route]:
+    """The routes of the Responses API over ``served``, keeping responses in ``store``, its
+    images as ``media`` allows."""
+
+    async def turn_of(request: Request) -> _Turn:
+        body = await read_json_body(request)
+        asked = await off_loop_if(media.reaches_out, lambda: parse_responses(body, media))
+        return _Turn(asked, store)
 
     def envelope() -> Envelope:
         return Envelope(id=new_item_id("resp"), created=int(time.time()), model=served.model_id)
 
     async def create(request: Request) -> Response:
-        turn = _Turn(await read_json_body(request), store)
+        turn = await turn_of(request)
         pieces = Pieces()
         job = served.chat(turn.chat, pieces.emit)
         writer = ResponsesWriter(envelope(), turn.asked)
@@ -123,7 +133,7 @@ def responses_routes(served: ServedSession, store: ResponseStore) -> list[Route]
         return json_response(deleted(request.path_params["response_id"]))
 
     async def count(request: Request) -> Response:
-        turn = _Turn(await read_json_body(request), store)
+        turn = await turn_of(request)
         n = await asyncio.to_thread(served.prompt_tokens, turn.chat)
         return json_response(input_tokens(n))
 
