@@ -41,6 +41,7 @@ DIGESTS: dict[int, dict[str, tuple[str, ...]]] = {
         "hunyuan-moe": ("6d5358c956b185ee",),
         "bailingmoe2": ("f4c4f6870ad0dfe3",),
         "ernie4_5-moe": ("afc8e7b4096817b6",),
+        "qwen3vlmoe": ("9ccae14ade1ffbab",),
         "llama-dense": ("2ee5b06fd97a0b08",),
     }
 }

@@ -43,6 +43,7 @@ class MoeArch:
 
 _ARCHS = (
     MoeArch("qwen3moe", "Qwen3-MoE (30B-A3B, 235B-A22B), Qwen3-Coder", SEPARATE),
+    MoeArch("qwen3vlmoe", "Qwen3-VL MoE (30B-A3B, 235B-A22B); images with its --mmproj", SEPARATE),
     MoeArch(
         "qwen2moe",
         "Qwen1.5-MoE, Qwen2-MoE (57B-A14B)",
