@@ -232,12 +232,19 @@ class LlamaContext:
     # -- compute ---------------------------------------------------------------------------
 
     def decode(
-        self, tokens: Sequence[int], start_pos: int, *, logits: Literal["last", "all"] = "last", seq: int = 0
+        self,
+        tokens: Sequence[int],
+        start_pos: int,
+        *,
+        logits: Literal["last", "all", "none"] = "last",
+        seq: int = 0,
     ) -> None:
         """Feed ``tokens`` at positions ``start_pos...`` of sequence ``seq``, in chunks of
         ``n_batch``.
 
-        Logits are computed for the last token only (``"last"``) or for every token (``"all"``).
+        Logits are computed for the last token only (``"last"``), for every token (``"all"``)
+        or for none (``"none"``: more of the prompt follows; llama.cpp then skips the last
+        layer's FFN for these tokens, whose output no one reads).
         Raises ``ContextOverflowError`` before decoding anything if the tokens do not fit.
         """
         if not tokens:
@@ -257,7 +264,7 @@ class LlamaContext:
                 batch.pos[i] = start_pos + begin + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = seq
-                batch.logits[i] = logits == "all" or (last_chunk and i == len(chunk) - 1)
+                batch.logits[i] = logits == "all" or (logits == "last" and last_chunk and i == len(chunk) - 1)
             batch.n_tokens = len(chunk)
             self._decode_batch()
         self.feeding = (len(tokens), len(tokens))

@@ -85,7 +85,8 @@ class VisionGenerateBackend(LlamaGenerateBackend):
                 j = i
                 while j < len(tokens) and not is_image_row(tokens[j]):
                     j += 1
-                self.ctx.decode(tokens[i:j], self.ledger.position(start_pos + i))
+                last = "last" if j == len(tokens) else "none"  # an image follows: no logits here
+                self.ctx.decode(tokens[i:j], self.ledger.position(start_pos + i), logits=last)
                 i = j
                 continue
             rows = self.encoder.rows_at(tokens, i)
