@@ -265,6 +265,6 @@ def test_an_mmproj_for_another_model_is_refused_by_name() -> None:
 
 def test_parallel_sequences_refuse_images_by_name(fixture: VisionFixture) -> None:
     params = ContextParams(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2, n_seq_max=2)
-    with Session.open(SessionConfig(model_path=fixture.model, context=params, mmproj=fixture.mmproj)) as s:
-        with pytest.raises(ImageError, match="parallel sequences"):
-            s.generate_batch([REQUEST, ask(None)])
+    config = SessionConfig(model_path=fixture.model, context=params, mmproj=fixture.mmproj)
+    with Session.open(config) as s, pytest.raises(ImageError, match="parallel sequences"):
+        s.generate_batch([REQUEST, ask(None)])

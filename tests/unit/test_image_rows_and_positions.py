@@ -75,7 +75,7 @@ class _Plain:
 
 
 def test_the_engine_feeds_image_rows_and_reuses_them_as_a_prefix() -> None:
-    engine, backend = _engine()
+    engine, _ = _engine()
     pic = Image(b"\x89PNG fake picture", name="messages[0].content[0]")
     first = engine.generate(GenerateRequest(f"{MEDIA_MARKER}what is it?", images=(pic,)), chat=True)
     assert sum(is_image_row(t) for t in engine.kv_tokens) == IMAGE_ROWS

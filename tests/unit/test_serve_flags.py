@@ -63,7 +63,10 @@ def test_the_server_listens_on_localhost_by_default() -> None:
     assert (args.host, args.port) == ("127.0.0.1", 8080)
 
 
-CLI_ONLY = {"-p", "--prompt", "-n", "--n-predict", "--chatml", "--session", "--progress", "--ppl", "--csv", "--image"}
+CLI_ONLY = {
+    *("-p", "--prompt", "-n", "--n-predict", "--chatml", "--session", "--progress", "--ppl", "--csv"),
+    "--image",
+}
 
 
 def test_every_flag_of_the_cli_that_opens_the_session_is_the_servers_too() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -85,7 +86,8 @@ class VisionGenerateBackend(LlamaGenerateBackend):
                 j = i
                 while j < len(tokens) and not is_image_row(tokens[j]):
                     j += 1
-                last = "last" if j == len(tokens) else "none"  # an image follows: no logits here
+                # an image follows: no logits here (nor the last layer's experts for these rows)
+                last: Literal["last", "none"] = "last" if j == len(tokens) else "none"
                 self.ctx.decode(tokens[i:j], self.ledger.position(start_pos + i), logits=last)
                 i = j
                 continue
