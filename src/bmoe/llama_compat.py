@@ -14,7 +14,9 @@ core: its body is read by ``bmoe.requests.api_requests`` (messages, tools, ``too
 the library and the server answer one request alike.
 
 What differs from llama-cpp-python: the prompt of a chat is rendered by the model's own
-chat template (``chat_format`` and ``chat_handler`` are not used); ``min_p`` is not applied
+chat template (``chat_format`` is not used; a ``chat_handler`` only gives its
+``clip_model_path``, the vision encoder, as ``mmproj=`` does: images come in
+``image_url`` parts as llama-cpp-python takes them); ``min_p`` is not applied
 (bmoe's sampler chain is llama.cpp's top-k, top-p, temperature); ``logprobs`` need no
 ``logits_all``; a prompt given as token ids, ``suffix``, and the samplers bmoe does not have
 (``repeat_penalty``, ``typical_p``, ``tfs_z``, mirostat) or Python logits processors are
@@ -166,9 +168,18 @@ class Llama:
         moe_stream: bool = True,
         cache_mb: int | None = None,
         repack: bool = True,
+        mmproj: str | os.PathLike[str] | None = None,
         **kwargs: Any,
     ) -> None:
         self.notes: list[str] = []
+        handler = kwargs.pop("chat_handler", None)
+        clip = getattr(handler, "clip_model_path", None)  # llama-cpp-python's Llava15ChatHandler & co.
+        if handler is not None and clip is None:
+            raise ConfigError(
+                "chat_handler is not used by bmoe (a vision model takes mmproj=FILE)", "chat_handler"
+            )
+        if mmproj is None and clip is not None:
+            mmproj = clip
         for name, value in kwargs.items():
             if name in IGNORED:
                 if value is not None:
@@ -194,6 +205,7 @@ class Llama:
             stream=StreamConfig(enabled=moe_stream, cache_mb=cache_mb),
             repack=repack,
             placement=Placement(n_gpu_layers=n_gpu_layers),
+            mmproj=Path(mmproj) if mmproj is not None else None,
         )
         self.model_path = str(model_path)
         self.verbose = verbose
