@@ -263,8 +263,19 @@ def test_an_mmproj_for_another_model_is_refused_by_name() -> None:
         Session.open(SessionConfig(model_path=mlp.model, context=PARAMS, mmproj=qwen3vl.mmproj))
 
 
-def test_parallel_sequences_refuse_images_by_name(fixture: VisionFixture) -> None:
+def test_parallel_sequences_take_images(fixture: VisionFixture) -> None:
+    """``-np 2``, three requests (two pictures and text) continuously batched: streamed
+    equals resident under the same batching, bit for bit, and each answer is the one it gets
+    alone (the decode steps place each sequence at its own ledger's positions)."""
     params = ContextParams(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2, n_seq_max=2)
-    config = SessionConfig(model_path=fixture.model, context=params, mmproj=fixture.mmproj)
-    with Session.open(config) as s, pytest.raises(ImageError, match="parallel sequences"):
-        s.generate_batch([REQUEST, ask(None)])
+    requests = [REQUEST, ask(PICTURE_B), ask(None)]
+    alone = [resident(fixture.kind, r)[0] for r in requests]
+    outputs = {}
+    for mode in ("resident", "streamed"):
+        stream = StreamConfig(enabled=mode == "streamed", cache_mb=1 if mode == "streamed" else None)
+        cfg = SessionConfig(model_path=fixture.model, context=params, mmproj=fixture.mmproj, stream=stream)
+        with Session.open(cfg) as s:
+            results = s.generate_batch(requests)
+            outputs[mode] = [(r.tokens, [lp.token.logprob for lp in r.logprobs]) for r in results]
+    assert outputs["streamed"] == outputs["resident"]
+    assert [tokens for tokens, _ in outputs["resident"]] == alone

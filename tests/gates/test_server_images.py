@@ -65,6 +65,11 @@ def post(running: Running, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(running.url.removesuffix("/v1") + path, json=body, timeout=60)
 
 
+def answer(running: Running, body: dict[str, Any]) -> str:
+    """A chat completion's text."""
+    return str(post(running, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"])
+
+
 def test_one_picture_through_the_three_apis_is_one_answer_the_sessions(server: Running) -> None:
     chat = server.client().chat.completions.create(**chat_body(PICTURE_A))
     claude = anthropic.Anthropic(base_url=server.url.removesuffix("/v1"), api_key="unused", max_retries=0)
@@ -199,3 +204,23 @@ def test_session_chat_and_llama_take_image_url_parts_as_the_server_does(server: 
         llama.close()
     assert isinstance(reply, dict)
     assert reply["choices"][0]["message"]["content"] == own_template.text
+
+
+def test_parallel_slots_answer_images_as_one_slot_does(server: Running) -> None:
+    """``-np 2`` (prompts joining in chunks beside running ones; a prompt with an image is
+    prefilled alone): two pictures and a text request at once, each answered as the
+    one-slot server answers it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    text = {"model": "tiny", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": N}
+    bodies = [chat_body(PICTURE_A), chat_body(PICTURE_B), text]
+    single = [
+        post(server, "/v1/chat/completions", b).json()["choices"][0]["message"]["content"] for b in bodies
+    ]
+    fx = vision_fixture("qwen3vl")
+    with serving(fx.model, "--mmproj", str(fx.mmproj), *FLAGS, "-np", "2") as parallel:
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda b: post(parallel, "/v1/chat/completions", b), bodies))
+        assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+        assert [a.json()["choices"][0]["message"]["content"] for a in answers] == single
+        assert answer(parallel, bodies[0]) == single[0]  # from a slot that kept the image's KV

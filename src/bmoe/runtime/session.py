@@ -11,7 +11,6 @@ so both paths are the same machinery.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
@@ -24,7 +23,6 @@ import numpy.typing as npt
 from bmoe.adapters import crash_line
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.llama import LlamaModel
-from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
 from bmoe.adapters.llama.log import set_llama_verbose
 from bmoe.adapters.model_files import MappedFiles
 from bmoe.cext.abort_flag import AbortFlag
@@ -111,7 +109,7 @@ class Session:
         self._parallel = ParallelJobs(
             self.engine,
             config.n_predict,
-            functools.partial(LlamaBatchBackend, self.model, self.ctx),  # not self: no cycle
+            vision.batch_backend(self.model, self.ctx, self.vision),  # not self: no cycle
             config.slot_similarity,
             self.prompt_cache,
             rows=self.streaming,

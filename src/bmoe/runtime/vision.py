@@ -1,12 +1,16 @@
-"""A session's vision encoder (``SessionConfig.mmproj``) and the backend that feeds images."""
+"""A session's vision encoder (``SessionConfig.mmproj``) and the backends that feed images."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.vision import VisionEncoder
-from bmoe.adapters.llama.vision_backend import VisionGenerateBackend
+from bmoe.adapters.llama.vision_backend import VisionBatchBackend, VisionGenerateBackend
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.runtime.session_config import SessionConfig
 
@@ -23,6 +27,21 @@ def open_encoder(model: LlamaModel, config: SessionConfig) -> VisionEncoder | No
         image_min_tokens=config.image_min_tokens,
         image_max_tokens=config.image_max_tokens,
     )
+
+
+def batch_backend(
+    model: LlamaModel, ctx: LlamaContext, encoder: VisionEncoder | None
+) -> Callable[[Callable[[int], None]], LlamaBatchBackend]:
+    """The maker of the session's parallel-sequence backend (given its step hook)."""
+    if encoder is None:
+        return functools.partial(LlamaBatchBackend, model, ctx)
+    return functools.partial(_vision_batch, model, ctx, encoder)
+
+
+def _vision_batch(
+    model: LlamaModel, ctx: LlamaContext, encoder: VisionEncoder, on_step: Callable[[int], None]
+) -> LlamaBatchBackend:
+    return VisionBatchBackend(model, ctx, on_step, encoder)
 
 
 def generate_backend(

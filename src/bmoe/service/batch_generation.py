@@ -32,6 +32,7 @@ import attrs
 
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TokenLogprob
+from bmoe.domain.media import is_image_row
 from bmoe.domain.prompt_cache import PromptCache, StateTarget
 from bmoe.domain.reasoning import ReasoningSplitter
 from bmoe.domain.sampling import SamplingParams
@@ -207,7 +208,9 @@ class BatchRun:
             self._alone(slot, self._prepare, slot)
             if slot.error is None:
                 self._alone(slot, _claim, backend, slot, self.memory)
-            if self.chunked and slot.error is None:  # prefilled in chunks beside the others
+            # prefilled in chunks beside the others (a prompt with images alone: an image's
+            # rows are embeddings, which no step of tokens can hold)
+            if self.chunked and slot.error is None and not any(is_image_row(t) for t in job.prompt):
                 self._joining.append(slot)
                 continue
             if slot.error is None:

@@ -20,11 +20,10 @@ import attrs
 
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
-from bmoe.domain.media import is_image_row
 from bmoe.domain.prompt_cache import PromptCache
 from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotMemory
 from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
-from bmoe.errors import ConfigError, ImageError
+from bmoe.errors import ConfigError
 from bmoe.ports.batch_backend import IBatchBackend
 from bmoe.service.batch_generation import BatchJob, BatchOutput, BatchRun, run_batch
 from bmoe.service.session_engine import SessionEngine
@@ -163,12 +162,6 @@ class ParallelJobs:
         cannot be (a template that refuses it, a schema bmoe cannot enforce)."""
         alone = attrs.evolve(request, clear_kv=True)
         prompt = self.engine.render_prompt(alone, history=(history or []) if chat else None, chat=chat)
-        if any(is_image_row(t) for t in prompt):
-            raise ImageError(
-                "images are answered one request at a time: parallel sequences (-np above 1) "
-                "do not take them yet",
-                "images",
-            )
         n_predict = self.n_predict if request.n_predict is None else request.n_predict
         return BatchJob(
             prompt=tuple(prompt),

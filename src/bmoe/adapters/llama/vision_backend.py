@@ -1,22 +1,24 @@
-"""``VisionGenerateBackend``: ``IGenerateBackend`` for a model with a vision encoder.
+"""Backends for a model with a vision encoder: ``VisionGenerateBackend`` (one sequence,
+``IGenerateBackend``) and ``VisionBatchBackend`` (parallel sequences, ``IBatchBackend``).
 
-A prompt's images are runs of row ids (``domain.media.image_rows``); this backend feeds
+A prompt's images are runs of row ids (``domain.media.image_rows``); these backends feed
 text runs as tokens and image runs as the encoder's embeddings, through the same context,
-at the positions the sequence's ``PositionLedger`` gives (M-RoPE images take fewer
-positions than rows). The ledger follows the memory: cut with it, cleared with it, and
-saved with its state (after the state's bytes, so a state from the prompt cache, in memory
-or on disk, comes back with its images' positions).
+at the positions each sequence's ``PositionLedger`` gives (M-RoPE images take fewer
+positions than rows). A ledger follows its sequence's memory: cut with it, cleared with it,
+and saved with its state (after the state's bytes, so a state from the prompt cache, in
+memory or on disk, comes back with its images' positions).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.model import LlamaModel
@@ -28,6 +30,62 @@ from bmoe.domain.media.positions import PositionLedger
 
 _MAGIC = b"bmoe-img"
 _TRAILER = struct.Struct("<8sQ")  # magic, the ledger's bytes (which come before it)
+
+
+def feed_runs(
+    ctx: LlamaContext,
+    encoder: VisionEncoder,
+    ledger: PositionLedger,
+    tokens: Sequence[int],
+    start: int,
+    seq: int = 0,
+) -> None:
+    """Feed ``tokens`` from index ``start`` of sequence ``seq``: text runs as tokens, image
+    runs as embeddings, at the ledger's positions (which it records); logits for the last."""
+    i = 0
+    while i < len(tokens):
+        if not is_image_row(tokens[i]):
+            j = i
+            while j < len(tokens) and not is_image_row(tokens[j]):
+                j += 1
+            # an image follows: no logits here (nor the last layer's experts for these rows)
+            last: Literal["last", "none"] = "last" if j == len(tokens) else "none"
+            ctx.decode(tokens[i:j], ledger.position(start + i), logits=last, seq=seq)
+            i = j
+            continue
+        rows = encoder.rows_at(tokens, i)
+        embeddings = encoder.embeddings(rows.key)  # before the ledger changes
+        pos_0 = ledger.add(start + i, rows)
+        ctx.decode_embeddings(
+            embeddings,
+            encoder.positions(rows.key, pos_0),
+            last_logits=i + rows.n_tokens == len(tokens),
+            causal=not encoder.non_causal(rows.key),
+            seq=seq,
+        )
+        i += rows.n_tokens
+
+
+def with_ledger(blob: StateBlob | None, ledger: PositionLedger) -> StateBlob | None:
+    """A sequence's state with its images' positions after its bytes (as is without images)."""
+    if blob is None or not ledger.images:
+        return blob
+    data = ledger.to_bytes()
+    out = np.concatenate([blob, np.frombuffer(data + _TRAILER.pack(_MAGIC, len(data)), dtype=np.uint8)])
+    out.flags.writeable = False
+    return out
+
+
+def split_ledger(blob: StateBlob) -> tuple[StateBlob, PositionLedger]:
+    """``with_ledger``'s parts: the state as llama.cpp wrote it, and the ledger (empty for a
+    state saved without images)."""
+    data = np.asarray(blob, dtype=np.uint8)
+    if data.size >= _TRAILER.size:
+        magic, n = _TRAILER.unpack(data[-_TRAILER.size :].tobytes())
+        if magic == _MAGIC and n + _TRAILER.size <= data.size:
+            end = data.size - _TRAILER.size
+            return data[: end - n], PositionLedger.from_bytes(data[end - n : end].tobytes())
+    return data, PositionLedger()
 
 
 class VisionGenerateBackend(LlamaGenerateBackend):
@@ -53,54 +111,76 @@ class VisionGenerateBackend(LlamaGenerateBackend):
         return kept
 
     def save_state(self) -> StateBlob | None:
-        blob = super().save_state()
-        if blob is None or not self.ledger.images:
-            return blob
-        ledger = self.ledger.to_bytes()
-        tail = np.frombuffer(ledger + _TRAILER.pack(_MAGIC, len(ledger)), dtype=np.uint8)
-        out = np.concatenate([blob, tail])
-        out.flags.writeable = False
-        return out
+        return with_ledger(super().save_state(), self.ledger)
 
     def load_state(self, blob: StateBlob) -> bool:
-        self.ledger.clear()
-        data = np.asarray(blob, dtype=np.uint8)
-        if data.size >= _TRAILER.size:
-            magic, n = _TRAILER.unpack(data[-_TRAILER.size :].tobytes())
-            if magic == _MAGIC and n + _TRAILER.size <= data.size:
-                end = data.size - _TRAILER.size
-                ledger = PositionLedger.from_bytes(data[end - n : end].tobytes())
-                if not super().load_state(data[: end - n]):
-                    return False
-                self.ledger = ledger
-                return True
-        return super().load_state(data)
+        state, ledger = split_ledger(blob)
+        loaded = super().load_state(state)
+        self.ledger = ledger if loaded else PositionLedger()
+        return loaded
 
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
         if not self.ledger.images and not any(is_image_row(t) for t in tokens):
             super().feed(tokens, start_pos)  # text only: positions are indices
-            return
-        i = 0
-        while i < len(tokens):
-            if not is_image_row(tokens[i]):
-                j = i
-                while j < len(tokens) and not is_image_row(tokens[j]):
-                    j += 1
-                # an image follows: no logits here (nor the last layer's experts for these rows)
-                last: Literal["last", "none"] = "last" if j == len(tokens) else "none"
-                self.ctx.decode(tokens[i:j], self.ledger.position(start_pos + i), logits=last)
-                i = j
-                continue
-            rows = self.encoder.rows_at(tokens, i)
-            embeddings = self.encoder.embeddings(rows.key)  # before the ledger changes
-            pos_0 = self.ledger.add(start_pos + i, rows)
-            self.ctx.decode_embeddings(
-                embeddings,
-                self.encoder.positions(rows.key, pos_0),
-                last_logits=i + rows.n_tokens == len(tokens),
-                causal=not self.encoder.non_causal(rows.key),
-            )
-            i += rows.n_tokens
+        else:
+            feed_runs(self.ctx, self.encoder, self.ledger, tokens, start_pos)
 
     def feed_rows(self, tokens: Sequence[int], start_pos: int) -> npt.NDArray[np.float32]:
         return super().feed_rows(tokens, self.ledger.position(start_pos))
+
+
+class VisionBatchBackend(LlamaBatchBackend):
+    """``LlamaBatchBackend`` whose sequences may hold images: a prompt with images is
+    prefilled alone (``BatchRun`` does not chunk it), the decode steps' positions are each
+    sequence's ledger's."""
+
+    def __init__(
+        self, model: LlamaModel, ctx: LlamaContext, on_step: Callable[[int], None], encoder: VisionEncoder
+    ) -> None:
+        super().__init__(model, ctx, on_step)
+        self.encoder = encoder
+        self.ledgers = [PositionLedger() for _ in range(self.n_seq)]
+
+    def clear(self) -> None:
+        super().clear()
+        for ledger in self.ledgers:
+            ledger.clear()
+
+    def drop(self, seq: int) -> None:
+        super().drop(seq)
+        self.ledgers[seq].clear()
+
+    def keep(self, seq: int, n_keep: int) -> bool | None:
+        ledger = self.ledgers[seq]
+        if ledger.splits_image(n_keep):
+            return False
+        kept = super().keep(seq, ledger.position(n_keep))
+        if kept is not False:
+            ledger.cut(n_keep)
+        return kept
+
+    def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
+        if not self.ledgers[seq].images and not any(is_image_row(t) for t in tokens):
+            super().prefill(seq, tokens, start_pos)
+            return
+        self.on_step(1)
+        feed_runs(self.ctx, self.encoder, self.ledgers[seq], tokens, start_pos, seq)
+
+    def save_state(self, seq: int) -> StateBlob | None:
+        return with_ledger(super().save_state(seq), self.ledgers[seq])
+
+    def load_state(self, seq: int, blob: StateBlob) -> bool:
+        state, ledger = split_ledger(blob)
+        loaded = super().load_state(seq, state)
+        self.ledgers[seq] = ledger if loaded else PositionLedger()
+        return loaded
+
+    def step(
+        self,
+        entries: Sequence[tuple[int, int, int]],
+        outputs: Sequence[bool] | None = None,
+        *,
+        n_decode: int | None = None,
+    ) -> None:
+        placed = [(token, self.ledgers[seq].position(index), seq) for token, index, seq in entries]
+        super().step(placed, outputs, n_decode=n_decode)
