@@ -21,6 +21,7 @@ import pytest
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.llama import vision as vision_adapter
+from bmoe.domain.decide import DecideConfig, DecideRequest
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.media import MEDIA_MARKER, Image, is_image_row
 from bmoe.domain.streaming import StreamConfig
@@ -279,3 +280,33 @@ def test_parallel_sequences_take_images(fixture: VisionFixture) -> None:
             outputs[mode] = [(r.tokens, [lp.token.logprob for lp in r.logprobs]) for r in results]
     assert outputs["streamed"] == outputs["resident"]
     assert [tokens for tokens, _ in outputs["resident"]] == alone
+
+
+def decision(picture: bytes, suffix: str = "Is it a cat?", *, reuse: bool = True) -> DecideRequest:
+    return DecideRequest(
+        prefix=f"{MEDIA_MARKER}Look at this picture. ",
+        suffix=suffix,
+        choices=("yes", "no", "maybe"),
+        reuse_prefix=reuse,
+        images=(Image(picture),),
+    )
+
+
+def test_a_decision_with_an_image_in_its_prefix(fixture: VisionFixture) -> None:
+    """Streamed scores equal resident ones bit for bit; the picture matters; the second
+    decision on the same prefix restores its kept state (the image's rows and positions)
+    and scores as one prefilled whole."""
+    runs = {}
+    for mode in ("resident", "streamed"):
+        stream = StreamConfig(enabled=mode == "streamed", cache_mb=1 if mode == "streamed" else None)
+        decide = DecideConfig(enabled=True, prefix_cache="on")
+        with Session.open(config(fixture, stream=stream, decide=decide)) as s:
+            first = s.decide(decision(PICTURE_A))
+            second = s.decide(decision(PICTURE_A, "Is it a dog?"))
+            whole = s.decide(decision(PICTURE_A, "Is it a dog?", reuse=False))
+            other = s.decide(decision(PICTURE_B))
+        runs[mode] = (first.choice_logp, second.choice_logp, other.choice_logp)
+        assert first.n_stored > 0 and second.n_reused > 0 and whole.n_reused == 0
+        assert second.choice_logp == whole.choice_logp
+        assert other.choice_logp != first.choice_logp
+    assert runs["streamed"] == runs["resident"]

@@ -224,3 +224,23 @@ def test_parallel_slots_answer_images_as_one_slot_does(server: Running) -> None:
         assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
         assert [a.json()["choices"][0]["message"]["content"] for a in answers] == single
         assert answer(parallel, bodies[0]) == single[0]  # from a slot that kept the image's KV
+
+
+def test_v1_decide_takes_images() -> None:
+    """``/v1/decide``'s ``images`` (data: URIs or base64, one a marker): the session's scores."""
+    fx = vision_fixture("qwen3vl")
+    body = {
+        "prefix": f"{MEDIA_MARKER}Look at this picture. ",
+        "suffix": "Is it a cat?",
+        "choices": ["yes", "no"],
+        "images": [data_uri(PICTURE_A)],
+    }
+    with serving(fx.model, "--mmproj", str(fx.mmproj), *FLAGS, "--decide") as running:
+        decided = post(running, "/v1/decide", body)
+        assert decided.status_code == 200, decided.text
+        other = post(running, "/v1/decide", {**body, "images": [b64(PICTURE_B)]})
+        assert other.status_code == 200, other.text
+        broken = post(running, "/v1/decide", {**body, "images": [b64(b"not a picture")]})
+        assert broken.status_code == 400, broken.text
+        assert "images[0]" in broken.json()["error"]["message"]
+    assert decided.json() != other.json()

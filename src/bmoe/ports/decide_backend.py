@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bmoe.domain.decide.prefix_cache import StateBlob
+from bmoe.domain.media.images import Image
 
 
 class IDecideBackend(Protocol):
@@ -34,6 +35,12 @@ class IDecideBackend(Protocol):
         """Token ids of ``text``: ``special`` parses special tokens and adds the model's BOS
         (a rendered prompt); without it, the literal text alone (a choice). Raises
         ``TokenizeError``; memory untouched."""
+        ...
+
+    def tokenize_media(self, text: str, images: Sequence[Image]) -> list[int]:
+        """``tokenize(text, special=True)`` for a prompt placing ``images`` (one media marker
+        each): each image a run of row ids ``prefill`` decodes as the image. Raises
+        ``ImageError`` (no vision encoder, a picture that does not decode)."""
         ...
 
     def reset(self) -> None:

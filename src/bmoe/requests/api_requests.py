@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import attrs
 
+from bmoe.adapters.image_sources import load_image
 from bmoe.domain.chat import ChatMessage, Role
 from bmoe.domain.decide import DecideRequest
 from bmoe.domain.media.images import Image
@@ -98,11 +99,13 @@ def parse_completion(body: Body) -> CompletionRequest:
     return CompletionRequest(prompt=prompt, generation=generation)
 
 
-DECIDE_KEYS = frozenset({"model", "prefix", "suffix", "choices", "reuse_prefix"})
+DECIDE_KEYS = frozenset({"model", "prefix", "suffix", "choices", "reuse_prefix", "images"})
 
 
-def parse_decide(body: Body) -> DecideRequest:
-    """A ``/v1/decide`` body (the protocol's ``decide`` fields, plus an ignored ``model``)."""
+def parse_decide(body: Body, media: MediaPolicy = INLINE_MEDIA) -> DecideRequest:
+    """A ``/v1/decide`` body (the protocol's ``decide`` fields, plus an ignored ``model``,
+    and ``images``: the pictures the prompt places with ``<__media__>``, each a data: URI
+    or base64, as an ``image_url`` part's ``url``)."""
     unknown = sorted(set(body) - DECIDE_KEYS)
     if unknown:
         raise RequestError(f"unknown field '{unknown[0]}' in a decide request", unknown[0])
@@ -113,12 +116,17 @@ def parse_decide(body: Body) -> DecideRequest:
     reuse = opt_bool(body, "reuse_prefix")
     prefix = opt_str(body, "prefix") or ""
     suffix = opt_str(body, "suffix") or ""
+    images = body.get("images", [])
+    if not isinstance(images, list):
+        raise RequestError("'images' must be a list of image references (data: URIs or base64)", "images")
+    pictures = tuple(load_image(ref, f"images[{i}]", f"images[{i}]", media) for i, ref in enumerate(images))
     try:
         return DecideRequest(
             prefix=prefix,
             suffix=suffix,
             choices=tuple(choices),
             reuse_prefix=True if reuse is None else reuse,
+            images=pictures,
         )
     except ConfigError as exc:
         raise RequestError(str(exc), "choices" if isinstance(exc, ChoiceError) else "suffix") from None

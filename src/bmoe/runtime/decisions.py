@@ -14,6 +14,8 @@ from bmoe.adapters.decide_probe import LlamaDecideProbe
 from bmoe.adapters.llama import LlamaContext, LlamaModel
 from bmoe.adapters.llama.context import CCallback
 from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
+from bmoe.adapters.llama.vision import VisionEncoder
+from bmoe.adapters.llama.vision_backend import VisionDecideBackend
 from bmoe.domain.decide import DecideConfig, DecideRequest, DecideResult, new_prefix_cache
 from bmoe.domain.decide.piece_policy import PieceMeter
 from bmoe.errors import DecideDisabledError
@@ -50,12 +52,17 @@ class SessionDecisions:
         template: JinjaChatTemplate,
         streaming: StreamingControl | None,
         after: Callable[[], None],
+        encoder: VisionEncoder | None = None,
     ) -> None:
         """Decisions over ``ctx`` as requests in flight of ``engine``; streamed, each one's
         reads are counted and its pieces' costs measured (``after`` follows it)."""
         if not self.config.enabled or self.prefix_cache is None:
             return
-        self.backend = LlamaDecideBackend(self.model, ctx, template)
+        self.backend = (
+            LlamaDecideBackend(self.model, ctx, template)
+            if encoder is None
+            else VisionDecideBackend(self.model, ctx, template, encoder)
+        )
         meter = None
         if streaming is not None:
             meter = PieceMeter(streaming.info.expert_bytes, self.model.n_expert, self.model.n_expert_used)

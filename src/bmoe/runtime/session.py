@@ -115,7 +115,7 @@ class Session:
             rows=self.streaming,
             after=self._learn,
         )
-        self._decisions.attach(self.engine, self.ctx, self.template, self.streaming, self._learn)
+        self._decisions.attach(self.engine, self.ctx, self.template, self.streaming, self._learn, self.vision)
         # None in a session without decisions (nothing allocated); the gates look
         self._decide_backend, self._prefix_cache = self._decisions.backend, self._decisions.prefix_cache
         self.governor: CacheGovernor | None = None

@@ -92,7 +92,8 @@ def build_app(served: ServedSession, options: HttpOptions | None = None) -> Guar
         return await _answer(request, job, pieces, asked.generation, envelope("cmpl"), chat=False)
 
     async def decide(request: Request) -> Response:
-        asked = parse_decide(await read_json_body(request))
+        body = await read_json_body(request)
+        asked = await off_loop_if(media.reaches_out, lambda: parse_decide(body, media))
         job = served.decide(asked)
         result = await job_result(request, job)
         return json_response(api.decision(envelope("decision"), asked, result))

@@ -21,7 +21,7 @@ streamed, the result carries its reads and an answered decision teaches the piec
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -32,6 +32,7 @@ from bmoe.domain.decide.prefix_cache import IPrefixCache, StateBlob
 from bmoe.domain.decide.probe import probe_record
 from bmoe.domain.decide.prompt_split import split_prefix
 from bmoe.domain.decide.values import MIB, DecideConfig, DecidePlan, DecideRequest, DecideResult
+from bmoe.domain.media import Image
 from bmoe.domain.streaming import StreamCounters
 from bmoe.errors import DecideDisabledError, DecideOverflowError, DecideRefusedError, DecodeAbortedError
 from bmoe.ports.decide_backend import IDecideBackend
@@ -50,7 +51,7 @@ def plan_decision(backend: IDecideBackend, request: DecideRequest, *, split: boo
     choice_tokens = first_tokens(
         request.choices, [backend.tokenize(choice, special=False) for choice in request.choices]
     )
-    tokens = backend.tokenize(backend.render(request.text), special=True)
+    tokens = _tokens(backend, request.text, request.images)
     if not tokens:
         raise DecideRefusedError("the decision's prompt tokenizes to nothing")
     if len(tokens) > backend.n_ctx:
@@ -59,8 +60,15 @@ def plan_decision(backend: IDecideBackend, request: DecideRequest, *, split: boo
         )
     n_prefix = 0
     if split and request.prefix:
-        n_prefix = split_prefix(tokens, backend.tokenize(backend.render(request.prefix), special=True))
+        n_prefix = split_prefix(tokens, _tokens(backend, request.prefix, request.prefix_images))
     return DecidePlan(tuple(tokens), n_prefix, choice_tokens)
+
+
+def _tokens(backend: IDecideBackend, message: str, images: Sequence[Image]) -> list[int]:
+    """The rendered user message's tokens, its images as rows."""
+    if images:
+        return backend.tokenize_media(backend.render(message), images)
+    return backend.tokenize(backend.render(message), special=True)
 
 
 @attrs.define

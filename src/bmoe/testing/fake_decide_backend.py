@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bmoe.domain.decide.prefix_cache import StateBlob
-from bmoe.errors import ConfigError, ContextOverflowError, DecodeAbortedError, DecodeError
+from bmoe.domain.media import Image
+from bmoe.errors import ConfigError, ContextOverflowError, DecodeAbortedError, DecodeError, ImageError
 from bmoe.ports.decide_backend import IDecideBackend
 
 Logits = npt.NDArray[np.float32]
@@ -129,6 +130,9 @@ class ScriptedDecideBackend(IDecideBackend):
         self.calls.append(("reset",))
         self.memory.clear()
         self._has_logits = False
+
+    def tokenize_media(self, text: str, images: Sequence[Image]) -> list[int]:
+        raise ImageError("the scripted decide backend has no vision encoder", "images")
 
     def prefill(self, tokens: Sequence[int], start_pos: int) -> None:
         self.calls.append(("prefill", start_pos, len(tokens)))

@@ -17,8 +17,10 @@ import numpy.typing as npt
 from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.llama.vision import no_vision_encoder
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.decide.prefix_cache import StateBlob
+from bmoe.domain.media import Image
 from bmoe.ports.decide_backend import IDecideBackend
 
 SEQ_ID = 0  # LlamaContext holds one sequence
@@ -98,6 +100,9 @@ class LlamaDecideBackend(IDecideBackend):
         if special:
             return self.model.tokenize_prompt(text)
         return self.model.tokenize(text, add_special=False, parse_special=False)
+
+    def tokenize_media(self, text: str, images: Sequence[Image]) -> list[int]:
+        raise no_vision_encoder(images)
 
     def reset(self) -> None:
         self._has_logits = False

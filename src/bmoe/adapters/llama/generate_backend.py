@@ -12,6 +12,7 @@ from bmoe.adapters.llama.decide_backend import load_seq_state, save_seq_state
 from bmoe.adapters.llama.grammar import constraint_gbnf
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.sampler import Sampler
+from bmoe.adapters.llama.vision import no_vision_encoder
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.decide.log_softmax import log_softmax
@@ -20,7 +21,6 @@ from bmoe.domain.generation import TokenChoice, TokenLogprob
 from bmoe.domain.kv_reuse import swa_prefix_usable
 from bmoe.domain.media import Image
 from bmoe.domain.sampling import SamplingParams
-from bmoe.errors import ImageError
 from bmoe.ports.generate_backend import IGenerateBackend
 
 
@@ -51,16 +51,6 @@ def constrained_sampler(
     elif constraint is not None:
         grammar = constraint_gbnf(constraint)
     return Sampler(params, model, n_ctx, grammar, mask)
-
-
-def no_vision_encoder(images: Sequence[Image]) -> ImageError:
-    """The refusal of an image by a model loaded without a vision encoder."""
-    where = images[0].name if images and images[0].name else "images"
-    return ImageError(
-        f"{where}: this model was loaded without a vision encoder, so it cannot see images "
-        "(start bmoe with --mmproj FILE, the model's projector)",
-        where,
-    )
 
 
 class LlamaGenerateBackend(IGenerateBackend):

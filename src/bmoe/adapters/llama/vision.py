@@ -44,6 +44,16 @@ def available() -> bool:
     return _mtmd is not None
 
 
+def no_vision_encoder(images: Sequence[Image]) -> ImageError:
+    """The refusal of an image by a model loaded without a vision encoder."""
+    where = images[0].name if images and images[0].name else "images"
+    return ImageError(
+        f"{where}: this model was loaded without a vision encoder, so it cannot see images "
+        "(start bmoe with --mmproj FILE, the model's projector)",
+        where,
+    )
+
+
 @attrs.frozen
 class Prompt:
     """A prompt with images: its token ids, each image a run of row ids (negative)."""

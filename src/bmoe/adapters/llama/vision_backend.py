@@ -1,5 +1,6 @@
 """Backends for a model with a vision encoder: ``VisionGenerateBackend`` (one sequence,
-``IGenerateBackend``) and ``VisionBatchBackend`` (parallel sequences, ``IBatchBackend``).
+``IGenerateBackend``), ``VisionBatchBackend`` (parallel sequences, ``IBatchBackend``) and
+``VisionDecideBackend`` (decisions, ``IDecideBackend``).
 
 A prompt's images are runs of row ids (``domain.media.image_rows``); these backends feed
 text runs as tokens and image runs as the encoder's embeddings, through the same context,
@@ -18,8 +19,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from bmoe.adapters.chat_template import JinjaChatTemplate
 from bmoe.adapters.llama.batch_backend import LlamaBatchBackend
 from bmoe.adapters.llama.context import LlamaContext
+from bmoe.adapters.llama.decide_backend import LlamaDecideBackend
 from bmoe.adapters.llama.generate_backend import LlamaGenerateBackend
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.vision import VisionEncoder
@@ -184,3 +187,39 @@ class VisionBatchBackend(LlamaBatchBackend):
     ) -> None:
         placed = [(token, self.ledgers[seq].position(index), seq) for token, index, seq in entries]
         super().step(placed, outputs, n_decode=n_decode)
+
+
+class VisionDecideBackend(LlamaDecideBackend):
+    """``LlamaDecideBackend`` whose prompts may place images (a decision's prefix kept with
+    its images' positions)."""
+
+    def __init__(
+        self, model: LlamaModel, ctx: LlamaContext, template: JinjaChatTemplate, encoder: VisionEncoder
+    ) -> None:
+        super().__init__(model, ctx, template)
+        self.encoder = encoder
+        self.ledger = PositionLedger()
+
+    def tokenize_media(self, text: str, images: Sequence[Image]) -> list[int]:
+        return self.encoder.tokenize(text, images).tokens
+
+    def reset(self) -> None:
+        super().reset()
+        self.ledger.clear()
+
+    def prefill(self, tokens: Sequence[int], start_pos: int) -> None:
+        if not self.ledger.images and not any(is_image_row(t) for t in tokens):
+            super().prefill(tokens, start_pos)
+            return
+        self._has_logits = False
+        feed_runs(self.ctx, self.encoder, self.ledger, tokens, start_pos)
+        self._has_logits = True
+
+    def save_state(self) -> StateBlob | None:
+        return with_ledger(super().save_state(), self.ledger)
+
+    def load_state(self, blob: StateBlob) -> bool:
+        state, ledger = split_ledger(blob)
+        loaded = super().load_state(state)
+        self.ledger = ledger if loaded else PositionLedger()
+        return loaded

@@ -10,6 +10,7 @@ import attrs
 from bmoe.domain.decide.choice_scorer import check_choices
 from bmoe.domain.decide.log_softmax import renormalise
 from bmoe.domain.decide.prefix_cache import PrefixCacheMode, resolve_prefix_cache
+from bmoe.domain.media.images import MEDIA_MARKER, Image, count_markers
 from bmoe.domain.streaming import StreamCounters
 from bmoe.errors import ConfigError, DecideRefusedError
 
@@ -30,6 +31,8 @@ class DecideRequest:
     - ``choices``: one or more non-empty strings, each scored by the first token of its
       standalone tokenization (no template, no leading space).
     - ``reuse_prefix``: False prefills this request whole and leaves the kept state alone.
+    - ``images``: the pictures ``prefix + suffix`` places, one per media marker, in order
+      (the session needs a vision encoder); an image in the prefix is kept with its state.
 
     Raises ``ChoiceError`` / ``DecideRefusedError`` when built with an unusable list or
     prompt.
@@ -39,11 +42,22 @@ class DecideRequest:
     suffix: str = ""
     choices: tuple[str, ...] = attrs.field(converter=_as_choices)
     reuse_prefix: bool = True
+    images: tuple[Image, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         check_choices(self.choices)
         if not self.prefix and not self.suffix:
             raise DecideRefusedError("empty prompt: prefix and suffix are both empty")
+        if self.images and count_markers(self.text) != len(self.images):
+            raise DecideRefusedError(
+                f"the prompt places {count_markers(self.text)} images ({MEDIA_MARKER}) "
+                f"but the request carries {len(self.images)}"
+            )
+
+    @property
+    def prefix_images(self) -> tuple[Image, ...]:
+        """The images the prefix places (the first ones)."""
+        return self.images[: count_markers(self.prefix)]
 
     @property
     def text(self) -> str:
