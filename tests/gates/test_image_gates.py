@@ -310,3 +310,57 @@ def test_a_decision_with_an_image_in_its_prefix(fixture: VisionFixture) -> None:
         assert second.choice_logp == whole.choice_logp
         assert other.choice_logp != first.choice_logp
     assert runs["streamed"] == runs["resident"]
+
+
+def test_the_session_protocol_takes_images(fixture: VisionFixture) -> None:
+    """``python -m bmoe.cli --session``: ``images`` on generate and decide (base64 and data:
+    URIs): the session's answer; a picture that does not decode is a BMOE_ERROR that is not
+    fatal, naming it, and the next line is served."""
+    import base64
+    import json
+    import subprocess
+    import sys
+
+    b64 = base64.b64encode(PICTURE_A).decode()
+    lines = [
+        {"cmd": "generate", "id": 1, "prompt": REQUEST.prompt, "n_predict": 8, "images": [b64]},
+        {"cmd": "generate", "id": 2, "prompt": REQUEST.prompt, "n_predict": 8, "images": [b64[:40]]},
+        {
+            "cmd": "generate",
+            "id": 3,
+            "prompt": REQUEST.prompt,
+            "n_predict": 8,
+            "images": [f"data:image/png;base64,{b64}"],
+        },
+        {
+            "cmd": "decide",
+            "id": 4,
+            "prefix": f"{MEDIA_MARKER}Look. ",
+            "suffix": "A cat?",
+            "choices": ["yes", "no"],
+            "images": [b64],
+        },
+    ]
+    command = [sys.executable, "-m", "bmoe.cli", "-m", str(fixture.model), "--mmproj", str(fixture.mmproj)]
+    command += ["--session", "--decide", "-c", "512", "-b", "64", "-t", "2"]
+    done = subprocess.run(
+        command,
+        input="".join(json.dumps(line) + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers: dict[int, dict[str, object]] = {}
+    for raw in done.stdout.splitlines():
+        kind, _, payload = raw.partition(" ")
+        if kind in ("BMOE_DONE", "BMOE_ERROR", "BMOE_DECIDE"):
+            answer = json.loads(payload)
+            answers[answer["id"]] = answer | {"kind": kind}
+    tokens, _ = resident(fixture.kind)
+    assert answers[1]["kind"] == "BMOE_DONE" and answers[1]["tokens"] == len(tokens)
+    assert answers[2]["kind"] == "BMOE_ERROR" and not answers[2]["fatal"]
+    assert "images[0]" in str(answers[2]["msg"])
+    assert answers[3]["kind"] == "BMOE_DONE" and answers[3]["text"] == answers[1]["text"]
+    assert answers[4]["kind"] == "BMOE_DECIDE", answers[4]

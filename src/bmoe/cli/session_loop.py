@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
+from bmoe.adapters.image_sources import load_image
 from bmoe.adapters.protocol import (
     BadRequest,
     Begin,
@@ -44,6 +45,8 @@ from bmoe.adapters.protocol import (
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.generation import Progress as TokenProgress
+from bmoe.domain.media import Image
+from bmoe.domain.media.references import INLINE_MEDIA
 from bmoe.domain.metrics import run_summary
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB
@@ -215,7 +218,11 @@ class SessionLoop:
 
     def _decide(self, cmd: DecideCmd) -> Response:
         request = DecideRequest(
-            prefix=cmd.prefix, suffix=cmd.suffix, choices=cmd.choices, reuse_prefix=cmd.reuse_prefix
+            prefix=cmd.prefix,
+            suffix=cmd.suffix,
+            choices=cmd.choices,
+            reuse_prefix=cmd.reuse_prefix,
+            images=pictures(cmd.images),
         )
         result = self.session.decide(request, on_begin=lambda: self._begin(cmd.id))
         return decide_response(cmd.id, result)
@@ -245,9 +252,18 @@ class SessionLoop:
             tools=cmd.tool_use(),
             logprobs=cmd.logprobs,
             conversation=cmd.conversation,
+            images=pictures(cmd.images),
         )
         result = self.session.generate(request, on_progress, on_begin=lambda: self._begin(cmd.id))
         return done_response(cmd.id, result, self.session.load_s)
+
+
+def pictures(references: Sequence[str]) -> tuple[Image, ...]:
+    """A request's ``images`` (data: URIs or base64, nothing fetched), as images named by
+    their place (``images[0]``); ``RequestError`` naming one that does not decode."""
+    return tuple(
+        load_image(ref, f"images[{i}]", f"images[{i}]", INLINE_MEDIA) for i, ref in enumerate(references)
+    )
 
 
 def progress_response(p: TokenProgress, budget_changes: Sequence[BudgetChange] = ()) -> Progress:

@@ -49,6 +49,15 @@ def _choices_tuple(value: Sequence[str]) -> tuple[str, ...]:
         raise TypeError(f'field "choices" {exc}') from None
 
 
+def _images_tuple(value: Sequence[str]) -> tuple[str, ...]:
+    """``images``: the pictures the prompt places (``<__media__>``), each a data: URI or
+    base64 (as a tuple: the class is frozen)."""
+    try:
+        return check_str_list(value)
+    except FieldTypeError as exc:
+        raise TypeError(f'field "images" {exc}') from None
+
+
 @attrs.frozen(kw_only=True)
 class GenerateCmd:
     """``{"cmd":"generate"}``: complete a prompt.
@@ -82,6 +91,7 @@ class GenerateCmd:
     parallel_tool_calls: bool | None = attrs.field(default=None, validator=typed(optional(check_bool)))
     logprobs: int | None = attrs.field(default=None, validator=typed(optional(check_int)))
     conversation: str | None = attrs.field(default=None, validator=typed(optional(check_str)))
+    images: tuple[str, ...] = attrs.field(default=(), converter=_images_tuple)
 
     @prompt.validator
     def _prompt_not_empty(self, _attribute: attrs.Attribute[str], value: str) -> None:
@@ -125,6 +135,7 @@ class DecideCmd:
     suffix: str = attrs.field(default="", validator=typed(check_str))
     choices: tuple[str, ...] = attrs.field(converter=_choices_tuple)
     reuse_prefix: bool = attrs.field(default=True, validator=typed(check_bool))
+    images: tuple[str, ...] = attrs.field(default=(), converter=_images_tuple)
 
     @choices.validator
     def _choices_not_empty(self, _attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
