@@ -208,3 +208,35 @@ def test_stop_cancels_a_long_reply_on_the_server(browser: Any, tiny_model_path: 
             assert not browser.find_element(By.ID, "stop").is_enabled()
             browser.save_screenshot(str(shots / "web-page-stopped.png"))
             assert console_errors(browser) == []
+
+
+def test_an_attached_image_is_sent_with_the_message(browser: Any, tmp_path: Path, shots: Path) -> None:
+    """On a vision model (``--mmproj``): the picture chosen in the page goes with the message
+    as an ``image_url`` part, shown in the conversation; the reply is the API's to the same
+    parts."""
+    import httpx
+    from test_image_gates import PICTURE_A
+
+    from bmoe.testing.fixtures.vision import vision_fixture
+
+    fx = vision_fixture("qwen3vl")
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(PICTURE_A)
+    question = "What is in this picture?"
+    with serving(fx.model, "--mmproj", str(fx.mmproj), *LONG) as s, page(browser, s):
+        browser.find_element(By.ID, "attach").send_keys(str(picture))
+        wait(browser, lambda d: text(d, "#attached") == "1 image")
+        send(browser, question, temperature="0", max_tokens="8")
+        wait(browser, lambda d: reply_state(d) == "done")
+        shown = text(browser, "#messages .msg.assistant .content")
+        assert browser.find_elements(By.CSS_SELECTOR, "#messages .msg.user img.thumb")
+        assert text(browser, "#attached") == ""
+        browser.save_screenshot(str(shots / "web-page-image.png"))
+        assert console_errors(browser) == []
+        import base64
+
+        url = "data:image/png;base64," + base64.b64encode(PICTURE_A).decode()
+        parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
+        body = {"messages": [{"role": "user", "content": parts}], "temperature": 0, "max_tokens": 8}
+        answered = httpx.post(s.url + "/chat/completions", json=body, timeout=60).json()
+    assert shown == answered["choices"][0]["message"]["content"]

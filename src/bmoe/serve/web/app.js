@@ -137,11 +137,44 @@ function busy(on) {
   $("stop").disabled = !on;
 }
 
+// images attached to the next message, as data: URIs (chat completions' image_url parts)
+function readImage(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function takeAttached() {
+  const input = $("attach");
+  const files = [...input.files];
+  input.value = "";
+  $("attached").textContent = "";
+  return Promise.all(files.map(readImage));
+}
+
+$("attach").addEventListener("change", () => {
+  const n = $("attach").files.length;
+  $("attached").textContent = n ? `${n} image${n > 1 ? "s" : ""}` : "";
+});
+
 async function send(text) {
   const system = $("system").value.trim();
   const history = [...(system ? [{ role: "system", content: system }] : []), ...state.messages];
-  history.push({ role: "user", content: text });
-  addMessage("user", text);
+  const images = await takeAttached();
+  // the images first, then the text (as llama.cpp's own page puts them)
+  const content = images.length
+    ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
+    : text;
+  history.push({ role: "user", content });
+  const shown = addMessage("user", text);
+  for (const url of images) {
+    const img = el("img", "thumb");
+    img.src = url;
+    shown.insertBefore(img, shown.firstChild);
+  }
   const bubble = assistantBubble();
   const controller = new AbortController();
   state.controller = controller;
@@ -178,14 +211,14 @@ async function send(text) {
       }
       scrollDown();
     });
-    state.messages.push({ role: "user", content: text }, { role: "assistant", content: answer });
+    state.messages.push({ role: "user", content }, { role: "assistant", content: answer });
     const secs = ((performance.now() - started) / 1000).toFixed(1);
     bubble.meta.textContent = `${finish || "done"} · ${secs} s`;
     bubble.node.dataset.state = "done";
   } catch (err) {
     if (controller.signal.aborted) {
       // what was shown stays in the conversation
-      state.messages.push({ role: "user", content: text }, { role: "assistant", content: answer });
+      state.messages.push({ role: "user", content }, { role: "assistant", content: answer });
       bubble.meta.textContent = "stopped";
       bubble.meta.classList.add("stopped");
       bubble.node.dataset.state = "stopped";
