@@ -188,10 +188,16 @@ def test_errors_come_in_anthropics_shape(tiny_model_path: TinyModelPath) -> None
             )
         assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
         assert "exceeds the context" in info.value.message
+        document: Any = [
+            {"role": "user", "content": [{"type": "document", "source": {"type": "url", "url": "x"}}]}
+        ]
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            client.messages.create(model="t", messages=document, max_tokens=4)
+        assert "'document'" in refused.value.message
         image: Any = [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]
         with pytest.raises(anthropic.BadRequestError) as refused:
             client.messages.create(model="t", messages=image, max_tokens=4)
-        assert "'image'" in refused.value.message
+        assert "content[0].source.url" in refused.value.message  # an image, not a picture
         missing = httpx.post(f"{s.url}/messages", json={"model": "t", "messages": HELLO}, timeout=TIMEOUT)
         assert missing.status_code == 400
         assert missing.json() == {
