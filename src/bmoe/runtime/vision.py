@@ -12,6 +12,7 @@ from bmoe.adapters.llama.model import LlamaModel
 from bmoe.adapters.llama.vision import VisionEncoder
 from bmoe.adapters.llama.vision_backend import VisionBatchBackend, VisionGenerateBackend
 from bmoe.cext.abort_flag import AbortFlag
+from bmoe.domain.media.positions import PositionLedger
 from bmoe.runtime.session_config import SessionConfig
 
 
@@ -32,16 +33,23 @@ def open_encoder(model: LlamaModel, config: SessionConfig) -> VisionEncoder | No
 def batch_backend(
     model: LlamaModel, ctx: LlamaContext, encoder: VisionEncoder | None
 ) -> Callable[[Callable[[int], None]], LlamaBatchBackend]:
-    """The maker of the session's parallel-sequence backend (given its step hook)."""
+    """The maker of the session's parallel-sequence backend (given its step hook); with an
+    encoder, every backend it makes shares one ledger per sequence (the slots' images'
+    positions, kept from one run to the next as their KV is)."""
     if encoder is None:
         return functools.partial(LlamaBatchBackend, model, ctx)
-    return functools.partial(_vision_batch, model, ctx, encoder)
+    ledgers = [PositionLedger() for _ in range(ctx.params.n_seq_max)]
+    return functools.partial(_vision_batch, model, ctx, encoder, ledgers)
 
 
 def _vision_batch(
-    model: LlamaModel, ctx: LlamaContext, encoder: VisionEncoder, on_step: Callable[[int], None]
+    model: LlamaModel,
+    ctx: LlamaContext,
+    encoder: VisionEncoder,
+    ledgers: list[PositionLedger],
+    on_step: Callable[[int], None],
 ) -> LlamaBatchBackend:
-    return VisionBatchBackend(model, ctx, on_step, encoder)
+    return VisionBatchBackend(model, ctx, on_step, encoder, ledgers)
 
 
 def generate_backend(

@@ -135,14 +135,22 @@ class VisionGenerateBackend(LlamaGenerateBackend):
 class VisionBatchBackend(LlamaBatchBackend):
     """``LlamaBatchBackend`` whose sequences may hold images: a prompt with images is
     prefilled alone (``BatchRun`` does not chunk it), the decode steps' positions are each
-    sequence's ledger's."""
+    sequence's ledger's. ``ledgers`` (one per sequence) outlive the backend: a run's slots
+    keep their KV for the next run, on a new backend, and their images' positions with it."""
 
     def __init__(
-        self, model: LlamaModel, ctx: LlamaContext, on_step: Callable[[int], None], encoder: VisionEncoder
+        self,
+        model: LlamaModel,
+        ctx: LlamaContext,
+        on_step: Callable[[int], None],
+        encoder: VisionEncoder,
+        ledgers: list[PositionLedger],
     ) -> None:
         super().__init__(model, ctx, on_step)
+        if len(ledgers) != self.n_seq:
+            raise ValueError(f"one ledger per sequence: {len(ledgers)} for {self.n_seq}")
         self.encoder = encoder
-        self.ledgers = [PositionLedger() for _ in range(self.n_seq)]
+        self.ledgers = ledgers
 
     def clear(self) -> None:
         super().clear()
