@@ -114,6 +114,9 @@ def test_the_command_prints_the_fetched_bytes_and_the_json_figures(hub: HubStand
     doc = json.loads(js.stdout)
     assert doc["model"]["arch"] == "qwen3moe" and doc["streamed"]["decode_bound"] in ("disk", "compute")
     assert "--cache-mb" in doc["flags"]
+    # the compute rates are llama.cpp's own kernels, timed here (the tiny model: Q8_0)
+    assert doc["machine"]["compute_source"].startswith("llama.cpp's Q8_0 kernels timed here")
+    assert doc["machine"]["matmul_flops"] > 0 and doc["machine"]["matvec_bytes_s"] > 0
     bad = subprocess.run(
         [sys.executable, "-m", "bmoe.plan", "-hf", "bmoe/cut-GGUF"],
         capture_output=True,

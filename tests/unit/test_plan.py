@@ -97,3 +97,12 @@ def test_a_machine_with_room_for_everything_fits_resident_and_caps_the_cache_fla
     flags = plan.flags()
     assert int(flags[2]) == MODEL.expert_bytes // MIB
     assert flags[-4:] == ["-np", "2", "--cache-disk", "/tmp/states"]
+
+
+def test_the_compute_calibration_takes_the_quantization_nearest_the_experts() -> None:
+    from bmoe.runtime.compute_calibration import calibration_quant
+
+    assert calibration_quant(18 / 32) == "q4_0"  # Q4_0 (and Q4_K, as many bytes a weight)
+    assert calibration_quant(34 / 32) == "q8_0"
+    assert calibration_quant(4.0) == "q8_0"  # F32 experts: the widest it has
+    assert calibration_quant(0.3) == "q4_0"

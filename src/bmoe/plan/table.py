@@ -41,7 +41,7 @@ def rows(plan: Plan) -> list[tuple[str, str]]:
         (
             "machine",
             f"room {_mib(mc.room.room_bytes)} ({mc.room_source}); disk {mc.disk_mib_s:.0f} MiB/s "
-            f"({mc.disk_source}); {mc.cores} cores",
+            f"({mc.disk_source}); {mc.cores} cores; compute: {mc.compute_source or 'numpy'}",
         ),
         (
             "resident",

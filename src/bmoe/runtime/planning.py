@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 
 from bmoe.adapters.cache_dirs import cache_root
-from bmoe.adapters.compute_rate import measure_compute
+from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.disk_reads import measure_random_reads, measure_scratch
 from bmoe.adapters.gguf_layout import ModelLayout, read_header_values, read_layout
 from bmoe.adapters.gguf_remote import remote_headers
@@ -27,6 +27,7 @@ from bmoe.domain.plan.figures import MIB, MachineFigures, ModelFigures
 from bmoe.domain.plan.predict import Plan, PlanSettings, make_plan
 from bmoe.domain.streaming.usage_profile import ProfileRejected, UsageProfile
 from bmoe.errors import ConfigError
+from bmoe.runtime.compute_calibration import measure_llama
 
 PAGE = 4096
 DISK_SAMPLE_BYTES = 64 * MIB  # read to measure the disk
@@ -177,7 +178,8 @@ def read_machine(
         folder = _existing(goes_to)
         bw = measure_scratch(folder, block=block)
         disk, disk_source = bw.mib_s, f"measured on a scratch file in {folder}, {block // 1024} KiB reads"
-    rate = measure_compute()
+    calibrated = measure_llama(model.bytes_per_weight, physical_cores())
+    rate = calibrated.rate
     free = None
     with contextlib.suppress(OSError):
         free = shutil.disk_usage(_existing(goes_to)).free
@@ -190,6 +192,7 @@ def read_machine(
         cores=len(os.sched_getaffinity(0)),
         free_disk_bytes=free,
         room_source=room_source,
+        compute_source=calibrated.source,
     )
 
 

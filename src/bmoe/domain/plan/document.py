@@ -40,6 +40,7 @@ def to_json(plan: Plan, source: str = "") -> dict[str, Any]:
             "room_source": mc.room_source,
             "disk_mib_s": round(mc.disk_mib_s, 1),
             "disk_source": mc.disk_source,
+            "compute_source": mc.compute_source,
             "cores": mc.cores,
             "matvec_bytes_s": round(mc.matvec_bytes_s),
             "matmul_flops": round(mc.matmul_flops),

@@ -97,3 +97,4 @@ class MachineFigures:
     cores: int
     free_disk_bytes: int | None = None
     room_source: str = ""  # "--mem-limit-mb 2048" where the user set it
+    compute_source: str = ""  # how the compute rates were had (llama.cpp's kernels timed here)
