@@ -160,3 +160,17 @@ def test_a_second_turn_after_drafts_continues_as_after_plain_steps() -> None:
         e.generate(GenerateRequest("more", n_predict=30, clear_kv=False)).tokens for e in (plain, drafted)
     ]
     assert again[0] == again[1]
+
+
+def test_a_request_turns_drafting_off_with_llama_cpps_speculative_n_max_0() -> None:
+    from bmoe.requests.api_requests import parse_chat_completion, parse_completion
+    from bmoe.requests.mapping import ServeDefaults, chat_turn, completion_request
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "speculative.n_max": 0}
+    asked = parse_chat_completion(body)
+    assert asked.generation.draft is False
+    assert chat_turn(asked, ServeDefaults()).request.draft is False
+    assert parse_chat_completion({**body, "speculative.n_max": 16}).generation.draft is True
+    assert parse_chat_completion({"messages": body["messages"]}).generation.draft is True
+    text = parse_completion({"prompt": "hi", "speculative.n_max": 0})
+    assert completion_request(text, ServeDefaults()).draft is False

@@ -151,7 +151,15 @@ def _generation(body: Body, max_tokens: int | None, logprobs: int | None) -> Gen
         include_usage=bool(include_usage),
         constraint=response_constraint(body),
         logprobs=logprobs,
+        draft=_drafts(body),
     )
+
+
+def _drafts(body: Body) -> bool:
+    """llama.cpp's ``speculative.n_max``: 0 turns drafting off for the request (any other
+    count leaves bmoe's own draft lengths, 8-64 behind long matches)."""
+    n_max = opt_int(body, "speculative.n_max", low=0)
+    return n_max is None or n_max > 0
 
 
 def _think(body: Body) -> bool | None:

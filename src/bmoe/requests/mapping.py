@@ -76,6 +76,7 @@ def chat_turn(asked: ChatRequest, defaults: ServeDefaults) -> ChatTurn:
         tool_call_id=last.tool_call_id,
         logprobs=gen.logprobs,
         images=last.images,
+        draft=gen.draft,
     )
     return ChatTurn(history=tuple(history), request=request, most=n_predict if gen.fit_context else None)
 
@@ -90,6 +91,7 @@ def completion_request(asked: CompletionRequest, defaults: ServeDefaults) -> Gen
         sampling=sampling_params(gen.sampling, defaults.sampling),
         constraint=gen.constraint,
         logprobs=gen.logprobs,
+        draft=gen.draft,
     )
 
 

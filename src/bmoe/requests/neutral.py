@@ -57,7 +57,9 @@ class Generation:
     - ``fit_context``: ``max_tokens`` is a most, cut to what the prompt leaves of the context
       (Anthropic's ``max_tokens`` and the Responses API's ``max_output_tokens``, which coding
       agents set past a local model's context); else a prompt plus ``max_tokens`` past the
-      context is refused (chat completions, as OpenAI does).
+      context is refused (chat completions, as OpenAI does);
+    - ``draft``: False turns copy drafts off for this request where the server drafts
+      (``--draft copy``): llama.cpp's ``speculative.n_max`` of 0.
     """
 
     model: str | None = None
@@ -69,6 +71,7 @@ class Generation:
     constraint: OutputConstraint | None = None
     logprobs: int | None = None
     fit_context: bool = False
+    draft: bool = True
 
 
 @attrs.frozen(kw_only=True)
