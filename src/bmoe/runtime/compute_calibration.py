@@ -6,9 +6,10 @@ here, and its rates read with the plan's own formulas (``bmoe.domain.plan.predic
   prefill's time (a prompt batch of ``PREFILL_TOKENS``);
 - ``matvec_bytes_s`` = the weight bytes a token computes with / one decode step's time.
 
-numpy's f32 products (``bmoe.adapters.compute_rate``) overrated llama.cpp's quantized
-prefill about threefold on the machines measured (docs/benchmarks.md, "The planner"): the
-kernels that will run are the ones to time. The model (a few MiB) is written once into
+The kernels that will run are the ones to time: on the 5.6 GB bench model, numpy's f32
+products (``bmoe.adapters.compute_rate``) predicted a 2,048-token streamed prefill of 19.3 s,
+these 24-26 s, against 59-69 s measured: closer, still short (the streamed prefill's repacks,
+faults and smaller per-expert batches are not in it: docs/benchmarks.md, "The planner"). The model (a few MiB) is written once into
 bmoe's fixture folder; the measure takes about a second. Where it cannot run (llama.cpp
 refuses), numpy's rates stand, said in ``source``.
 """
