@@ -9,8 +9,9 @@ here, and its rates read with the plan's own formulas (``bmoe.domain.plan.predic
 The kernels that will run are the ones to time: on the 5.6 GB bench model, numpy's f32
 products (``bmoe.adapters.compute_rate``) predicted a 2,048-token streamed prefill of 19.3 s,
 these 24-26 s, against 59-69 s measured: closer, still short (the streamed prefill's repacks,
-faults and smaller per-expert batches are not in it: docs/benchmarks.md, "The planner"). The model (a few MiB) is written once into
-bmoe's fixture folder; the measure takes about a second. Where it cannot run (llama.cpp
+faults and smaller per-expert batches are not in it: docs/benchmarks.md, "The planner").
+The model (a few MiB) is written once into bmoe's fixture folder; the measure takes about a
+second. Where it cannot run (llama.cpp
 refuses), numpy's rates stand, said in ``source``.
 """
 
