@@ -21,6 +21,7 @@ import pytest
 
 from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.llama import vision as vision_adapter
+from bmoe.adapters.protocol import DecideDone, Done, Error, parse_response
 from bmoe.domain.decide import DecideConfig, DecideRequest
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.media import MEDIA_MARKER, Image, is_image_row
@@ -352,15 +353,13 @@ def test_the_session_protocol_takes_images(fixture: VisionFixture) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    answers: dict[int, dict[str, object]] = {}
-    for raw in done.stdout.splitlines():
-        kind, _, payload = raw.partition(" ")
-        if kind in ("BMOE_DONE", "BMOE_ERROR", "BMOE_DECIDE"):
-            answer = json.loads(payload)
-            answers[answer["id"]] = answer | {"kind": kind}
+    answers = {}
+    for event in map(parse_response, done.stdout.splitlines()):
+        if isinstance(event, Done | DecideDone | Error):
+            answers[event.id] = event
     tokens, _ = resident(fixture.kind)
-    assert answers[1]["kind"] == "BMOE_DONE" and answers[1]["tokens"] == len(tokens)
-    assert answers[2]["kind"] == "BMOE_ERROR" and not answers[2]["fatal"]
-    assert "images[0]" in str(answers[2]["msg"])
-    assert answers[3]["kind"] == "BMOE_DONE" and answers[3]["text"] == answers[1]["text"]
-    assert answers[4]["kind"] == "BMOE_DECIDE", answers[4]
+    first, broken, as_uri, decided = (answers[i] for i in (1, 2, 3, 4))
+    assert isinstance(first, Done) and first.tokens == len(tokens)
+    assert isinstance(broken, Error) and not broken.fatal and "images[0]" in broken.msg
+    assert isinstance(as_uri, Done) and as_uri.text == first.text
+    assert isinstance(decided, DecideDone), decided
