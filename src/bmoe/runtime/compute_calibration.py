@@ -17,6 +17,7 @@ refuses), numpy's rates stand, said in ``source``.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -70,12 +71,18 @@ def calibration_quant(bytes_per_weight: float) -> str:
 
 
 def measure_llama(bytes_per_weight: float, threads: int) -> Calibrated:
-    """The rates of llama.cpp's kernels here (module docstring), numpy's where it cannot run."""
+    """The rates of llama.cpp's kernels here (module docstring), numpy's where it cannot run;
+    measured once a process for each quantization and thread count (``bench --plan`` plans
+    every configuration it ran, the server its model: one measure serves them all)."""
+    return _measured(calibration_quant(bytes_per_weight), threads)
+
+
+@functools.cache
+def _measured(quant: str, threads: int) -> Calibrated:
     from bmoe.runtime.planning import model_figures  # the plan's own figures of a model
     from bmoe.runtime.session import Session
     from bmoe.runtime.session_config import SessionConfig
 
-    quant = calibration_quant(bytes_per_weight)
     try:
         path = calibration_model(quant)
         layout = read_layout(path)
