@@ -96,3 +96,12 @@ def test_the_engine_refuses_images_the_template_dropped() -> None:
     engine.renderer = Dropping()
     with pytest.raises(ImageError, match="placed 0 of the conversation's 1 images"):
         engine.generate(GenerateRequest(f"{MEDIA_MARKER}x", images=(Image(b"p"),)), chat=True)
+
+
+def test_text_after_no_image_takes_its_indices_as_positions() -> None:
+    ledger = PositionLedger()
+    rows = ImageRows(image_row_ids(_digest("a"), 4), n_pos=2)
+    assert ledger.indexed([5, 6, 7])
+    assert not ledger.indexed([5, *rows.ids])
+    ledger.add(1, rows)
+    assert not ledger.indexed([5, 6])  # after an image the positions are the ledger's

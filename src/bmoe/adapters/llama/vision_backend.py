@@ -79,7 +79,14 @@ def with_ledger(blob: StateBlob | None, ledger: PositionLedger) -> StateBlob | N
     return out
 
 
-def split_ledger(blob: StateBlob) -> tuple[StateBlob, PositionLedger]:
+def load_with_ledger(blob: StateBlob, load: Callable[[StateBlob], bool]) -> PositionLedger | None:
+    """Load ``with_ledger``'s state through ``load`` (llama.cpp's part); the ledger it was
+    saved with (empty for a state saved without images), None where ``load`` refused it."""
+    state, ledger = _split_ledger(blob)
+    return ledger if load(state) else None
+
+
+def _split_ledger(blob: StateBlob) -> tuple[StateBlob, PositionLedger]:
     """``with_ledger``'s parts: the state as llama.cpp wrote it, and the ledger (empty for a
     state saved without images)."""
     data = np.asarray(blob, dtype=np.uint8)
@@ -117,13 +124,12 @@ class VisionGenerateBackend(LlamaGenerateBackend):
         return with_ledger(super().save_state(), self.ledger)
 
     def load_state(self, blob: StateBlob) -> bool:
-        state, ledger = split_ledger(blob)
-        loaded = super().load_state(state)
-        self.ledger = ledger if loaded else PositionLedger()
-        return loaded
+        ledger = load_with_ledger(blob, super().load_state)
+        self.ledger = ledger if ledger is not None else PositionLedger()
+        return ledger is not None
 
     def feed(self, tokens: Sequence[int], start_pos: int) -> None:
-        if not self.ledger.images and not any(is_image_row(t) for t in tokens):
+        if self.ledger.indexed(tokens):
             super().feed(tokens, start_pos)  # text only: positions are indices
         else:
             feed_runs(self.ctx, self.encoder, self.ledger, tokens, start_pos)
@@ -171,7 +177,7 @@ class VisionBatchBackend(LlamaBatchBackend):
         return kept
 
     def prefill(self, seq: int, tokens: Sequence[int], start_pos: int = 0) -> None:
-        if not self.ledgers[seq].images and not any(is_image_row(t) for t in tokens):
+        if self.ledgers[seq].indexed(tokens):
             super().prefill(seq, tokens, start_pos)
             return
         self.on_step(1)
@@ -181,10 +187,9 @@ class VisionBatchBackend(LlamaBatchBackend):
         return with_ledger(super().save_state(seq), self.ledgers[seq])
 
     def load_state(self, seq: int, blob: StateBlob) -> bool:
-        state, ledger = split_ledger(blob)
-        loaded = super().load_state(seq, state)
-        self.ledgers[seq] = ledger if loaded else PositionLedger()
-        return loaded
+        ledger = load_with_ledger(blob, lambda state: super(VisionBatchBackend, self).load_state(seq, state))
+        self.ledgers[seq] = ledger if ledger is not None else PositionLedger()
+        return ledger is not None
 
     def step(
         self,
@@ -216,7 +221,7 @@ class VisionDecideBackend(LlamaDecideBackend):
         self.ledger.clear()
 
     def prefill(self, tokens: Sequence[int], start_pos: int) -> None:
-        if not self.ledger.images and not any(is_image_row(t) for t in tokens):
+        if self.ledger.indexed(tokens):
             super().prefill(tokens, start_pos)
             return
         self._has_logits = False
@@ -227,7 +232,6 @@ class VisionDecideBackend(LlamaDecideBackend):
         return with_ledger(super().save_state(), self.ledger)
 
     def load_state(self, blob: StateBlob) -> bool:
-        state, ledger = split_ledger(blob)
-        loaded = super().load_state(state)
-        self.ledger = ledger if loaded else PositionLedger()
-        return loaded
+        ledger = load_with_ledger(blob, super().load_state)
+        self.ledger = ledger if ledger is not None else PositionLedger()
+        return ledger is not None

@@ -14,10 +14,11 @@ a cut is refused and the caller starts again from the prefix's beginning.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 import attrs
 
-from bmoe.domain.media.image_rows import ImageRows
+from bmoe.domain.media.image_rows import ImageRows, is_image_row
 
 _RECORD = struct.Struct("<iii")  # start, n_tokens, n_pos
 
@@ -47,6 +48,11 @@ class PositionLedger:
         """The position of the token at ``index`` (an image's first row: the image's)."""
         shift = sum(im.n_tokens - im.n_pos for im in self.images if im.end <= index)
         return index - shift
+
+    def indexed(self, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` fed after what the sequence holds take their indices as
+        positions: no image held, none among them (text's plain path)."""
+        return not self.images and not any(is_image_row(t) for t in tokens)
 
     def splits_image(self, index: int) -> bool:
         """Whether ``index`` falls between two rows of one image."""
