@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
-from bmoe.adapters.image_sources import load_image
 from bmoe.adapters.protocol import (
     BadRequest,
     Begin,
@@ -45,13 +44,13 @@ from bmoe.adapters.protocol import (
 from bmoe.domain.decide import DecideRequest, DecideResult
 from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.generation import Progress as TokenProgress
-from bmoe.domain.media import Image
 from bmoe.domain.media.references import INLINE_MEDIA
 from bmoe.domain.metrics import run_summary
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import MIB
 from bmoe.domain.streaming.governor import BudgetChange
 from bmoe.errors import BmoeError, is_fatal
+from bmoe.requests.image_parts import image_list
 from bmoe.runtime import Session
 
 _STOP = object()
@@ -222,7 +221,7 @@ class SessionLoop:
             suffix=cmd.suffix,
             choices=cmd.choices,
             reuse_prefix=cmd.reuse_prefix,
-            images=pictures(cmd.images),
+            images=image_list(cmd.images, INLINE_MEDIA),
         )
         result = self.session.decide(request, on_begin=lambda: self._begin(cmd.id))
         return decide_response(cmd.id, result)
@@ -252,18 +251,10 @@ class SessionLoop:
             tools=cmd.tool_use(),
             logprobs=cmd.logprobs,
             conversation=cmd.conversation,
-            images=pictures(cmd.images),
+            images=image_list(cmd.images, INLINE_MEDIA),
         )
         result = self.session.generate(request, on_progress, on_begin=lambda: self._begin(cmd.id))
         return done_response(cmd.id, result, self.session.load_s)
-
-
-def pictures(references: Sequence[str]) -> tuple[Image, ...]:
-    """A request's ``images`` (data: URIs or base64, nothing fetched), as images named by
-    their place (``images[0]``); ``RequestError`` naming one that does not decode."""
-    return tuple(
-        load_image(ref, f"images[{i}]", f"images[{i}]", INLINE_MEDIA) for i, ref in enumerate(references)
-    )
 
 
 def progress_response(p: TokenProgress, budget_changes: Sequence[BudgetChange] = ()) -> Progress:

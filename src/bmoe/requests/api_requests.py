@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import attrs
 
-from bmoe.adapters.image_sources import load_image
 from bmoe.domain.chat import ChatMessage, Role
 from bmoe.domain.decide import DecideRequest
 from bmoe.domain.media.images import Image
@@ -40,7 +39,7 @@ from bmoe.requests.fields import (
     refuse_unless,
     stop_strings,
 )
-from bmoe.requests.image_parts import PartsText
+from bmoe.requests.image_parts import PartsText, image_list
 from bmoe.requests.neutral import ChatRequest, Generation, Sampling
 
 SEED_MAX = 2**32 - 2
@@ -119,7 +118,7 @@ def parse_decide(body: Body, media: MediaPolicy = INLINE_MEDIA) -> DecideRequest
     images = body.get("images", [])
     if not isinstance(images, list):
         raise RequestError("'images' must be a list of image references (data: URIs or base64)", "images")
-    pictures = tuple(load_image(ref, f"images[{i}]", f"images[{i}]", media) for i, ref in enumerate(images))
+    pictures = image_list(images, media)
     try:
         return DecideRequest(
             prefix=prefix,

@@ -7,12 +7,20 @@ followed by ``bmoe.adapters.image_sources`` under the request's ``MediaPolicy``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from bmoe.adapters.image_sources import load_image
 from bmoe.domain.media.images import MEDIA_MARKER, Image
 from bmoe.domain.media.references import MediaPolicy, decode_base64
 from bmoe.errors import RequestError
+
+
+def image_list(references: Sequence[object], media: MediaPolicy, field: str = "images") -> tuple[Image, ...]:
+    """A request's list of image references (data: URIs, base64, or URLs ``media`` allows),
+    each named by its place (``images[0]``); ``RequestError`` naming one that cannot be read."""
+    return tuple(load_image(ref, f"{field}[{i}]", f"{field}[{i}]", media) for i, ref in enumerate(references))
 
 
 @attrs.define
