@@ -139,16 +139,18 @@ def set_llama_verbose(verbose: bool) -> None:
         _mtmd_log_set(_filter, _forward)
 
 
-def _mtmd_logger() -> Callable[[object, ctypes.c_void_p], None] | None:
-    """``mtmd_log_set``, or None where llama-cpp-python was built without libmtmd."""
-    try:
-        from llama_cpp import mtmd_cpp
-    except (ImportError, OSError, FileNotFoundError):
-        return None
-    return mtmd_cpp.mtmd_log_set  # type: ignore[no-any-return]
+_mtmd_log_set: Callable[[object, ctypes.c_void_p], None] | None = None
 
 
-_mtmd_log_set = _mtmd_logger()
+def route_mtmd_log(log_set: Callable[[object, ctypes.c_void_p], None]) -> None:
+    """Route the vision encoder's log (mtmd's ``mtmd_log_set``: mtmd and clip log through
+    their own hook) as llama.cpp's, now and at every later ``set_llama_verbose``; called
+    when libmtmd is first loaded (``bmoe.adapters.llama.vision``)."""
+    global _mtmd_log_set
+    _mtmd_log_set = log_set
+    set_llama_verbose(bool(_state["verbose"]))
+
+
 _backend_ready = False
 
 

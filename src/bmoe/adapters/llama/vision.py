@@ -13,6 +13,7 @@ that name, so the same picture is encoded once while the session holds it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import types
 from collections import OrderedDict
@@ -24,24 +25,31 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from bmoe.adapters.llama.log import capture_errors
+from bmoe.adapters.llama.log import capture_errors, route_mtmd_log
 from bmoe.adapters.llama.model import LlamaModel
 from bmoe.domain.chat import with_one_bos
 from bmoe.domain.media import MEDIA_MARKER, Image, ImageRows, image_row_ids
 from bmoe.errors import ImageError, VisionEncoderError
 
-_mtmd: types.ModuleType | None
-try:
-    from llama_cpp import mtmd_cpp as _mtmd
-except (ImportError, OSError, FileNotFoundError):  # llama-cpp-python built without libmtmd
-    _mtmd = None
-
 KEPT_IMAGES = 16  # images whose rows and embeddings stay ready (least recently used go)
+
+
+@functools.cache
+def _library() -> types.ModuleType | None:
+    """llama-cpp-python's mtmd binding (it maps libmtmd), its log routed as llama.cpp's; None
+    where llama-cpp-python was built without it. Loaded on first use, not on import: a text
+    session never maps it."""
+    try:
+        from llama_cpp import mtmd_cpp
+    except (ImportError, OSError, FileNotFoundError):
+        return None
+    route_mtmd_log(mtmd_cpp.mtmd_log_set)
+    return mtmd_cpp
 
 
 def available() -> bool:
     """Whether this llama-cpp-python has libmtmd (vision encoders)."""
-    return _mtmd is not None
+    return _library() is not None
 
 
 def no_vision_encoder(images: Sequence[Image]) -> ImageError:
@@ -65,14 +73,15 @@ class Prompt:
 class _Kept:
     """An image chunk mtmd made, and its embeddings once encoded."""
 
-    def __init__(self, chunk: int, rows: ImageRows) -> None:
+    def __init__(self, lib: types.ModuleType, chunk: int, rows: ImageRows) -> None:
+        self._lib = lib
         self.chunk = chunk
         self.rows = rows
         self.embeddings: npt.NDArray[np.float32] | None = None
 
     def free(self) -> None:
-        if self.chunk and _mtmd is not None:
-            _mtmd.mtmd_input_chunk_free(self.chunk)
+        if self.chunk:
+            self._lib.mtmd_input_chunk_free(self.chunk)
             self.chunk = 0
 
 
@@ -92,9 +101,10 @@ class VisionEncoder:
         image_min_tokens: int = -1,
         image_max_tokens: int = -1,
     ) -> None:
-        if _mtmd is None:
+        lib = _library()
+        if lib is None:
             raise VisionEncoderError("this llama-cpp-python was built without libmtmd: no vision encoders")
-        marker = _mtmd.mtmd_default_marker()
+        marker = lib.mtmd_default_marker()
         if marker is None or marker.decode() != MEDIA_MARKER:
             raise VisionEncoderError(
                 f"mtmd's media marker is {marker!r}, bmoe places images with {MEDIA_MARKER!r}"
@@ -103,7 +113,9 @@ class VisionEncoder:
             raise VisionEncoderError(f"{mmproj}: no such file (--mmproj)")
         self.model = model
         self.mmproj = mmproj
-        params = _mtmd.mtmd_context_params_default()
+        self._lib = lib
+        self._kept: OrderedDict[tuple[int, ...], _Kept] = OrderedDict()
+        params = lib.mtmd_context_params_default()
         params.use_gpu = False
         params.n_threads = n_threads
         params.print_timings = False
@@ -112,17 +124,16 @@ class VisionEncoder:
         params.image_min_tokens = image_min_tokens
         params.image_max_tokens = image_max_tokens
         with capture_errors() as errors:
-            ctx = _mtmd.mtmd_init_from_file(str(mmproj).encode(), model.ptr, params)
+            ctx = lib.mtmd_init_from_file(str(mmproj).encode(), model.ptr, params)
         if not ctx:
             why = "; ".join(line for line in errors if line) or "mtmd could not load it"
             raise VisionEncoderError(f"{mmproj.name} is not a vision encoder for this model: {why}")
         self._ctx: int | None = ctx
-        if not _mtmd.mtmd_support_vision(ctx):
+        if not lib.mtmd_support_vision(ctx):
             self.close()
             raise VisionEncoderError(f"{mmproj.name} holds no vision encoder (an audio projector?)")
-        self.mrope: bool = bool(_mtmd.mtmd_decode_use_mrope(ctx))
+        self.mrope: bool = bool(lib.mtmd_decode_use_mrope(ctx))
         self.n_embd: int = int(llama_cpp.llama_model_n_embd_inp(model.ptr))
-        self._kept: OrderedDict[tuple[int, ...], _Kept] = OrderedDict()
 
     @property
     def ctx(self) -> int:
@@ -134,8 +145,8 @@ class VisionEncoder:
         for kept in self._kept.values():
             kept.free()
         self._kept.clear()
-        if self._ctx is not None and _mtmd is not None:
-            _mtmd.mtmd_free(self._ctx)
+        if self._ctx is not None:
+            self._lib.mtmd_free(self._ctx)
             self._ctx = None
 
     # -- prompts ---------------------------------------------------------------------------
@@ -144,14 +155,15 @@ class VisionEncoder:
         """``text`` with one ``MEDIA_MARKER`` per image, as token ids (specials parsed, one
         leading BOS where the model wants it) and image rows. Raises ``ImageError`` for a
         picture that does not decode or a marker count that does not match."""
-        assert _mtmd is not None
         bitmaps = [self._bitmap(image) for image in images]
-        chunks = _mtmd.mtmd_input_chunks_init()
+        chunks = self._lib.mtmd_input_chunks_init()
         try:
             data = text.encode("utf-8")
-            inp = _mtmd.mtmd_input_text(text=data, text_len=len(data), add_special=False, parse_special=True)
-            array = (_mtmd.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*[b for b, _ in bitmaps])
-            code = _mtmd.mtmd_tokenize(self.ctx, chunks, ctypes.byref(inp), array, len(bitmaps))
+            inp = self._lib.mtmd_input_text(
+                text=data, text_len=len(data), add_special=False, parse_special=True
+            )
+            array = (self._lib.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*[b for b, _ in bitmaps])
+            code = self._lib.mtmd_tokenize(self.ctx, chunks, ctypes.byref(inp), array, len(bitmaps))
             if code == 1:
                 raise ImageError(
                     f"the prompt places {text.count(MEDIA_MARKER)} images but {len(images)} were given",
@@ -164,57 +176,53 @@ class VisionEncoder:
                 )
             return self._read(chunks, [digest for _, digest in bitmaps])
         finally:
-            _mtmd.mtmd_input_chunks_free(chunks)
+            self._lib.mtmd_input_chunks_free(chunks)
             for bitmap, _ in bitmaps:
-                _mtmd.mtmd_bitmap_free(bitmap)
+                self._lib.mtmd_bitmap_free(bitmap)
 
     def _bitmap(self, image: Image) -> tuple[int, bytes]:
         """A decoded picture and its pixels' digest; ``ImageError`` naming it if it is not one."""
-        assert _mtmd is not None
         buf = (ctypes.c_uint8 * len(image.data)).from_buffer_copy(image.data)
-        bitmap = _mtmd.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(image.data), False)
+        bitmap = self._lib.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(image.data), False)
         if not bitmap:
             where = image.name or "an image"
             raise ImageError(
                 f"{where} is not a picture the vision encoder can read (PNG, JPEG, BMP, GIF, ...)",
                 image.name or "images",
             )
-        nx, ny = _mtmd.mtmd_bitmap_get_nx(bitmap), _mtmd.mtmd_bitmap_get_ny(bitmap)
-        size = _mtmd.mtmd_bitmap_get_n_bytes(bitmap)
-        pixels = ctypes.string_at(_mtmd.mtmd_bitmap_get_data(bitmap), size)
+        nx, ny = self._lib.mtmd_bitmap_get_nx(bitmap), self._lib.mtmd_bitmap_get_ny(bitmap)
+        size = self._lib.mtmd_bitmap_get_n_bytes(bitmap)
+        pixels = ctypes.string_at(self._lib.mtmd_bitmap_get_data(bitmap), size)
         digest = hashlib.sha256(f"{nx}x{ny}:".encode() + pixels).digest()
-        _mtmd.mtmd_bitmap_set_id(bitmap, digest.hex().encode())
+        self._lib.mtmd_bitmap_set_id(bitmap, digest.hex().encode())
         return bitmap, digest
 
     def _read(self, chunks: int, digests: list[bytes]) -> Prompt:
-        assert _mtmd is not None
         tokens: list[int] = []
         images: list[ImageRows] = []
-        for i in range(_mtmd.mtmd_input_chunks_size(chunks)):
-            chunk = _mtmd.mtmd_input_chunks_get(chunks, i)
-            kind = _mtmd.mtmd_input_chunk_get_type(chunk)
-            if kind == _mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+        for i in range(self._lib.mtmd_input_chunks_size(chunks)):
+            chunk = self._lib.mtmd_input_chunks_get(chunks, i)
+            kind = self._lib.mtmd_input_chunk_get_type(chunk)
+            if kind == self._lib.MTMD_INPUT_CHUNK_TYPE_TEXT:
                 n = ctypes.c_size_t()
-                ptr = _mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                ptr = self._lib.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                 tokens += ptr[: n.value] if n.value else []
                 continue
-            if kind != _mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            if kind != self._lib.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 raise ImageError("only images are supported (not audio)", "images")
-            n_tokens = int(_mtmd.mtmd_input_chunk_get_n_tokens(chunk))
-            rows = ImageRows(
-                image_row_ids(digests[len(images)], n_tokens), int(_mtmd.mtmd_input_chunk_get_n_pos(chunk))
-            )
+            n_tokens = int(self._lib.mtmd_input_chunk_get_n_tokens(chunk))
+            n_pos = int(self._lib.mtmd_input_chunk_get_n_pos(chunk))
+            rows = ImageRows(image_row_ids(digests[len(images)], n_tokens), n_pos)
             images.append(rows)
             self._keep(chunk, rows)
             tokens += rows.ids
         return Prompt(with_one_bos(tokens, self.model.bos, self.model.add_bos), tuple(images))
 
     def _keep(self, chunk: int, rows: ImageRows) -> None:
-        assert _mtmd is not None
         if rows.key in self._kept:
             self._kept.move_to_end(rows.key)
             return
-        self._kept[rows.key] = _Kept(_mtmd.mtmd_input_chunk_copy(chunk), rows)
+        self._kept[rows.key] = _Kept(self._lib, self._lib.mtmd_input_chunk_copy(chunk), rows)
         while len(self._kept) > KEPT_IMAGES:
             _, old = self._kept.popitem(last=False)
             old.free()
@@ -238,16 +246,15 @@ class VisionEncoder:
     def embeddings(self, key: tuple[int, ...]) -> npt.NDArray[np.float32]:
         """The image's rows as the text model's input, ``[n_tokens, n_embd]`` (encoded on
         first use, then kept with the image)."""
-        assert _mtmd is not None
         kept = self._held(key)
         if kept.embeddings is None:
-            code = _mtmd.mtmd_encode_chunk(self.ctx, kept.chunk)
+            code = self._lib.mtmd_encode_chunk(self.ctx, kept.chunk)
             if code != 0:
                 raise ImageError(
                     f"the vision encoder failed on an image (mtmd_encode_chunk: {code})", "images"
                 )
             n = kept.rows.n_tokens * self.n_embd
-            out = _mtmd.mtmd_get_output_embd(self.ctx)
+            out = self._lib.mtmd_get_output_embd(self.ctx)
             kept.embeddings = (
                 np.ctypeslib.as_array(out, shape=(n,)).copy().reshape(kept.rows.n_tokens, self.n_embd)
             )
@@ -257,22 +264,20 @@ class VisionEncoder:
     def positions(self, key: tuple[int, ...], pos_0: int) -> npt.NDArray[np.int32]:
         """The image's rows' positions from ``pos_0``: ``[1, n]``, or M-RoPE's ``[4, n]``
         (sections t, y, x, z: the order llama.cpp's mtmd helper lays them in)."""
-        assert _mtmd is not None
         kept = self._held(key)
         n = kept.rows.n_tokens
         if not self.mrope:
             return (pos_0 + np.arange(n, dtype=np.int32)).reshape(1, n)
-        image = _mtmd.mtmd_input_chunk_get_tokens_image(kept.chunk)
+        image = self._lib.mtmd_input_chunk_get_tokens_image(kept.chunk)
         out = np.empty((4, n), dtype=np.int32)
         for i in range(n):
-            p = _mtmd.mtmd_image_tokens_get_decoder_pos(image, pos_0, i)
+            p = self._lib.mtmd_image_tokens_get_decoder_pos(image, pos_0, i)
             out[:, i] = (p.t, p.y, p.x, p.z)
         return out
 
     def non_causal(self, key: tuple[int, ...]) -> bool:
         """Whether the image's rows are decoded attending both ways (mtmd's say)."""
-        assert _mtmd is not None
-        return bool(_mtmd.mtmd_decode_use_non_causal(self.ctx, self._held(key).chunk))
+        return bool(self._lib.mtmd_decode_use_non_causal(self.ctx, self._held(key).chunk))
 
     def _held(self, key: tuple[int, ...]) -> _Kept:
         kept = self._kept.get(key)
