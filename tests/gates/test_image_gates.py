@@ -363,3 +363,20 @@ def test_the_session_protocol_takes_images(fixture: VisionFixture) -> None:
     assert isinstance(broken, Error) and not broken.fatal and "images[0]" in broken.msg
     assert isinstance(as_uri, Done) and as_uri.text == first.text
     assert isinstance(decided, DecideDone), decided
+
+
+def test_streamed_with_the_defaults_a_cache_filled_shrunk_and_refilled(fixture: VisionFixture) -> None:
+    """``--moe-stream`` with nothing else set (the budget sized from the room), then the
+    budget shrunk to one entry and grown again between requests: every answer with the
+    image is the resident one, bit for bit."""
+    tokens, logits = resident(fixture.kind)
+    with Session.open(config(fixture, stream=StreamConfig(enabled=True))) as s:
+        assert s.streaming is not None, s.notes
+        entry = s.streaming.info.entry_bytes
+        for budget in (None, entry, 8 * entry):
+            if budget is not None:
+                s.streaming.set_budget(budget)
+            result = s.generate(REQUEST)
+            assert result.tokens == tokens, budget
+            assert np.array_equal(s.last_logits(), logits), budget
+        assert s.streaming.counters().evictions > 0  # the one-entry budget evicted
