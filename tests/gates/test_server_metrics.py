@@ -154,3 +154,21 @@ def test_a_resident_server_reports_its_rate_and_no_expert_cache(tiny_model_path:
         r = last["request"]
         assert r["tokens"] == replies[0].usage.completion_tokens and r["tok_s"] > 0
         assert (r["hit_pct"], r["read_mib_per_token"], r["stall_ms_per_token"]) == (None, None, None)
+
+
+def test_a_drafting_server_reports_its_drafts_in_the_feed_and_in_prometheus(tiny_model_path: Any) -> None:
+    with serving(tiny_model_path("qwen3moe"), "--draft", "copy", "--metrics", "-c", "1024") as s:
+        replies: list[Any] = []
+        seen = _metrics_until(f"{s.url}/bmoe/metrics", lambda: replies.append(_chat(s, 160)), _finished(1))
+        drafts = seen[-1]["request"]["drafts"]
+        assert drafts is not None, "a greedy chat on a drafting server is drafted"
+        # the fixture's greedy reply falls into a loop, which the drafter drafts as a loop
+        assert drafts["verifies"] > 0 and drafts["accepted"] > 0, drafts
+        assert drafts["tokens_per_verify"] == round(
+            (drafts["accepted"] + drafts["verifies"]) / drafts["verifies"], 2
+        )
+        text = httpx.get(s.url.removesuffix("/v1") + "/metrics", timeout=TIMEOUT).text
+        values = dict(line.split(" ") for line in text.splitlines() if not line.startswith("#"))
+        assert float(values["bmoe:draft_verifies_total"]) == drafts["verifies"]
+        assert float(values["bmoe:draft_tokens_total"]) == drafts["drafted"]
+        assert float(values["bmoe:draft_tokens_accepted_total"]) == drafts["accepted"]

@@ -8,9 +8,11 @@ import itertools
 import threading
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
+from bmoe.domain.drafting import DraftReport
 from bmoe.domain.generation import Progress
 from bmoe.domain.live import ExpertHeat, ExpertSnapshot, LiveTotals, heat_levels
 from bmoe.domain.prompt_cache import PromptCache
@@ -60,6 +62,23 @@ def test_a_resident_run_has_a_rate_but_no_streaming_figures() -> None:
         t.add(progress(step, 20.0))
     assert t.tok_s == pytest.approx(50.0)
     assert (t.hit_pct, t.read_mib_per_token, t.stall_ms_per_token) == (None, None, None)
+
+
+def test_a_drafted_request_shows_its_drafts_as_they_come() -> None:
+    t = LiveTotals()
+    t.add(progress(1))
+    assert t.drafts is None
+    t.add(attrs.evolve(progress(2), drafts=DraftReport(verifies=1, drafted=16, accepted=12)))
+    t.add(attrs.evolve(progress(3), drafts=DraftReport(verifies=2, drafted=24, accepted=12, paused=1)))
+    view = RequestView(1, "chat", 1.0, t, None, prefill_s=0.1)
+    body = MetricsFeed("tiny", streaming=False).event(MonitorView(0, view), None, now=1.0)["request"]
+    assert body["drafts"] == {
+        "verifies": 2,
+        "drafted": 24,
+        "accepted": 12,
+        "tokens_per_verify": 7.0,  # (12 accepted + 2 own) / 2
+        "paused": 1,
+    }
 
 
 # -- heat --------------------------------------------------------------------------------
@@ -167,6 +186,7 @@ def test_an_event_during_a_decode_reports_the_request_and_the_cache() -> None:
         "hit_pct": 25.0,
         "read_mib_per_token": 0.5,
         "stall_ms_per_token": 10.0,
+        "drafts": None,  # not drafted
     }
     assert event["cache"] == {
         "budget_bytes": 4 * MIB,

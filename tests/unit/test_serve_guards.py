@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bmoe.domain.drafting import DraftReport
 from bmoe.domain.generation import Progress, RunResult
 from bmoe.errors import ConfigError
 from bmoe.serve.errors import BodyTooLargeError
@@ -102,3 +103,17 @@ def test_prometheus_text_sums_what_the_server_computed() -> None:
     assert "# TYPE llamacpp:prompt_tokens_total counter" in text
     assert "bmoe:expert_cache_hit_ratio" not in text
     assert "bmoe:expert_cache_hit_ratio" in prometheus_text(totals, 0, 0, streaming=True)
+
+
+def test_prometheus_text_counts_copy_drafts_where_the_server_drafts() -> None:
+    totals = ServedTotals()
+    drafted = DraftReport(verifies=3, drafted=40, accepted=30)
+    for drafts in (drafted, None, drafted):  # None: a request that was not drafted
+        totals.finished(RunResult("ab", "", (1, 2), 7, 9, 0.5, 0.25, drafts=drafts))
+    assert "bmoe:draft" not in prometheus_text(totals, 0, 0, streaming=True)
+    text = prometheus_text(totals, 0, 0, streaming=True, drafting=True)
+    values = dict(line.split(" ") for line in text.splitlines() if not line.startswith("#"))
+    assert values["bmoe:draft_verifies_total"] == "6"
+    assert values["bmoe:draft_tokens_total"] == "80"
+    assert values["bmoe:draft_tokens_accepted_total"] == "60"
+    assert "# TYPE bmoe:draft_tokens_accepted_total counter" in text

@@ -111,6 +111,7 @@ class Progress:
     delta_reasoning: str
     stream: StreamCounters | None = None  # streaming activity since the previous token
     logprob: TokenLogprob | None = None  # when the request asked for log-probabilities
+    drafts: DraftReport | None = None  # copy drafts so far in the request (None: not drafted)
 
 
 @attrs.frozen

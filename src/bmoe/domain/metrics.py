@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from bmoe.domain.drafting import DraftReport
 from bmoe.domain.generation import Progress, RunResult
 from bmoe.domain.streaming import MIB
 
@@ -290,7 +291,7 @@ def parse_metrics(text: str) -> MetricsFile:
 class ProgressTotals:
     """A run's figures summed as its tokens come (``add`` each ``Progress``): tokens, the
     decode tokens' wall time (the first token, sampled from the prefill's logits, left out),
-    and the expert requests, reads and wait for reads. The CLI's ``--progress`` line
+    the expert requests, reads and wait for reads, and what copy drafts did. The CLI's ``--progress`` line
     (``RunningTotals``) and the server's live view (``bmoe.domain.live.LiveTotals``) show them."""
 
     tokens: int = 0
@@ -301,10 +302,13 @@ class ProgressTotals:
     bytes_read: int = 0
     stall_s: float = 0.0
     streaming: bool = False
+    drafts: DraftReport | None = None  # copy drafts so far (None: the run is not drafted)
 
     def add(self, p: Progress) -> None:
         self.tokens = p.step
         self.steps = p.steps
+        if p.drafts is not None:
+            self.drafts = p.drafts
         if p.step > 1:
             self.decode_s += p.wall_ms / 1000.0
         if p.stream is not None:

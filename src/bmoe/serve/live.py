@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import attrs
 
+from bmoe.domain.drafting import DraftReport
 from bmoe.domain.live import HEAT_TOP, ExpertHeat, ExpertSnapshot, LiveTotals
 from bmoe.domain.prompt_cache import PromptCache
 from bmoe.domain.streaming.governor import BudgetChange
@@ -84,6 +85,21 @@ def request_body(r: RequestView) -> Json:
         "hit_pct": _round(t.hit_pct, 2),
         "read_mib_per_token": _round(t.read_mib_per_token),
         "stall_ms_per_token": _round(t.stall_ms_per_token),
+        "drafts": drafts_body(t.drafts),
+    }
+
+
+def drafts_body(d: DraftReport | None) -> Json | None:
+    """What copy drafts did in the request so far (``--draft copy``); None where it is not
+    drafted (drafting off, or a request drafts cannot serve)."""
+    if d is None:
+        return None
+    return {
+        "verifies": d.verifies,
+        "drafted": d.drafted,
+        "accepted": d.accepted,
+        "tokens_per_verify": _round(d.per_verify, 2),
+        "paused": d.paused,
     }
 
 

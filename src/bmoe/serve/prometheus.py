@@ -5,7 +5,8 @@ finished generation's ``RunResult``; any thread, under its lock). ``prometheus_t
 writes them with llama.cpp's server's metric names where it has one (``llamacpp:``
 prefix: prompt and generated tokens and their seconds, tokens per second, requests
 processing and deferred) and bmoe's own for the expert stream (``bmoe:``: cache hits and
-misses and the hit ratio, MiB read, the compute's wait for reads).
+misses and the hit ratio, MiB read, the compute's wait for reads; with ``--draft copy``
+the verifies and the tokens drafted and accepted).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class _Figures:
     misses: int = 0
     bytes_read: int = 0
     read_wait_s: float = 0.0
+    draft_verifies: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
 
 class ServedTotals:
@@ -59,6 +63,10 @@ class ServedTotals:
             f.prompt_s += result.prefill_s
             f.generated_tokens += len(result.tokens)
             f.generated_s += result.decode_s
+            if (d := result.drafts) is not None:
+                f.draft_verifies += d.verifies
+                f.draft_tokens += d.drafted
+                f.draft_accepted += d.accepted
             if result.stream is not None:
                 prefill = result.stream.prefill
                 f.hits += prefill.hits
@@ -75,7 +83,9 @@ def _rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else 0.0
 
 
-def prometheus_text(totals: ServedTotals, processing: int, deferred: int, streaming: bool) -> str:
+def prometheus_text(
+    totals: ServedTotals, processing: int, deferred: int, streaming: bool, drafting: bool = False
+) -> str:
     """``GET /metrics``: each metric's ``# HELP`` and ``# TYPE`` line, then its value."""
     f = totals.figures()
     rows: list[tuple[str, str, str, float]] = [
@@ -126,6 +136,17 @@ def prometheus_text(totals: ServedTotals, processing: int, deferred: int, stream
                 "counter",
                 "Time the compute waited for reads.",
                 f.read_wait_s,
+            ),
+        ]
+    if drafting:
+        rows += [
+            ("bmoe:draft_verifies_total", "counter", "Batches verifying a copy draft.", f.draft_verifies),
+            ("bmoe:draft_tokens_total", "counter", "Tokens drafted (--draft copy).", f.draft_tokens),
+            (
+                "bmoe:draft_tokens_accepted_total",
+                "counter",
+                "Drafted tokens the model kept.",
+                f.draft_accepted,
             ),
         ]
     lines = []

@@ -82,6 +82,11 @@ class ServedSession:
         """Whether the session streams experts (else it runs resident: no expert cache)."""
         return self.session.streaming is not None
 
+    @property
+    def drafting(self) -> bool:
+        """Whether the session drafts (``--draft copy``, on a model whose memory allows it)."""
+        return self.session.engine.defaults.draft is not None
+
     def expert_snapshot(self, timeout: float) -> ExpertSnapshot | None:
         """The expert cache now, from any thread (waits up to ``timeout`` seconds for the
         decode in flight); None when the session does not stream or it did not come."""

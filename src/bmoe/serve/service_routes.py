@@ -127,7 +127,7 @@ def service_routes(served: ServedSession, *, metrics: bool) -> list[Route]:
         if not metrics:
             raise HTTPException(404, "start the server with --metrics to serve /metrics")
         _total, busy, waiting = served.slots()
-        text = prometheus_text(served.totals, busy, waiting, served.streaming)
+        text = prometheus_text(served.totals, busy, waiting, served.streaming, served.drafting)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return [

@@ -449,6 +449,7 @@ class SessionEngine:
                             delta_text=delta.text,
                             delta_reasoning=delta.reasoning,
                             logprob=logprob,
+                            drafts=None if drafting is None else attrs.evolve(drafting.report),
                         )
                     )
                 if len(turn.tokens) < turn.n_predict and not self._stop.is_set():

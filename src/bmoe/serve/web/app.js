@@ -350,6 +350,8 @@ function showMetrics(m) {
   $("m-hit").textContent = m.streaming ? fmt(hit, 1, " %") : "no cache";
   $("m-read").textContent = r ? fmt(r.read_mib_per_token, 2, " MiB") : "–";
   $("m-stall").textContent = r ? fmt(r.stall_ms_per_token, 2, " ms") : "–";
+  const d = r ? r.drafts : null;
+  $("m-drafts").textContent = d ? `${fmt(d.tokens_per_verify, 2)} (${d.accepted} / ${d.drafted} accepted)` : "–";
   const prefill = $("m-prefill");
   if (r && r.prefill_total) {
     prefill.max = r.prefill_total;
