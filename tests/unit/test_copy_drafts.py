@@ -174,3 +174,24 @@ def test_a_request_turns_drafting_off_with_llama_cpps_speculative_n_max_0() -> N
     assert parse_chat_completion({"messages": body["messages"]}).generation.draft is True
     text = parse_completion({"prompt": "hi", "speculative.n_max": 0})
     assert completion_request(text, ServeDefaults()).draft is False
+
+
+@pytest.mark.parametrize(
+    ("n_batch", "n_ubatch", "want"),
+    [(512, 512, (8, 64)), (64, 64, (8, 63)), (512, 32, (8, 31)), (4, 4, (3, 3)), (1, 1, (1, 1))],
+)
+def test_a_draft_and_its_token_fit_one_ubatch(n_batch: int, n_ubatch: int, want: tuple[int, int]) -> None:
+    from types import SimpleNamespace
+
+    from bmoe.adapters.llama import ContextParams
+    from bmoe.runtime.engine_defaults import draft_policy
+    from bmoe.runtime.session_config import SessionConfig
+
+    config = SessionConfig(
+        model_path="m.gguf",  # type: ignore[arg-type]
+        context=ContextParams(n_batch=n_batch, n_ubatch=n_ubatch),
+        draft="copy",
+    )
+    model = SimpleNamespace(is_recurrent_or_hybrid=False, n_swa=0)
+    policy = draft_policy(config, model, [])  # type: ignore[arg-type]
+    assert policy is not None and (policy.min_draft, policy.max_draft) == want

@@ -1,9 +1,13 @@
 """A session's ``EngineDefaults`` from its config and model: among them whether it drafts
 (``SessionConfig.draft``). Copy drafts cut rejected tokens from the KV, which a recurrent
 memory or a pruned sliding window cannot do; there ``--draft copy`` is off, with one line
-saying why."""
+saying why. A verify decodes the current token and its draft in one ubatch: a draft is at
+most ``n_ubatch - 1`` tokens (a longer one would be split in two ubatches, the second reading
+again the experts its rows route to)."""
 
 from __future__ import annotations
+
+import attrs
 
 from bmoe.adapters.llama import LlamaModel
 from bmoe.domain.drafting import DraftPolicy
@@ -12,13 +16,18 @@ from bmoe.service.session_engine import EngineDefaults
 
 
 def draft_policy(config: SessionConfig, model: LlamaModel, notes: list[str]) -> DraftPolicy | None:
-    """The drafting policy of ``config`` on ``model`` (None: off; a note where refused)."""
+    """The drafting policy of ``config`` (its context's batch as chosen) on ``model`` (None:
+    off; a note where refused)."""
     if config.draft != "copy":
         return None
     if model.is_recurrent_or_hybrid or model.n_swa > 0:
         notes.append("draft: copy drafts need a memory that can drop a rejected draft: off for this model")
         return None
-    return config.draft_policy
+    policy = config.draft_policy
+    most = max(1, min(config.context.n_batch, config.context.n_ubatch) - 1)
+    if policy.max_draft > most:
+        policy = attrs.evolve(policy, max_draft=most, min_draft=min(policy.min_draft, most))
+    return policy
 
 
 def engine_defaults(config: SessionConfig, model: LlamaModel, notes: list[str]) -> EngineDefaults:

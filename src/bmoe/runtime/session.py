@@ -104,7 +104,10 @@ class Session:
         self._backend = vision.generate_backend(self.model, self.ctx, self._flag, self.vision)
         self.prompt_cache = open_prompt_cache(config, self.notes)
         self.engine = SessionEngine(
-            self._backend, self.template, engine_defaults(config, self.model, self.notes), self.prompt_cache
+            self._backend,
+            self.template,
+            engine_defaults(self.config, self.model, self.notes),
+            self.prompt_cache,
         )
         self._parallel = ParallelJobs(
             self.engine,
