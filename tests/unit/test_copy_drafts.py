@@ -11,6 +11,7 @@ import pytest
 from test_session_engine import TinyTemplate  # raw prompts here: never rendered
 
 from bmoe.domain.drafting import CopyDrafter, DraftGate, DraftPolicy
+from bmoe.domain.drafting.verify_cost import batch_price
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.sampling import SamplingParams
 from bmoe.service.session_engine import EngineDefaults, SessionEngine
@@ -66,21 +67,43 @@ def test_a_policy_whose_bounds_cross_is_refused() -> None:
 # -- the gate --------------------------------------------------------------------------------
 
 
-def test_the_gate_pauses_after_a_stretch_that_emitted_little_and_resumes_on_a_long_match() -> None:
-    gate = DraftGate(resume_match=16, window=2, min_per_verify=2.0)
+def test_a_verify_is_priced_at_the_expected_union_of_its_rows_experts() -> None:
+    # uniform routing, 64 experts, top-8: a row's 8 of 64, then the union's growth
+    assert batch_price(1, 64, 8) == 1.0
+    assert batch_price(2, 64, 8) == pytest.approx(1 + 7 / 8)
+    assert batch_price(9, 64, 8) == pytest.approx(8 * (1 - (7 / 8) ** 9))
+    assert batch_price(10_000, 64, 8) == pytest.approx(8.0)  # every expert: 8 tokens' reads
+    assert batch_price(65, 0, 0) == batch_price(65, 8, 8) == 1.0  # no routing: one read of the weights
+    assert DraftPolicy(experts=(128, 8)).price(65) == pytest.approx(16 * (1 - (15 / 16) ** 65))
+
+
+def test_a_verify_that_does_not_pay_its_price_pauses_until_a_longer_and_longer_match() -> None:
+    gate = DraftGate(resume_match=16, price=lambda rows: batch_price(rows, 64, 8))
+    gate.verified(8, 4)  # 5 tokens for a price of 5.59
+    assert not gate.allow(15) and gate.allow(16) and gate.report.paused == 1
     gate.verified(8, 0)
-    assert gate.allow(8)
-    gate.verified(8, 1)  # the stretch: 3 tokens in 2 verifies
-    assert not gate.allow(8) and gate.report.paused == 1
+    assert not gate.allow(31) and gate.allow(32)  # the match asked for doubles
+    gate.verified(8, 0)
+    assert not gate.allow(63) and gate.allow(64) and gate.report.paused == 3
+
+
+def test_a_verify_that_pays_sets_the_match_back() -> None:
+    gate = DraftGate(resume_match=16, price=lambda rows: batch_price(rows, 64, 8))
+    gate.verified(8, 0)
     assert gate.allow(16)
+    gate.verified(64, 7)  # 8 tokens for the price of 65 rows (7.996): paid
+    assert gate.allow(1) and gate.report.paused == 1
+    gate.verified(64, 6)  # 7 tokens: not paid, and the match asked starts again at 16
+    assert not gate.allow(15) and gate.allow(16)
+    assert gate.report.per_verify == pytest.approx((13 + 3) / 3)
 
 
-def test_the_gate_keeps_drafting_where_verifies_pay() -> None:
-    gate = DraftGate(resume_match=16, window=2, min_per_verify=2.0)
-    gate.verified(8, 8)
+def test_without_a_price_every_row_is_a_step() -> None:
+    gate = DraftGate(resume_match=4)
+    gate.verified(8, 8)  # all taken: 9 tokens for 9 rows
+    assert gate.allow(1)
     gate.verified(8, 7)
-    assert gate.allow(4)
-    assert gate.report.per_verify == pytest.approx((15 + 2) / 2)
+    assert not gate.allow(3) and gate.allow(4)
 
 
 # -- the engine ------------------------------------------------------------------------------
@@ -192,6 +215,7 @@ def test_a_draft_and_its_token_fit_one_ubatch(n_batch: int, n_ubatch: int, want:
         context=ContextParams(n_batch=n_batch, n_ubatch=n_ubatch),
         draft="copy",
     )
-    model = SimpleNamespace(is_recurrent_or_hybrid=False, n_swa=0)
+    model = SimpleNamespace(is_recurrent_or_hybrid=False, n_swa=0, n_expert=64, n_expert_used=8)
     policy = draft_policy(config, model, [])  # type: ignore[arg-type]
     assert policy is not None and (policy.min_draft, policy.max_draft) == want
+    assert policy.experts == (64, 8)  # the price of a verify is the model's

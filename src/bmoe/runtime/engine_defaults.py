@@ -1,7 +1,7 @@
 """A session's ``EngineDefaults`` from its config and model: among them whether it drafts
 (``SessionConfig.draft``). Copy drafts cut rejected tokens from the KV, which a recurrent
 memory or a pruned sliding window cannot do; there ``--draft copy`` is off, with one line
-saying why. A verify decodes the current token and its draft in one ubatch: a draft is at
+saying why. The policy learns the model's experts (the price of a verify batch). A verify decodes the current token and its draft in one ubatch: a draft is at
 most ``n_ubatch - 1`` tokens (a longer one would be split in two ubatches, the second reading
 again the experts its rows route to)."""
 
@@ -23,7 +23,7 @@ def draft_policy(config: SessionConfig, model: LlamaModel, notes: list[str]) -> 
     if model.is_recurrent_or_hybrid or model.n_swa > 0:
         notes.append("draft: copy drafts need a memory that can drop a rejected draft: off for this model")
         return None
-    policy = config.draft_policy
+    policy = attrs.evolve(config.draft_policy, experts=(model.n_expert, model.n_expert_used))
     most = max(1, min(config.context.n_batch, config.context.n_ubatch) - 1)
     if policy.max_draft > most:
         policy = attrs.evolve(policy, max_draft=most, min_draft=min(policy.min_draft, most))

@@ -49,7 +49,7 @@ class Drafting:
 
     def __init__(self, prompt: list[int], policy: DraftPolicy) -> None:
         self.drafter = CopyDrafter(prompt, policy)
-        self.gate = DraftGate(resume_match=2 * policy.min_match)
+        self.gate = DraftGate(resume_match=2 * policy.min_match, price=policy.price)
         self.pending: deque[tuple[int, bool]] = deque()  # (token, already in the KV)
         self._fed = False  # the token being emitted is in the KV already
 

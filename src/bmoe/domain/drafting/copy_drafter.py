@@ -23,17 +23,27 @@ from collections.abc import Sequence
 
 import attrs
 
+from bmoe.domain.drafting.verify_cost import batch_price
+
 
 @attrs.frozen
 class DraftPolicy:
     """- ``min_match``: tokens that must repeat before anything is drafted;
     - ``min_draft`` / ``max_draft``: the bounds of a draft's length;
-    - ``look_back``: the most recent earlier occurrences compared per step."""
+    - ``look_back``: the most recent earlier occurrences compared per step;
+    - ``experts``: the model's routed experts a layer and how many a token uses, for the
+      price of a verify batch (``verify_cost``; the session sets it from the model; (0, 0):
+      no routed experts, a batch reads what a token reads)."""
 
     min_match: int = attrs.field(default=8, validator=attrs.validators.ge(1))
     min_draft: int = attrs.field(default=8, validator=attrs.validators.ge(1))
     max_draft: int = attrs.field(default=64, validator=attrs.validators.ge(1))
     look_back: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    experts: tuple[int, int] = (0, 0)
+
+    def price(self, rows: int) -> float:
+        """A verify batch of ``rows`` rows' reads, in one-token steps."""
+        return batch_price(rows, *self.experts)
 
     def __attrs_post_init__(self) -> None:
         if self.min_draft > self.max_draft:
