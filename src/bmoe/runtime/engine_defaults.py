@@ -1,9 +1,10 @@
 """A session's ``EngineDefaults`` from its config and model: among them whether it drafts
 (``SessionConfig.draft``). Copy drafts cut rejected tokens from the KV, which a recurrent
 memory or a pruned sliding window cannot do; there ``--draft copy`` is off, with one line
-saying why. The policy learns the model's experts (the price of a verify batch). A verify decodes the current token and its draft in one ubatch: a draft is at
-most ``n_ubatch - 1`` tokens (a longer one would be split in two ubatches, the second reading
-again the experts its rows route to)."""
+saying why. The policy learns the model's experts (the price of a verify batch). A verify
+decodes the current token and its draft in one ubatch: a draft is at most ``n_ubatch - 1``
+tokens (a longer one would be split in two ubatches, the second reading again the experts
+its rows route to)."""
 
 from __future__ import annotations
 
