@@ -38,7 +38,9 @@ from bmoe.bench.decode import (
     teacher_force,
     teacher_force_parallel,
 )
+from bmoe.bench.draft_decode import DraftedDecode, teacher_force_drafted
 from bmoe.bench.prefill import AUTO_BATCH, PREFILL_BATCH, Prefiller, context_batch, timed_prefill
+from bmoe.domain.drafting import DraftPolicy
 
 PROGRESS_TAG = "PROGRESS "
 RESULT_TAG = "RESULT "
@@ -168,6 +170,18 @@ class BmoeStepper:
 
     def argmax_row(self, row: int) -> int:
         return int(np.argmax(self.session.ctx.logits(row)))
+
+    def experts(self) -> tuple[int, int]:
+        """The model's routed experts a layer and its top-k (a verify's price)."""
+        model = self.session.model
+        return (model.n_expert, model.n_expert_used)
+
+    def step_rows(self, tokens: Sequence[int], pos: int) -> np.ndarray[Any, Any]:
+        return self.session.ctx.decode_all_rows(tokens, pos)
+
+    def cut(self, keep: int) -> None:
+        if not self.session.ctx.remove_from(keep):
+            raise RuntimeError("the context's memory refused to drop a rejected draft")
 
     def decode_sequences(self, n: int) -> None:
         """The decode steps to come hold ``n`` sequences (the streamer counts them as decode)."""
@@ -317,11 +331,29 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
             emit(f"{PROGRESS_TAG}{(prompt + done) * len(texts)}", flush=True)
 
         common = dict(max_seconds=spec["max_seconds"], on_measure_start=measure_start, start=prompt)
-        if "texts" in spec:
+        if spec.get("draft") == "copy" and isinstance(stepper, BmoeStepper):
+            drafted = teacher_force_drafted(
+                stepper,
+                texts[0],
+                measure=spec["measure"],
+                policy=DraftPolicy(experts=stepper.experts()),
+                warmup=spec["warmup"],
+                on_token=on_token,
+                **common,
+            )
+            d = drafted.drafts
+            out["drafts"] = {
+                "verifies": d.verifies,
+                "drafted": d.drafted,
+                "accepted": d.accepted,
+                "paused": d.paused,
+            }
+            decode: Decode | ParallelDecode | DraftedDecode = drafted
+        elif "texts" in spec:
             if isinstance(stepper, BmoeStepper):
                 stepper.decode_sequences(len(texts))
             steps: ParallelStepper = stepper
-            decode: Decode | ParallelDecode = teacher_force_parallel(
+            decode = teacher_force_parallel(
                 steps, texts, spec["warmup"], spec["measure"], on_step=on_token, **common
             )
         else:
@@ -367,6 +399,11 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
 
 def main() -> int:
     spec = json.loads(sys.stdin.readline())
-    result = run(spec)
+    if "mode" in spec:  # bench --draft copy's other measures
+        from bmoe.bench.draft_child import run_mode
+
+        result = run_mode(spec)
+    else:
+        result = run(spec)
     print(RESULT_TAG + json.dumps(result), flush=True)
     return 0

@@ -182,6 +182,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print python -m bmoe.plan's prediction beside each streamed configuration's measure",
     )
+    p.add_argument(
+        "--draft",
+        choices=("off", "copy"),
+        default="off",
+        help="copy: measure copy drafts instead (acceptance, a verify batch's reads, and an agent-edit "
+        "transcript and plain prose streamed with drafts off and on: docs/benchmarks.md)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -339,6 +346,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(exc))
     # a SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the memory group is removed
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if args.draft == "copy":
+        from bmoe.bench.drafts import run_drafts
+
+        return run_drafts(args, model, list(argv) if argv is not None else sys.argv[1:])
     return run_bench(args, model, list(argv) if argv is not None else sys.argv[1:])
 
 

@@ -37,6 +37,7 @@ def run_configuration(
     drop_from_page_cache(model)
     group = make_group() if make_group is not None else None
     result: dict[str, Any] = {"key": spec["key"]}
+    answered = False  # the child printed its RESULT line
     t0 = time.perf_counter()
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen(
@@ -65,6 +66,7 @@ def run_configuration(
                     on_progress(int(line[len(PROGRESS_TAG) :]))
                 elif line.startswith(RESULT_TAG):
                     result = json.loads(line[len(RESULT_TAG) :])
+                    answered = True
             proc.wait()
         finally:
             timer.cancel()
@@ -78,7 +80,7 @@ def run_configuration(
                     memory = group.memory
                     result["group"] = {"peak_bytes": memory.peak_bytes(), "oom_kills": memory.oom_kills()}
                 group.close()
-        if proc.returncode != 0 or "tok_s" not in result:
+        if proc.returncode != 0 or not answered:
             err.seek(0)
             text = err.read()
             result["error"] = failure_text(
