@@ -177,7 +177,12 @@ class BmoeStepper:
         return (model.n_expert, model.n_expert_used)
 
     def step_rows(self, tokens: Sequence[int], pos: int) -> np.ndarray[Any, Any]:
-        return self.session.ctx.decode_all_rows(tokens, pos)
+        """A verify: one decode step of ``len(tokens)`` rows, as the session's backend feeds it."""
+        self.decode_sequences(len(tokens))
+        try:
+            return self.session.ctx.decode_all_rows(tokens, pos)
+        finally:
+            self.decode_sequences(1)
 
     def cut(self, keep: int) -> None:
         if not self.session.ctx.remove_from(keep):

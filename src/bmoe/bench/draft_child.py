@@ -109,8 +109,10 @@ def run_union(spec: dict[str, Any]) -> dict[str, Any]:
             batches = len(reply) // n
             before = streaming.counters()
             t = time.perf_counter()
+            streaming.set_decode_rows(n)  # a verify's batch: one decode step of n rows
             for b in range(batches):
                 ctx.decode(reply[b * n : (b + 1) * n], len(prompt) + b * n, logits="all")
+            streaming.set_decode_rows(1)
             wall = time.perf_counter() - t
             after = streaming.counters()
             read = (after.bytes_read - before.bytes_read) / (1 << 20)

@@ -102,6 +102,8 @@ class Session:
             self.model.close()
             raise
         self._backend = vision.generate_backend(self.model, self.ctx, self._flag, self.vision)
+        if self.streaming is not None:  # a verify's rows: one decode step of that many
+            self._backend.on_rows = self.streaming.set_decode_rows
         self.prompt_cache = open_prompt_cache(config, self.notes)
         self.engine = SessionEngine(
             self._backend,

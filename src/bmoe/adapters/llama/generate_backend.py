@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -56,13 +56,17 @@ def constrained_sampler(
 class LlamaGenerateBackend(IGenerateBackend):
     """Borrows a model and a context created with ``abort=flag`` (the same ``AbortFlag``);
     owns the sampler of the current generation. A streaming fault surfaces from ``feed``
-    through the context's ``explain_abort``."""
+    through the context's ``explain_abort``. ``on_rows(n)``, where set (the streamer's
+    ``set_decode_rows``), is told before a verify's batch of ``n`` rows and after it (1): the
+    batch is a decode step of ``n`` rows, whose experts' union is read, not a prefill's
+    (which, routing half a layer's experts or more, reads the whole next layer ahead)."""
 
     def __init__(self, model: LlamaModel, ctx: LlamaContext, flag: AbortFlag) -> None:
         self.model = model
         self.ctx = ctx
         self.flag = flag
         self._sampler: Sampler | None = None
+        self.on_rows: Callable[[int], None] | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -98,7 +102,13 @@ class LlamaGenerateBackend(IGenerateBackend):
         self.ctx.decode(tokens, start_pos)
 
     def feed_rows(self, tokens: Sequence[int], start_pos: int) -> np.ndarray:
-        return self.ctx.decode_all_rows(tokens, start_pos)
+        if self.on_rows is None or len(tokens) < 2:
+            return self.ctx.decode_all_rows(tokens, start_pos)
+        self.on_rows(len(tokens))
+        try:
+            return self.ctx.decode_all_rows(tokens, start_pos)
+        finally:
+            self.on_rows(1)
 
     def start_sampling(self, params: SamplingParams, constraint: OutputConstraint | None = None) -> None:
         self.close_sampler()
