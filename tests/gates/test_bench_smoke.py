@@ -247,3 +247,34 @@ def test_a_prompt_longer_than_the_text_and_a_batch_is_prefilled_in_batches_and_i
     assert stream["prefill_ubatch"] >= 1500 and stream["prefill_passes"] <= 1.0
     [check] = sized["token_checks"]
     assert check["ubatches"] == [stream["prefill_ubatch"], 512] and not check["required"]
+
+
+def test_bench_draft_copy_runs_its_three_measures(
+    tiny_model_path: Callable[..., Path], tmp_path: Path
+) -> None:
+    model = tiny_model_path("qwen3moe")
+    out = tmp_path / "drafts"
+    cmd = [sys.executable, "-m", "bmoe.bench", "--draft", "copy", "-m", str(model), "--budgets", "1"]
+    cmd += ["--warmup", "2", "--tokens", "24", "--rounds", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads((out / "drafts.json").read_text())
+    assert [r["name"] for r in figures["accept"]["accept"]] == [
+        "copying old_str from the file",
+        "new_str repeating old_str",
+    ]
+    union = {u["rows"]: u["mib_per_batch"] for u in figures["union"]["union"]}
+    assert sorted(union) == [1, 2, 4, 9, 17, 33, 64]
+    assert union[1] < union[2] <= union[64]  # two rows read more than one, never more than all
+    runs = figures["end_to_end"]
+    assert [(r["transcript"], r["draft"]) for r in runs] == [
+        ("agent edit", "off"),
+        ("agent edit", "copy"),
+        ("plain prose", "off"),
+        ("plain prose", "copy"),
+    ]
+    edit = runs[1]
+    assert edit["measured_tokens"] == 24 and edit["drafts"]["accepted"] > 0
+    assert len(edit["argmax"]) == len(runs[0]["argmax"]) == 26  # a choice after every fed token
+    text = (out / "drafts.md").read_text()
+    assert "### 3. End to end" in text and "failed" not in text

@@ -114,7 +114,7 @@ def test_the_tables_say_a_failure_and_the_cost_of_a_draft() -> None:
     union = {
         "union": [
             {"rows": n, "batches": 10, "mib_per_batch": mib, "mib_per_row": mib / n, "s_per_batch": 0.1}
-            for n, mib in ((1, 10.0), (9, 40.0), (17, 60.0), (33, 80.0), (65, 100.0))
+            for n, mib in ((1, 10.0), (9, 40.0), (17, 60.0), (33, 80.0), (64, 100.0))
         ]
     }
     text = "\n".join(union_tables(union))

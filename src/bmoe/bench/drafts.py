@@ -33,7 +33,7 @@ from bmoe.bench.draft_texts import Transcript, agent_edit, transcripts
 from bmoe.bench.io_group import DiskThrottle
 from bmoe.bench.progress import make_progress
 
-UNION_SIZES = (1, 2, 4, 9, 17, 33, 65)  # rows a batch: the current token and a draft of 0..64
+UNION_SIZES = (1, 2, 4, 9, 17, 33, 64)  # rows a batch: the current token and a draft of 0..63
 UNION_TOKENS = 195  # reply tokens fed per batch size: 3 batches of 65 (cache off reads a lot)
 MIB = 1 << 20
 
