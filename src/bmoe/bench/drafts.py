@@ -103,7 +103,7 @@ def run_drafts(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
                 "prompt_ids": edit_prompt,
                 "reply_ids": edit_reply,
                 "sizes": list(UNION_SIZES),
-                "measure": min(args.tokens, UNION_TOKENS, len(edit_reply)),
+                "measure": min(UNION_TOKENS, len(edit_reply)),  # every size gets whole batches
                 "n_ctx": _n_ctx(len(edit_prompt), len(edit_reply)),
             },
             "2/3 verify batches' reads (streamed, cache off)",
