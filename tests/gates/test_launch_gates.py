@@ -69,6 +69,15 @@ def _env(tmp_path: Path, path: str, **extra: str) -> dict[str, str]:
 
 
 LAUNCH = [sys.executable, "-m", "bmoe.launch"]
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT as a terminal's Ctrl-C finds it: a suite started in the background (``&``
+    in a script) ignores SIGINT and its children inherit that, so the launch it starts never
+    heard the gate's Ctrl-C (seen: the three gates below timed out in such a run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 OPTS = ["--port", "0", "--disk-mib-s", "400"]
 
 
@@ -125,6 +134,7 @@ def test_without_the_client_the_printed_configuration_works_with_the_sdks(
             stdout=stdout,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_ctrl_c_as_in_a_terminal,
         )
     try:
         assert launched.stderr is not None
