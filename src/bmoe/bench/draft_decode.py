@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
-from bmoe.domain.drafting import CopyDrafter, DraftGate, DraftPolicy, DraftReport
+from bmoe.domain.drafting import CopyDrafter, DraftPolicy, DraftReport, accepted_prefix
 
 
 class DraftStepper(Protocol):
@@ -98,7 +98,7 @@ def teacher_force_drafted(
     on_measure_start()
     start += warmup
     drafter = CopyDrafter(tokens[: start + 1], policy)
-    gate = DraftGate(resume_match=2 * policy.min_match, price=policy.price)  # as copy_drafts
+    gate = policy.gate()
     end = start + measure
     pos = start
     steps: list[float] = []
@@ -110,9 +110,7 @@ def teacher_force_drafted(
             t = clock()
             rows = stepper.step_rows([tokens[pos], *draft.tokens], pos)
             choices = [int(c) for c in np.argmax(rows, axis=-1)]
-            accepted = 0
-            while accepted < len(draft.tokens) and draft.tokens[accepted] == tokens[pos + 1 + accepted]:
-                accepted += 1
+            accepted = accepted_prefix(draft.tokens, tokens[pos + 1 :])  # teacher-forced
             stepper.cut(pos + 1 + accepted)
             steps.append(clock() - t)
             gate.verified(len(draft.tokens), accepted)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import attrs
 
-from bmoe.domain.drafting import CopyDrafter, DraftGate, DraftPolicy, DraftReport
+from bmoe.domain.drafting import CopyDrafter, DraftPolicy, DraftReport, accepted_prefix
 from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.media import is_image_row
 from bmoe.errors import BmoeError
@@ -49,7 +49,7 @@ class Drafting:
 
     def __init__(self, prompt: list[int], policy: DraftPolicy) -> None:
         self.drafter = CopyDrafter(prompt, policy)
-        self.gate = DraftGate(resume_match=2 * policy.min_match, price=policy.price)
+        self.gate = policy.gate()
         self.pending: deque[tuple[int, bool]] = deque()  # (token, already in the KV)
         self._fed = False  # the token being emitted is in the KV already
 
@@ -85,9 +85,7 @@ class Drafting:
         rows = backend.feed_rows([token, *draft.tokens], pos)
         kv_tokens += [token, *draft.tokens]
         choices = [int(c) for c in rows.argmax(axis=-1)]
-        accepted = 0
-        while accepted < len(draft.tokens) and choices[accepted] == draft.tokens[accepted]:
-            accepted += 1
+        accepted = accepted_prefix(draft.tokens, choices)
         self.cut(backend, kv_tokens, pos + 1 + accepted)
         self.gate.verified(len(draft.tokens), accepted)
         self.drafter.taken(len(draft.tokens), accepted)

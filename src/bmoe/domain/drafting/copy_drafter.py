@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from bmoe.domain.drafting.draft_gate import DraftGate
 from bmoe.domain.drafting.verify_cost import batch_price
 
 
@@ -44,6 +45,10 @@ class DraftPolicy:
     def price(self, rows: int) -> float:
         """A verify batch of ``rows`` rows' reads, in one-token steps."""
         return batch_price(rows, *self.experts)
+
+    def gate(self) -> DraftGate:
+        """A request's gate: paused drafting resumes behind twice the drafter's match."""
+        return DraftGate(resume_match=2 * self.min_match, price=self.price)
 
     def __attrs_post_init__(self) -> None:
         if self.min_draft > self.max_draft:
@@ -120,3 +125,12 @@ class CopyDrafter:
             self.length = min(p.max_draft, 2 * self.length)
         else:
             self.length = max(p.min_draft, min(p.max_draft, 2 * accepted))
+
+
+def accepted_prefix(draft: Sequence[int], choices: Sequence[int]) -> int:
+    """How many of ``draft``'s tokens, from its first, equal ``choices``: the tokens the
+    reply takes at those places (the model's, or a transcript's)."""
+    n = 0
+    while n < len(draft) and n < len(choices) and draft[n] == choices[n]:
+        n += 1
+    return n
