@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 
 from bmoe.adapters.process_usage import faults_and_system
@@ -177,15 +178,11 @@ class BmoeStepper:
         return (model.n_expert, model.n_expert_used)
 
     def step_rows(self, tokens: Sequence[int], pos: int) -> np.ndarray[Any, Any]:
-        """A verify: one decode step of ``len(tokens)`` rows, as the session's backend feeds it."""
-        self.decode_sequences(len(tokens))
-        try:
-            return self.session.ctx.decode_all_rows(tokens, pos)
-        finally:
-            self.decode_sequences(1)
+        """A verify, fed by the session's own backend (one decode step of its rows)."""
+        return self.session.engine.backend.feed_rows(tokens, pos)
 
     def cut(self, keep: int) -> None:
-        if not self.session.ctx.remove_from(keep):
+        if not self.session.engine.backend.keep_prefix(keep):
             raise RuntimeError("the context's memory refused to drop a rejected draft")
 
     def decode_sequences(self, n: int) -> None:
@@ -346,13 +343,7 @@ def run(spec: dict[str, Any], emit: Callable[..., None] = print) -> dict[str, An
                 on_token=on_token,
                 **common,
             )
-            d = drafted.drafts
-            out["drafts"] = {
-                "verifies": d.verifies,
-                "drafted": d.drafted,
-                "accepted": d.accepted,
-                "paused": d.paused,
-            }
+            out["drafts"] = attrs.asdict(drafted.drafts)
             decode: Decode | ParallelDecode | DraftedDecode = drafted
         elif "texts" in spec:
             if isinstance(stepper, BmoeStepper):

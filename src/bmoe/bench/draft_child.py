@@ -100,19 +100,17 @@ def run_union(spec: dict[str, Any]) -> dict[str, Any]:
     reply: list[int] = spec["reply_ids"][: spec["measure"]]
     out: list[dict[str, Any]] = []
     try:
-        ctx, streaming = session.ctx, session.streaming
+        backend, streaming = session.engine.backend, session.streaming
         if streaming is None:
             raise RuntimeError(f"the session does not stream: {session.notes}")
-        ctx.decode(prompt, 0)
+        backend.feed(prompt, 0)
         for n in spec["sizes"]:
-            ctx.remove_from(len(prompt))
+            backend.keep_prefix(len(prompt))
             batches = len(reply) // n
             before = streaming.counters()
             t = time.perf_counter()
-            streaming.set_decode_rows(n)  # a verify's batch: one decode step of n rows
-            for b in range(batches):
-                ctx.decode(reply[b * n : (b + 1) * n], len(prompt) + b * n, logits="all")
-            streaming.set_decode_rows(1)
+            for b in range(batches):  # as verifies: one decode step of n rows each
+                backend.feed_rows(reply[b * n : (b + 1) * n], len(prompt) + b * n)
             wall = time.perf_counter() - t
             after = streaming.counters()
             read = (after.bytes_read - before.bytes_read) / (1 << 20)
