@@ -30,7 +30,9 @@ TEXT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n" 
 REQUEST = GenerateRequest(TEXT, n_predict=40)
 
 
-def session(draft: str, stream: bool = False, cache_mb: int = 1, context: ContextParams = PARAMS) -> Session:
+def session(
+    draft: str, stream: bool = False, cache_mb: int | None = 1, context: ContextParams = PARAMS
+) -> Session:
     config = SessionConfig(
         model_path=bmoe.default_model_path(),
         context=context,
@@ -45,8 +47,8 @@ def pos_max(s: Session) -> int:
     return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(s.ctx.ptr), 0))
 
 
-@pytest.mark.parametrize("cache_mb", [1, 4000], ids=["cache-1MiB", "cache-all"])
-def test_streamed_equals_resident_with_drafting_on(cache_mb: int) -> None:
+@pytest.mark.parametrize("cache_mb", [1, 4000, None], ids=["cache-1MiB", "cache-all", "cache-auto"])
+def test_streamed_equals_resident_with_drafting_on(cache_mb: int | None) -> None:
     with session("copy") as s:
         want = s.generate(REQUEST)
         logits = s.last_logits()
