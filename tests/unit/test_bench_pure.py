@@ -14,11 +14,13 @@ import pytest
 from bmoe.bench import configs as cf
 from bmoe.bench import report
 from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup, candidate_sites
+from bmoe.bench.checks import TokenCheck, check_routing, check_tokens, token_reference
 from bmoe.bench.decode import teacher_force
 from bmoe.bench.main import make_plan, parser
 from bmoe.bench.memory_fit import repack_skip_reason, skipped_configs
 from bmoe.bench.prefill import PREFILL_BATCH, timed_prefill
 from bmoe.bench.procfs import parse_io
+from bmoe.bench.report_markdown import markdown_table, summary_lines
 
 MIB = 1024 * 1024
 
@@ -148,7 +150,7 @@ def test_summary_takes_medians_of_the_rounds_and_skips_failed_ones() -> None:
 def test_a_configuration_that_never_ran_is_not_ok() -> None:
     s = report.summarize(cf.BenchConfig("stock", "stock", "stock"), [{"error": "timed out"}])
     assert not s.ok and s.tok_s is None
-    assert "failed: timed out" in report.markdown_table([s])
+    assert "failed: timed out" in markdown_table([s])
 
 
 def test_ratios_to_both_stocks_and_the_disk_ceiling() -> None:
@@ -177,34 +179,34 @@ def test_the_ceiling_next_to_each_round_uses_that_rounds_probe() -> None:
     assert s.of_probe_ceiling == pytest.approx(0.5)  # the median of 0.5, 0.5, 0.8
     plain = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=MIB)])
     assert plain.probe_mib_s is None and plain.of_probe_ceiling is None
-    assert "disk MiB/s next to it" in report.markdown_table([s])
+    assert "disk MiB/s next to it" in markdown_table([s])
 
 
 def test_token_check_finds_the_first_difference() -> None:
-    checks = report.check_tokens(
+    checks = check_tokens(
         {"stock-norepack": [1, 2, 3, 4], "resident": [1, 2, 3, 4], "s": [1, 9, 3, 5]}, "stock-norepack"
     )
     by_key = {c.key: c for c in checks}
     assert by_key["resident"].equal
     assert not by_key["s"].equal and by_key["s"].same == 2 and by_key["s"].first_difference == 1
-    assert report.token_reference({"resident": [], "stock": []}) == "stock"
+    assert token_reference({"resident": [], "stock": []}) == "stock"
 
 
 def test_bmoe_is_compared_with_the_stock_run_whose_weights_have_its_layout() -> None:
     both = {"stock": [1], "stock-norepack": [2], "resident": [1], "stream-0": [1]}
-    assert report.token_reference(both) == "stock"  # bmoe repacks as stock does
-    assert report.token_reference(both, repack=False) == "stock-norepack"
-    assert report.token_reference({"stock-norepack": [2], "resident": [1]}) == "resident"
-    assert report.token_reference({"stock": [1], "resident": [1]}, repack=False) == "resident"
+    assert token_reference(both) == "stock"  # bmoe repacks as stock does
+    assert token_reference(both, repack=False) == "stock-norepack"
+    assert token_reference({"stock-norepack": [2], "resident": [1]}) == "resident"
+    assert token_reference({"stock": [1], "resident": [1]}, repack=False) == "resident"
     # under a limit that skips stock and bmoe resident, nothing has the repacked layout
-    assert report.token_reference({"stock-norepack": [2], "stream-0": [1]}) is None
+    assert token_reference({"stock-norepack": [2], "stream-0": [1]}) is None
 
 
 @pytest.mark.parametrize(
     ("hit", "moves"), [(0.42, True), (0.79, True), (0.80, False), (0.97, False), (None, None)]
 )
 def test_routing_moves_only_well_under_ninety_percent(hit: float | None, moves: bool | None) -> None:
-    check = report.check_routing(hit)
+    check = check_routing(hit)
     assert check.moves is moves
     if moves is False:
         assert "barely moves" in check.text()
@@ -321,13 +323,13 @@ def test_tokens_after_prompts_prefilled_in_other_batches_are_compared_but_not_re
     from bmoe.bench.main import exit_status
 
     argmax = {"resident": [1, 2, 3], "stream-0": [1, 2, 4], "stream-9": [1, 5, 3]}
-    checks = report.check_tokens(argmax, "resident", {"resident": 512, "stream-0": 1664, "stream-9": 512})
+    checks = check_tokens(argmax, "resident", {"resident": 512, "stream-0": 1664, "stream-9": 512})
     by_key = {c.key: c for c in checks}
     assert by_key["stream-0"].ubatches == (1664, 512) and not by_key["stream-0"].required
     assert by_key["stream-9"].ubatches is None and by_key["stream-9"].required
     assert exit_status([], [by_key["stream-0"]]) == 0  # differs, after other batches
     assert exit_status([], [by_key["stream-9"]]) == 1  # differs at the same batch
-    lines = report.summary_lines([], checks, report.check_routing(None), rounds=1)
+    lines = summary_lines([], checks, check_routing(None), rounds=1)
     assert (
         "- stream-0: 2 of 3 greedy tokens as resident, first difference at position 2 (its prompt "
         "prefilled in batches of 1664 against 512: not required equal)"
@@ -339,8 +341,8 @@ def test_exit_status_fails_on_bmoe_failures_and_token_differences_not_on_stock_o
 
     stock_oom = report.summarize(cf.BenchConfig("stock", "st", "stock"), [{"error": "OOM-killed"}])
     stream = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=MIB)])
-    same = report.TokenCheck("stream-0", "stock-norepack", 8, 8, None)
-    differs = report.TokenCheck("stream-0", "stock-norepack", 7, 8, 3)
+    same = TokenCheck("stream-0", "stock-norepack", 8, 8, None)
+    differs = TokenCheck("stream-0", "stock-norepack", 7, 8, 3)
     assert exit_status([stock_oom, stream], [same]) == 0
     assert exit_status([stock_oom, stream], [differs]) == 1
     failed = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [{"error": "exit status 1"}])
@@ -494,7 +496,7 @@ def test_prefill_figures_are_medians_of_the_rounds_that_finished() -> None:
     assert s.prefill_landed_mib == pytest.approx(700.0)
     assert s.prefill_kernel_read_mib == pytest.approx(300.0)
     assert s.tok_s == 4.0  # the decode's figures are the decode's alone
-    lines = report.summary_lines([s], [], report.check_routing(None), rounds=4)
+    lines = summary_lines([s], [], check_routing(None), rounds=4)
     assert "- S: prefill tok/s of the 4 rounds 40.00, failed, 80.00, 50.00" in lines
     assert "- S: decode tok/s of the 4 rounds 3.00, failed, 5.00, 4.00" in lines
     reads = (
@@ -505,9 +507,9 @@ def test_prefill_figures_are_medians_of_the_rounds_that_finished() -> None:
     assert reads in lines
     passes = report.with_passes(s, 400 * MIB)
     assert passes.prefill_passes == pytest.approx(2.0)
-    lines = report.summary_lines([passes], [], report.check_routing(None), rounds=4)
+    lines = summary_lines([passes], [], check_routing(None), rounds=4)
     assert any("planned 800 MiB of reads (bmoe's counters, the experts 2.00 times over)" in x for x in lines)
-    row = report.markdown_table([passes]).splitlines()[2]
+    row = markdown_table([passes]).splitlines()[2]
     assert "| 512 | 2.00 |" in row  # the prompt batch and the passes columns
 
 
@@ -515,7 +517,7 @@ def test_without_a_prefill_there_are_no_prefill_figures() -> None:
     s = report.summarize(cf.BenchConfig("resident", "R", "resident"), [_run(2.0, 500)])
     assert s.prompt_tokens == 0 and s.prefill_tok_s is None and s.prefill_tok_s_rounds == [None]
     assert report.stock_baseline([s]) == report.StockBaseline(None)
-    [row] = report.markdown_table([s]).splitlines()[2:]
+    [row] = markdown_table([s]).splitlines()[2:]
     assert row.startswith("| R | 2.00 | 500.0 |  |  |")  # decode, step, then empty prefill cells
 
 
@@ -540,7 +542,7 @@ def test_the_prefill_ratio_is_against_stock_in_the_same_run() -> None:
     assert stream.x_stock == pytest.approx(4.0)  # the decode's ratio is unchanged
     baseline = report.stock_baseline(out)
     assert baseline == report.StockBaseline("stock", "st") and baseline.text() is None
-    table = report.markdown_table(out)
+    table = markdown_table(out)
     head = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
     assert head[:3] == ["configuration", "decode tok/s", "median decode step ms"]
     assert head[3:5] == ["prefill tok/s", "prefill x stock"]
@@ -557,10 +559,10 @@ def test_a_skipped_stock_is_listed_with_its_reason_and_the_ratio_falls_back_to_n
     baseline = report.stock_baseline(out)
     assert (baseline.key, baseline.stock_state) == ("stock-norepack", "skipped")
     assert baseline.stock_skipped == reason
-    table = report.markdown_table(out, baseline)
+    table = markdown_table(out, baseline)
     assert "prefill x stock-norepack (stock skipped)" in table.splitlines()[0]
     assert f"| st | skipped: {reason} |" in table and "failed" not in table
-    lines = report.summary_lines(out, [], report.check_routing(None), 1, baseline)
+    lines = summary_lines(out, [], check_routing(None), 1, baseline)
     assert f"- prefill x stock: against sn, since stock was skipped ({reason})" in lines
     assert f"- st: skipped: {reason}" in lines
 
@@ -593,7 +595,7 @@ def test_conclude_reports_the_skipped_configurations_without_rounds() -> None:
     assert outcome.baseline.key == "stock-norepack"
     assert by_key["stream-0"].prefill_x_stock == pytest.approx(3.0)
     assert outcome.checks == []  # nothing ran with bmoe's repacked layout to compare with
-    lines = report.summary_lines(outcome.summaries, outcome.checks, outcome.routing, 1)
+    lines = summary_lines(outcome.summaries, outcome.checks, outcome.routing, 1)
     assert (
         "- greedy tokens not compared: no stock or bmoe resident run has the streamed runs' "
         "weight layout (the gates check streamed == resident bit for bit)" in lines
@@ -648,7 +650,7 @@ def test_a_skipped_stock_does_not_fail_the_bench() -> None:
 
     skipped = report.summarize(cf.BenchConfig("stock", "st", "stock"), [], "too big")
     stream = report.summarize(cf.BenchConfig("stream-0", "s0", "stream", 0), [_run(2.0, 500, read=MIB)])
-    assert exit_status([skipped, stream], [report.TokenCheck("stream-0", "stock-norepack", 8, 8, None)]) == 0
+    assert exit_status([skipped, stream], [TokenCheck("stream-0", "stock-norepack", 8, 8, None)]) == 0
 
 
 def test_the_stale_gate_with_more_reads_a_layer_is_a_policy_of_its_own() -> None:

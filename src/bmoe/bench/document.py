@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from bmoe.bench import report
+from bmoe.bench import report, report_markdown
 from bmoe.bench.disk import MIB, Bandwidth
 from bmoe.bench.io_group import DiskThrottle
 from bmoe.bench.prefill import PREFILL_BATCH
@@ -107,11 +107,11 @@ def markdown(
         + ".",
         "",
         *(sections or []),
-        report.markdown_table(outcome.summaries, outcome.baseline),
+        report_markdown.markdown_table(outcome.summaries, outcome.baseline),
         "",
-        report.LEGEND,
+        report_markdown.LEGEND,
         "",
-        *report.summary_lines(
+        *report_markdown.summary_lines(
             outcome.summaries, outcome.checks, outcome.routing, run.rounds, outcome.baseline
         ),
         "",

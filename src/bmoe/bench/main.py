@@ -31,6 +31,7 @@ import attrs
 from bmoe.bench import configs as cf
 from bmoe.bench import document, report
 from bmoe.bench.cgroup import CgroupError, MemoryGroup, machine_sites
+from bmoe.bench.checks import TokenCheck
 from bmoe.bench.disk import MIB, Bandwidth
 from bmoe.bench.io_group import Confinement, DiskThrottle, IoGroup, block_device_of
 from bmoe.bench.memory_fit import skipped_configs
@@ -595,7 +596,7 @@ def finished_text(result: dict[str, Any]) -> str:
     return f"{prefill}, {decode}"
 
 
-def exit_status(summaries: Sequence[report.Summary], checks: Sequence[report.TokenCheck]) -> int:
+def exit_status(summaries: Sequence[report.Summary], checks: Sequence[TokenCheck]) -> int:
     """1 when a bmoe configuration failed or its greedy tokens differ from stock's (where both
     prefilled the prompt in batches of one size: ``TokenCheck.required``). A stock
     configuration that fails (its repacked weights OOM-killed under a memory limit, say) or is

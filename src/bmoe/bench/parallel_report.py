@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from bmoe.bench import report
+from bmoe.bench.checks import RoutingCheck, TokenCheck
 from bmoe.bench.configs import BenchConfig
 
 
@@ -41,8 +42,8 @@ def conclude(
     its plain key, as at every count) are the smallest count's."""
     skipped = skipped or {}
     summaries: list[report.Summary] = []
-    checks: list[report.TokenCheck] = []
-    routing: report.RoutingCheck | None = None
+    checks: list[TokenCheck] = []
+    routing: RoutingCheck | None = None
     baseline = report.StockBaseline(None)
     for n in counts(configs):
         group = [c for c in configs if c.parallel == n]
