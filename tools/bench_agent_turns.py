@@ -43,8 +43,8 @@ from pathlib import Path
 import attrs
 
 from bmoe.adapters.llama import ContextParams
-from bmoe.bench.main import parse_batch
 from bmoe.bench.prefill import context_batch
+from bmoe.bench.run_plan import parse_batch
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
 from bmoe.domain.streaming import MIB, StreamConfig

@@ -2,8 +2,8 @@
 experts, how long it takes, how much memory it took (issue 46's table).
 
 Each configuration runs in a fresh process, in a memory cgroup of ``--mem-limit-mb`` and a
-disk throttle of ``--disk-mib-s`` (the bench's groups, ``bmoe.bench.main.confinement_factory``), the model
-dropped from the page cache first; the configurations interleave, round after round. The
+disk throttle of ``--disk-mib-s`` (the bench's groups, ``bmoe.bench.confinement.confinement_factory``),
+the model dropped from the page cache first; the configurations interleave, round after round. The
 prompt is the first ``--prompt-tokens`` tokens of held-out text (the trained bench model's
 held-out corpus, ``bmoe.bench.trained.corpus``: never trained on), one answer token after it.
 
@@ -35,9 +35,9 @@ from pathlib import Path
 import attrs
 
 from bmoe.adapters.llama import LlamaModel
+from bmoe.bench.confinement import confinement_factory
 from bmoe.bench.disk import drop_from_page_cache
 from bmoe.bench.io_group import Confinement, DiskThrottle
-from bmoe.bench.main import confinement_factory
 from bmoe.bench.trained.corpus import machine_corpus
 
 MIB = 1 << 20

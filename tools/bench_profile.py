@@ -31,8 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bmoe.bench.confinement import confinement_factory
 from bmoe.bench.io_group import DiskThrottle
-from bmoe.bench.main import confinement_factory, trained_bench_model
+from bmoe.bench.main import trained_bench_model
 from bmoe.bench.model import expert_bytes, tokenize
 from bmoe.bench.runner import run_configuration
 from bmoe.bench.trained.corpus import machine_corpus

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bmoe.bench.arguments import parser
 from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup, candidate_sites
 from bmoe.bench.configs import BenchConfigError
+from bmoe.bench.confinement import throttle_warnings
 from bmoe.bench.disk import Bandwidth
 from bmoe.bench.document import disk_text
 from bmoe.bench.io_group import (
@@ -22,7 +24,7 @@ from bmoe.bench.io_group import (
     parse_v1_read_bytes,
     parse_v2_read_bytes,
 )
-from bmoe.bench.main import make_plan, parser, throttle_warnings
+from bmoe.bench.run_plan import make_plan
 
 MIB = 1024 * 1024
 VDA = BlockDevice(254, 0, "vda")

@@ -11,8 +11,9 @@ import pytest
 
 from bmoe.bench import configs as cf
 from bmoe.bench import parallel_report
+from bmoe.bench.arguments import parser
 from bmoe.bench.decode import teacher_force_parallel
-from bmoe.bench.main import make_plan, parser
+from bmoe.bench.run_plan import make_plan
 
 
 def test_counts_are_parsed_sorted_once_each_and_bounded() -> None:

@@ -13,14 +13,15 @@ import pytest
 
 from bmoe.bench import configs as cf
 from bmoe.bench import report
+from bmoe.bench.arguments import parser
 from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup, candidate_sites
 from bmoe.bench.checks import TokenCheck, check_routing, check_tokens, token_reference
 from bmoe.bench.decode import teacher_force
-from bmoe.bench.main import make_plan, parser
 from bmoe.bench.memory_fit import repack_skip_reason, skipped_configs
 from bmoe.bench.prefill import PREFILL_BATCH, timed_prefill
 from bmoe.bench.procfs import parse_io
 from bmoe.bench.report_markdown import markdown_table, summary_lines
+from bmoe.bench.run_plan import make_plan
 
 MIB = 1024 * 1024
 

@@ -9,5 +9,8 @@ Modules, each one concern: :mod:`~bmoe.bench.configs` (what runs, in which order
 :mod:`~bmoe.bench.report` (medians, ratios, the outcome), :mod:`~bmoe.bench.checks` (the
 greedy tokens' and the routing's verdicts), :mod:`~bmoe.bench.report_markdown` (the table,
 its legend, the list under it), :mod:`~bmoe.bench.document` (bench.md, bench.json),
-:mod:`~bmoe.bench.chart`, :mod:`~bmoe.bench.progress` and :mod:`~bmoe.bench.main` (the command).
+:mod:`~bmoe.bench.chart`, :mod:`~bmoe.bench.progress`, :mod:`~bmoe.bench.arguments` (the
+command line), :mod:`~bmoe.bench.run_plan` (the arguments checked together),
+:mod:`~bmoe.bench.confinement` (the groups each configuration's process runs in) and
+:mod:`~bmoe.bench.main` (the command).
 """

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from bmoe.bench import configs as cf
+from bmoe.bench.confinement import confinement_factory
 from bmoe.bench.draft_texts import Transcript, agent_edit, transcripts
 from bmoe.bench.io_group import DiskThrottle
 from bmoe.bench.progress import make_progress
+from bmoe.bench.run_plan import parse_batch
 
 UNION_SIZES = (1, 2, 4, 9, 17, 33, 64)  # rows a batch: the current token and a draft of 0..63
 UNION_TOKENS = 195  # reply tokens fed per batch size: 3 batches of 65 (cache off reads a lot)
@@ -44,7 +46,6 @@ def _n_ctx(*lengths: int) -> int:
 
 
 def run_drafts(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
-    from bmoe.bench.main import confinement_factory, parse_batch
     from bmoe.bench.model import expert_bytes, tokenize
     from bmoe.bench.runner import run_configuration
 
