@@ -5,8 +5,11 @@ that arithmetic."""
 
 from __future__ import annotations
 
+import attrs
+
 from bmoe.domain.memory_room import CgroupLevel, MemoryRoom
 from bmoe.domain.streaming import MIB, RunMemory, StreamConfig, resolve_budget
+from bmoe.domain.streaming.headroom import machine_floor_bytes, run_margin_bytes
 from bmoe.domain.summary import stream_mode_line
 
 GIB = 1 << 30
@@ -21,7 +24,7 @@ def test_an_explicit_budget_that_cannot_fit_says_so_with_the_figures() -> None:
     assert budget.warning == (
         "cache 1536 MiB + dense 212 + KV 384 + compute buffer 87.0 = 2219 MiB, more than the room "
         "of 1944 MiB (under a cgroup limit of 2048 MiB): the kernel may kill the process; at most "
-        "--cache-mb 1261 fits (--cache-mb auto leaves 1024 MiB free besides)"
+        "--cache-mb 1261 fits (--cache-mb auto: 128 MiB kept free in the cgroup besides)"
     )
 
 
@@ -43,20 +46,58 @@ def test_a_budget_below_a_cycle_and_beyond_the_room_is_one_line() -> None:
 
 
 def test_auto_counts_the_dense_part_and_the_kv_cache_once() -> None:
-    """They are in the room's reading already: only the compute buffer and the floor go."""
+    """They are in the room's reading already: only the compute buffer and the run's margin
+    in its cgroup go (the machine's 21957 MiB available bind nothing here)."""
     auto = resolve_budget(StreamConfig(enabled=True), memory=RUN, token_cycle_bytes=MIB)
-    assert auto.bytes == 1348 * MIB - round(87.0 * MIB) - 1024 * MIB
+    assert auto.bytes == 1348 * MIB - round(87.0 * MIB) - 128 * MIB
     assert auto.bytes < RUN.cache_fits_bytes  # so auto never draws the warning above
 
 
 def test_the_mode_line_shows_the_room_and_what_was_subtracted() -> None:
     auto = resolve_budget(StreamConfig(enabled=True), memory=RUN, token_cycle_bytes=MIB)
     assert stream_mode_line(auto, 4, True, 512) == (
-        "mode: expert streaming, cache 237 MiB (auto = room 1348 - compute buffer 87.0 - 1024 left "
-        "free; the room: under a cgroup limit of 2048 MiB, after dense 212 + KV 384 MiB), 4 lanes, "
-        "O_DIRECT, prompt batch 512"
+        "mode: expert streaming, cache 1133 MiB (auto = room 1348 - compute buffer 87.0 - 128 MiB kept "
+        "free in the cgroup; the room: under a cgroup limit of 2048 MiB, after dense 212 + KV 384 MiB), "
+        "4 lanes, O_DIRECT, prompt batch 512"
     )
-    starved = resolve_budget(StreamConfig(enabled=True), memory=RUN, token_cycle_bytes=300 * MIB)
+    starved = resolve_budget(StreamConfig(enabled=True), memory=RUN, token_cycle_bytes=1200 * MIB)
     assert "; raised to one token cycle; the room:" in stream_mode_line(starved, 4, True, 512)
     capped = resolve_budget(StreamConfig(enabled=True, cache_ceil_mb=100), memory=RUN, token_cycle_bytes=MIB)
     assert "; capped at --cache-ceil-mb 100; the room:" in stream_mode_line(capped, 4, True, 512)
+
+
+def test_auto_keeps_the_runs_margin_in_its_cgroup_and_a_floor_sized_from_the_machine() -> None:
+    """Inside a cgroup the room is the run's own: ``auto`` keeps the run's margin (the lanes'
+    reads in flight and a slack), not a fixed GiB; outside, the floor left to the machine is
+    sized from MemTotal (512 MiB on a 4 GiB phone, 2 GiB on a 64 GiB desktop)."""
+    lanes = RunMemory(IN_GROUP, compute_buffer_bytes=87 * MIB, run_margin_bytes=run_margin_bytes(4, 3 * MIB))
+    auto = resolve_budget(StreamConfig(enabled=True), memory=lanes, token_cycle_bytes=MIB)
+    assert auto.bytes == (1348 - 87 - 128 - 4 * 2 * 3) * MIB
+    assert "- 152 MiB kept free in the cgroup;" in auto.arithmetic()
+    for total_gib, floor_mib in ((4, 512), (8, 512), (24, 1536), (64, 2048)):
+        assert machine_floor_bytes(total_gib * GIB) == floor_mib * MIB
+        phone = RunMemory(MemoryRoom(3 * GIB, total_gib * GIB))
+        assert (
+            resolve_budget(StreamConfig(enabled=True), memory=phone, token_cycle_bytes=MIB).bytes
+            == (3072 - floor_mib) * MIB
+        )
+
+
+def test_the_limit_that_leaves_less_binds() -> None:
+    """A cgroup whose limit is above what the machine has free binds nothing: the machine's
+    floor applies; the prompt cache's memory tier is set aside beside either."""
+    loose = MemoryRoom.of(1500 * MIB, 24 * GIB, [CgroupLevel(8 * GIB, 100 * MIB)], "/user.slice")
+    memory = RunMemory(loose, prompt_states_bytes=512 * MIB)
+    assert memory.headroom.limit == "machine"
+    budget = resolve_budget(StreamConfig(enabled=True), memory=memory, token_cycle_bytes=MIB)
+    assert budget.bytes == 0 + MIB  # 1500 - 1536 left to the machine: only the token cycle
+    assert RunMemory(IN_GROUP).headroom.limit == "cgroup"
+    states = resolve_budget(
+        StreamConfig(enabled=True),
+        memory=attrs.evolve(RUN, prompt_states_bytes=512 * MIB),
+        token_cycle_bytes=MIB,
+    )
+    assert states.bytes == (1348 - 87 - 512 - 128) * MIB
+    assert (
+        "- compute buffer 87.0 - prompt cache 512 - 128 MiB kept free in the cgroup;" in states.arithmetic()
+    )

@@ -18,7 +18,8 @@ INFO = 2  # GGML_LOG_LEVEL_INFO
 
 
 def room(available_bytes: int, compute_buffer_bytes: int = 0) -> RunMemory:
-    """A room of ``available_bytes`` (no cgroup), with that compute buffer still to come."""
+    """A room of ``available_bytes`` (no cgroup, ``MemTotal`` unknown: 1 GiB left to the
+    machine), with that compute buffer still to come."""
     return RunMemory(MemoryRoom(available_bytes), compute_buffer_bytes=compute_buffer_bytes)
 
 
@@ -57,8 +58,9 @@ def test_a_negative_compute_buffer_is_a_bug() -> None:
 def test_the_mode_line_says_what_auto_subtracted() -> None:
     auto = resolve_budget(AUTO, memory=room(4789 * MIB, round(88.51 * MIB)), token_cycle_bytes=MIB)
     assert stream_mode_line(auto, 4, True, 512) == (
-        "mode: expert streaming, cache 3676 MiB (auto = room 4789 - compute buffer 88.5 - 1024 left free; "
-        "the room: MemAvailable, after dense 0 + KV 0 MiB), 4 lanes, O_DIRECT, prompt batch 512"
+        "mode: expert streaming, cache 3676 MiB (auto = room 4789 - compute buffer 88.5 - 1024 MiB left "
+        "to the machine; the room: MemAvailable, after dense 0 + KV 0 MiB), 4 lanes, O_DIRECT, "
+        "prompt batch 512"
     )
     given = resolve_budget(
         StreamConfig(enabled=True, cache_mb=700), memory=room(4788 * MIB), token_cycle_bytes=MIB

@@ -99,3 +99,22 @@ def test_growth_stops_at_the_ceiling_and_leaves_the_comfort_room() -> None:
 def test_a_config_that_cannot_work_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         governor(**bad)
+
+
+def test_watermarks_around_a_cgroups_thin_reserve_leave_the_start_budget_alone() -> None:
+    """``auto`` keeps 148 MiB free in a 2 GiB cgroup, of which the run itself uses about half:
+    the governor's comfort is half that reserve, so the start budget is not shrunk at once (a
+    fixed 512 MiB shrink mark would: measured, 55 MiB free with the cache full)."""
+    config = GovernorConfig.around(148 * MIB, floor_bytes=64 * MIB, ceil_bytes=1500 * MIB)
+    assert (config.shrink_below_bytes, config.comfort_bytes, config.grow_above_bytes, config.step_bytes) == (
+        37 * MIB,
+        74 * MIB,
+        148 * MIB,
+        74 * MIB,
+    )
+    g = MemoryGovernor(config)
+    assert g.observe(reading(55), budget_bytes=1500 * MIB, resident_bytes=1500 * MIB) is None
+    change = g.observe(reading(20), budget_bytes=1500 * MIB, resident_bytes=1500 * MIB)
+    assert change is not None and change.after == 1500 * MIB - 74 * MIB  # a step of half the reserve
+    wide = GovernorConfig.around(1536 * MIB, floor_bytes=0, ceil_bytes=8 * GIB)
+    assert (wide.shrink_below_bytes, wide.comfort_bytes, wide.step_bytes) == (384 * MIB, 768 * MIB, 256 * MIB)

@@ -26,6 +26,9 @@ from pathlib import Path
 import attrs
 
 from bmoe.domain.memory_room import CgroupLevel, MemoryRoom
+from bmoe.domain.metrics import parse_proc_status
+
+MIB = 1 << 20
 
 UNLIMITED = 1 << 60
 _LIMITED = UNLIMITED // 2  # v1 writes "no limit" as 9223372036854771712, v2 as "max"
@@ -200,6 +203,12 @@ class ProcessMemoryRoom:
         if self.place is None:
             return MemoryRoom(available, total or 0)
         return MemoryRoom.of(available, total or 0, read_levels(self.place), self.place.path)
+
+    def own_bytes(self) -> int:
+        """This process's resident memory (``VmRSS``; 0 where unknown): what a fresh cgroup
+        would hold of it before a run loads anything (``python -m bmoe.plan --mem-limit-mb``)."""
+        rss_mib = parse_proc_status(_read(self.proc / "self" / "status")).rss_mib
+        return max(0, int(rss_mib * MIB))
 
 
 def _read(path: Path) -> str:

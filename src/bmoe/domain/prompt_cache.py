@@ -60,6 +60,14 @@ def cache_ram_bytes(mib: int) -> int | None:
     return None if mib == -1 else mib * MIB
 
 
+def memory_tier_bytes(mib: int, state_bytes: int) -> int:
+    """What the prompt cache's memory tier may come to hold (``--cache-mb auto`` sets it
+    aside): ``--cache-ram`` in bytes; where unlimited (-1), one whole context's state
+    (``state_bytes``, the KV cache), the least it holds once a conversation is kept."""
+    limit = cache_ram_bytes(mib)
+    return max(0, state_bytes) if limit is None else limit
+
+
 @attrs.define
 class PromptCacheCounters:
     """Cumulative counts since the cache was made."""

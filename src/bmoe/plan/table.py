@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from bmoe.domain.plan.figures import MIB
-from bmoe.domain.plan.predict import Plan
+from bmoe.domain.plan.predict import Plan, resident_headroom
 
 
 def _mib(n: float) -> str:
@@ -46,7 +46,7 @@ def rows(plan: Plan) -> list[tuple[str, str]]:
         (
             "resident",
             ("fits" if plan.resident_fits else "does not fit")
-            + f" (needs {_mib(plan.resident_needs_bytes)} + 1024 MiB free)",
+            + f" (needs {_mib(plan.resident_needs_bytes)} + {resident_headroom(mc.room).describe()})",
         ),
         (
             "streamed",

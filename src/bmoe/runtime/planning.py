@@ -139,12 +139,17 @@ def model_figures(layout: ModelLayout, first: Path, name: str) -> ModelFigures:
 
 def memory_room(mem_limit_mb: int | None) -> tuple[MemoryRoom, str]:
     """The room as ``--cache-mb auto`` reads it, or as a fresh ``--mem-limit-mb`` cgroup would
-    leave it (``MemAvailable`` where lower)."""
-    room = ProcessMemoryRoom().read()
+    leave it (``MemAvailable`` where lower) to a run: the limit less what this process holds
+    already (the interpreter and llama.cpp's library, as a run's own process holds them)."""
+    reader = ProcessMemoryRoom()
+    room = reader.read()
     if mem_limit_mb is None:
         return room, room.describe()
     limit = mem_limit_mb * MIB
-    limited = MemoryRoom(room.available_bytes, room.total_bytes, limit_bytes=limit, group_room_bytes=limit)
+    group_room = max(0, limit - reader.own_bytes())
+    limited = MemoryRoom(
+        room.available_bytes, room.total_bytes, limit_bytes=limit, group_room_bytes=group_room
+    )
     return limited, f"--mem-limit-mb {mem_limit_mb}"
 
 

@@ -144,7 +144,13 @@ def start_governor(
     start = info.budget.bytes
     ceil = stream.cache_ceil_mb * MIB if stream.cache_ceil_mb is not None else start
     floor = min(info.token_cycle_bytes, ceil)
-    governor = CacheGovernor(control, GovernorConfig(floor_bytes=floor, ceil_bytes=ceil))
+    memory = info.budget.memory
+    watermarks = (
+        GovernorConfig(floor_bytes=floor, ceil_bytes=ceil)
+        if memory is None
+        else GovernorConfig.around(memory.headroom.reserve_bytes, floor_bytes=floor, ceil_bytes=ceil)
+    )
+    governor = CacheGovernor(control, watermarks)
     configured = cache_ram_bytes(cache_ram_mb)
     if cache is not None:  # under pressure, the kept conversations give their room back too
 

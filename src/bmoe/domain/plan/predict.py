@@ -31,13 +31,13 @@ from bmoe.domain.plan.hit_rate import (
     uniform_hit_rate,
 )
 from bmoe.domain.streaming.budget import (
-    AUTO_FLOOR_MIB,
     Budget,
     RunMemory,
     below_working_set,
     resolve_budget,
 )
 from bmoe.domain.streaming.config import StreamConfig
+from bmoe.domain.streaming.headroom import Headroom, run_margin_bytes
 from bmoe.domain.streaming.prefill_memory import (
     PrefillRoom,
     choose_prompt_batch,
@@ -162,6 +162,11 @@ class Plan:
         return out
 
 
+def resident_headroom(room: MemoryRoom) -> Headroom:
+    """What a resident run keeps free beside the limit that binds it (no read lanes)."""
+    return Headroom.of(room, run_margin=run_margin_bytes(0, 0))
+
+
 def less(room: MemoryRoom, taken: int) -> MemoryRoom:
     """The room once ``taken`` bytes more are in memory."""
     group = None if room.group_room_bytes is None else max(0, room.group_room_bytes - taken)
@@ -206,8 +211,14 @@ def make_plan(
         least=settings.n_parallel,
     )
     kept = decode_compute_bytes(per_token, batch.tokens)
-    memory = RunMemory(less(machine.room, model.dense_bytes + kv), model.dense_bytes, kv, kept)
     config = StreamConfig(enabled=True, cache_mb=settings.cache_mb)
+    memory = RunMemory(
+        less(machine.room, model.dense_bytes + kv),
+        model.dense_bytes,
+        kv,
+        kept,
+        run_margin_bytes=run_margin_bytes(config.io_threads, model.entry_bytes),
+    )
     budget = resolve_budget(config, memory=memory, token_cycle_bytes=model.token_cycle_bytes)
     streamed = model.dense_bytes + kv + kept + model.token_cycle_bytes
     prompts = settings.prompt_tokens
@@ -231,7 +242,7 @@ def make_plan(
         compute_per_token=per_token,
         prompt_batch=batch.tokens,
         resident_needs_bytes=resident,
-        resident_fits=resident + AUTO_FLOOR_MIB * MIB <= room,
+        resident_fits=resident <= resident_headroom(machine.room).free_bytes,
         streamed_needs_bytes=streamed,
         streamed_fits=streamed <= room,
         budget=budget,

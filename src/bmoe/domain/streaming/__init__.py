@@ -2,7 +2,7 @@
 cache policy (``cache_policy``), the engine's A/B switches (``engine_options``), faults
 (``fault``) and the figures a run reports (``counters``). Pure: no I/O, no llama.cpp."""
 
-from bmoe.domain.streaming.budget import AUTO_FLOOR_MIB, Budget, RunMemory, resolve_budget
+from bmoe.domain.streaming.budget import Budget, RunMemory, resolve_budget
 from bmoe.domain.streaming.cache_policy import (
     CacheCounters,
     Entry,
@@ -22,7 +22,6 @@ from bmoe.domain.streaming.engine_options import EngineOptions, PageRelease
 from bmoe.domain.streaming.fault import GraphFault, ReadFault, StreamFault
 
 __all__ = [
-    "AUTO_FLOOR_MIB",
     "GOVERNOR_MODES",
     "MIB",
     "STREAM_POLICIES",

@@ -8,7 +8,11 @@ The room is read once the session's context exists and the dense part is copied 
   pages, ``dense_bytes``) and the KV cache (llama.cpp clears its buffer when it creates the
   context, which touches every page, ``kv_bytes``);
 - still to come: llama.cpp's compute buffer (reserved at creation, touched only as ubatches
-  run, so the room does not show it yet, ``compute_buffer_bytes``). Only this is subtracted.
+  run, so the room does not show it yet, ``compute_buffer_bytes``) and the prompt cache's
+  memory tier (``--cache-ram``: conversations' states kept as the context changes hands,
+  ``prompt_states_bytes``). Only these are subtracted, with a reserve beside the limit that
+  binds (``domain.streaming.headroom``: a floor left to the machine, or inside the process's
+  own cgroup a margin sized from the run, ``run_margin_bytes``).
 
 So each is counted once, and the room *before* this run took anything is
 ``room + dense + KV``: the figure an explicit budget is held against, in the user's terms
@@ -21,8 +25,7 @@ import attrs
 
 from bmoe.domain.memory_room import MemoryRoom
 from bmoe.domain.streaming.config import MIB, StreamConfig
-
-AUTO_FLOOR_MIB = 1024  # left to everything else: the OS, the page cache, other processes...
+from bmoe.domain.streaming.headroom import Headroom, run_margin_bytes
 
 
 @attrs.frozen
@@ -33,9 +36,11 @@ class RunMemory:
     dense_bytes: int = 0  # in memory already: in the room's reading
     kv_bytes: int = 0  # in memory already: in the room's reading
     compute_buffer_bytes: int = 0  # reserved, not touched yet: still to come
+    prompt_states_bytes: int = 0  # the prompt cache's memory tier (--cache-ram): still to come
+    run_margin_bytes: int = run_margin_bytes(1, 0)  # kept in the run's own cgroup (headroom)
 
     def __attrs_post_init__(self) -> None:
-        for name in ("dense_bytes", "kv_bytes", "compute_buffer_bytes"):
+        for name in ("dense_bytes", "kv_bytes", "compute_buffer_bytes", "prompt_states_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
 
@@ -48,6 +53,16 @@ class RunMemory:
     def cache_fits_bytes(self) -> int:
         """The most the expert cache can take: the room less the compute buffer still to come."""
         return max(0, self.room.room_bytes - self.compute_buffer_bytes)
+
+    @property
+    def headroom(self) -> Headroom:
+        """The limit that binds ``auto`` and the reserve it keeps beside it."""
+        return Headroom.of(self.room, run_margin=self.run_margin_bytes)
+
+    @property
+    def still_to_come_bytes(self) -> int:
+        """What the run takes after the room was read: the compute buffer and the prompt states."""
+        return self.compute_buffer_bytes + self.prompt_states_bytes
 
 
 @attrs.frozen
@@ -66,15 +81,16 @@ class Budget:
 
     def arithmetic(self) -> str:
         """How ``auto`` came to its figure, for the ``mode:`` line: ``auto = room 1811 -
-        compute buffer 87.0 - 1024 left free; the room: under a cgroup limit of 2048 MiB,
-        after dense 180 + KV 384 MiB``."""
+        compute buffer 87.0 - 136 MiB kept free in the cgroup; the room: under a cgroup
+        limit of 2048 MiB, after dense 180 + KV 384 MiB`` (and ``- prompt cache 512`` where
+        ``--cache-ram`` keeps states in memory)."""
         m = self.memory
         if m is None:
             return f"auto, compute buffer {self.compute_buffer_bytes / MIB:.1f} MiB subtracted"
-        parts = [
-            f"auto = room {m.room.room_bytes / MIB:.0f} - compute buffer {m.compute_buffer_bytes / MIB:.1f} "
-            f"- {AUTO_FLOOR_MIB} left free"
-        ]
+        head = m.headroom
+        states = f" - prompt cache {m.prompt_states_bytes / MIB:.0f}" if m.prompt_states_bytes else ""
+        compute = f"compute buffer {m.compute_buffer_bytes / MIB:.1f}"
+        parts = [f"auto = room {head.room_bytes / MIB:.0f} - {compute}{states} - {head.describe()}"]
         if self.overruled:
             parts.append(self.overruled)
         held = f"dense {m.dense_bytes / MIB:.0f} + KV {m.kv_bytes / MIB:.0f} MiB"
@@ -87,8 +103,9 @@ def resolve_budget(config: StreamConfig, *, memory: RunMemory, token_cycle_bytes
 
     ``auto`` is the room less ``memory.compute_buffer_bytes`` (the compute buffer is
     allocated when the context is created but touched only as ubatches run, and it grows with
-    the ubatch: the 5.2 GiB bench model 11 MiB at ``-b 64``, 89 MiB at ``-b 512``) and less a
-    floor (``AUTO_FLOOR_MIB``), capped by ``cache_ceil_mb``. A budget given in MiB is taken
+    the ubatch: the 5.2 GiB bench model 11 MiB at ``-b 64``, 89 MiB at ``-b 512``), less the
+    prompt cache's memory tier, and less the reserve of the limit that binds
+    (``domain.streaming.headroom``), capped by ``cache_ceil_mb``. A budget given in MiB is taken
     as given; where it and the compute buffer exceed the room, a warning says so with the
     figures and what would fit.
 
@@ -104,8 +121,7 @@ def resolve_budget(config: StreamConfig, *, memory: RunMemory, token_cycle_bytes
         if budget > memory.cache_fits_bytes:
             warnings.append(does_not_fit(config.cache_mb, memory))
         return Budget(budget, auto=False, warning="; ".join(warnings) or None, memory=memory)
-    room = memory.room.room_bytes
-    budget = max(0, room - AUTO_FLOOR_MIB * MIB - memory.compute_buffer_bytes)
+    budget = max(0, memory.headroom.free_bytes - memory.still_to_come_bytes)
     overruled = ""
     if config.cache_ceil_mb is not None and budget > config.cache_ceil_mb * MIB:
         budget, overruled = config.cache_ceil_mb * MIB, f"capped at --cache-ceil-mb {config.cache_ceil_mb}"
@@ -129,7 +145,7 @@ def does_not_fit(cache_mb: int, memory: RunMemory) -> str:
         f"+ compute buffer {m.compute_buffer_bytes / MIB:.1f} = {total / MIB:.0f} MiB, more than "
         f"the room of {m.room_before_bytes / MIB:.0f} MiB ({m.room.describe()}): the kernel may "
         f"kill the process; at most --cache-mb {m.cache_fits_bytes // MIB} fits "
-        f"(--cache-mb auto leaves {AUTO_FLOOR_MIB} MiB free besides)"
+        f"(--cache-mb auto: {m.headroom.describe()} besides)"
     )
 
 

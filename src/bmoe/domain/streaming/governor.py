@@ -16,10 +16,14 @@ nothing) and a ceiling (``--cache-ceil-mb``, or the budget ``auto`` chose at sta
   a shrink; each step adds at most ``step_bytes`` and never more than leaves the room at
   ``comfort_bytes``, up to the ceiling.
 
-The room is counted in bytes, not as a share of the machine: ``--cache-mb auto`` leaves 1 GiB
-(``AUTO_FLOOR_MIB``) to everything else, so the comfort is that 1 GiB, a shrink starts at half
-of it and growth above twice it; a share would have the governor fight the budget ``auto``
-chose on a large machine (20% of 24 GiB is 4.8 GiB that ``auto`` gave the cache).
+The room is counted in bytes, not as a share of the machine: ``--cache-mb auto`` keeps a
+reserve beside the limit that binds (``domain.streaming.headroom``: a floor left to the
+machine, or inside the process's own cgroup a margin sized from the run), of which the run
+itself uses some (inside a cgroup about half: its reads in flight, its allocator), so the
+comfort is half that reserve, a shrink starts at a quarter of it and growth above all of
+it, a step at most half of it (``GovernorConfig.around``); a share would have the governor fight the budget
+``auto`` chose on a large machine (20% of 24 GiB is 4.8 GiB that ``auto`` gave the cache),
+and a fixed GiB would shrink at once a budget that leaves a 2 GiB cgroup 200 MiB.
 
 A budget that shrinks evicts the coldest entries and gives their pages back (the engine does
 that at the next decode boundary); one that grows only lets the cache fill again as tokens
@@ -74,6 +78,21 @@ class GovernorConfig:
             raise ValueError("need 0 < shrink_below_bytes < comfort_bytes < grow_above_bytes")
         if self.step_bytes <= 0 or self.grow_after < 1 or self.cooldown < 0:
             raise ValueError("need step_bytes > 0, grow_after >= 1 and cooldown >= 0")
+
+    @classmethod
+    def around(cls, reserve_bytes: int, *, floor_bytes: int, ceil_bytes: int) -> GovernorConfig:
+        """Watermarks around the reserve ``auto`` kept (module docstring): comfort at half of
+        it, a shrink below a quarter, growth above all of it, steps of at most half of it (and
+        256 MiB)."""
+        comfort = max(2 * MIB, reserve_bytes // 2)
+        return cls(
+            floor_bytes=floor_bytes,
+            ceil_bytes=ceil_bytes,
+            shrink_below_bytes=comfort // 2,
+            comfort_bytes=comfort,
+            grow_above_bytes=2 * comfort,
+            step_bytes=min(256 * MIB, comfort),
+        )
 
 
 @attrs.frozen

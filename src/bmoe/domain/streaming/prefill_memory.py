@@ -35,7 +35,7 @@ import attrs
 from bmoe.domain.streaming.budget import Budget
 from bmoe.domain.streaming.config import MIB, STREAMED_PROMPT_BATCH
 
-PREFILL_FREE_MIB = 512  # left free while a prompt runs (the decode leaves AUTO_FLOOR_MIB): measured,
+PREFILL_FREE_MIB = 512  # left free while a prompt runs (the decode: domain.streaming.headroom): measured,
 # a prompt-sized prefill of the bench model in 2 GiB held 150-260 MiB of RSS beyond dense + KV + cache
 # budget + compute buffer (bounce buffers, pages waiting to go back, the process itself)
 PROMPT_BATCH_FLOOR = 64  # the least a prompt batch is made (the resident default)
@@ -128,11 +128,12 @@ def lending_floor(token_cycle_bytes: int, layer_bytes: int) -> int:
 
 def spare_bytes(budget: Budget) -> int | None:
     """What the cache and a prompt's compute buffer may take together: the room read once
-    the dense part and the KV cache were in, less ``PREFILL_FREE_MIB`` (None where no room
-    was read)."""
+    the dense part and the KV cache were in, less ``PREFILL_FREE_MIB`` and the prompt cache's
+    memory tier (None where no room was read)."""
     if budget.memory is None:
         return None
-    return max(0, budget.memory.room.room_bytes - PREFILL_FREE_MIB * MIB)
+    held = PREFILL_FREE_MIB * MIB + budget.memory.prompt_states_bytes
+    return max(0, budget.memory.room.room_bytes - held)
 
 
 @attrs.frozen
