@@ -58,7 +58,7 @@ from posix.mman cimport (
     mmap,
 )
 from posix.stdlib cimport posix_memalign
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime, timespec
 from posix.unistd cimport close as c_close, pread, usleep
 
 from bmoe.cext.cache_core cimport (
@@ -619,6 +619,8 @@ cdef class ExpertStreamer:
             "reads_orphaned": s.orphaned,
             "orphans_cut": s.orphans_cut,
             "bytes_landed": s.landed_bytes,
+            "land_s": s.land_ns * 1e-9,
+            "lane_cpu_s": s.lane_cpu_ns * 1e-9,
             "projection_waits": s.proj_splits,
             "pages_recycled": s.recycled,
             "topk_stops": s.topk_stops,

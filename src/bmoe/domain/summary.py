@@ -5,6 +5,7 @@ from __future__ import annotations
 from bmoe.domain.generation import RunResult
 from bmoe.domain.streaming import MIB, Budget, StreamReport
 from bmoe.domain.streaming.prefill_memory import PromptBatch
+from bmoe.domain.streaming.step_account import StepAccount
 
 
 def generation_line(result: RunResult) -> str:
@@ -91,7 +92,7 @@ def stream_lines(result: RunResult) -> list[str]:
         f"moe-stream: {total:.1f} MiB read ({report.read_mib_tok:.2f} MiB/token), "
         f"decode {per_tok:.4f} s/token (compute {report.compute_s_tok:.4f} + cache mgmt "
         f"{report.mgmt_s_tok:.4f} + waiting for reads {report.stall_s_tok:.4f}; "
-        f"the lanes read for {report.io_s_tok:.4f})",
+        f"the lanes read for {report.io_s_tok:.4f}; {StepAccount.of(report).text()})",
         f"moe-cache: {hit}, {resident:.1f} MiB resident of {budget:.1f} MiB budget; "
         f"{evictions} evictions{release}, {rereads} re-reads{tail}",
     ]

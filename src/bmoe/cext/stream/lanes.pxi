@@ -32,15 +32,17 @@ cdef int64_t read_exact(int fd, char * buf, int64_t length, int64_t offset) noex
 cdef void land(stream_t * s, job_t * job, int lane, const char * src) noexcept nogil:
     """Write one projection's bytes, read in the file's layout, into its slice: copied, or
     repacked by llama.cpp (``ggml_backend_tensor_set`` on the lane's copy of the template,
-    pointed at the slice)."""
+    pointed at the slice). Timed into ``land_ns``."""
     cdef ggml_tensor * t
+    cdef long long t0 = now_ns()
     if job.repack == NULL:
         memcpy(job.dest, src, job.size)
-        return
-    t = &s.lane_tensor[lane]
-    t[0] = job.repack[0]
-    t.data = job.dest
-    s.tensor_set(t, src, 0, job.size)
+    else:
+        t = &s.lane_tensor[lane]
+        t[0] = job.repack[0]
+        t.data = job.dest
+        s.tensor_set(t, src, 0, job.size)
+    bmoe_fetch_add(&s.land_ns, now_ns() - t0)
 
 
 cdef int run_job(stream_t * s, job_t * job, int lane) noexcept nogil:
@@ -149,13 +151,18 @@ cdef void read_popped(stream_t * s, int32_t idx, int lane) noexcept nogil:
     (IO_ORPHAN) stops at the next projection and its pages go back here."""
     cdef double t0
     cdef bint stopped
+    cdef long long cpu0
     s.io_state[idx] = IO_READING
     s.tr.active_reads += 1
     pthread_mutex_unlock(&s.lanes.mu)
+    cpu0 = thread_cpu_ns()
     t0 = now()
     stopped = read_entry_now(s, idx, lane, True) == 1
     t0 = now() - t0
+    cpu0 = thread_cpu_ns() - cpu0
     pthread_mutex_lock(&s.lanes.mu)
+    if lane > 0:
+        s.lane_cpu_ns += cpu0
     if stopped:
         s.orphans_cut += 1
     s.tr.active_reads -= 1

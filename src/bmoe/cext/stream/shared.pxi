@@ -294,6 +294,11 @@ cdef struct stream_t:
                                    # its lane (IO_ORPHAN) instead of waited for; 0: waited for
     int64_t orphaned               # victims left to their lane so
     int64_t orphans_cut            # orphaned reads that stopped before their last projection
+    long long land_ns              # time landing projections in their slices (memcpy, or llama.cpp's
+                                   # repack): CPU work on whichever lane read; any lane, atomically
+    long long lane_cpu_ns          # the worker lanes' own CPU time (user + system: the repack, the
+                                   # O_DIRECT path in the kernel) while reading: CPU taken from the
+                                   # cores the compute threads share; under the lanes' mutex
     long long landed_bytes         # projection bytes read from the files into their slices (the
                                    # plans count a read when planned: one cancelled while queued,
                                    # or cut, never lands); any lane, atomically
@@ -376,6 +381,19 @@ cdef inline double now() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline long long thread_cpu_ns() noexcept nogil:
+    """This thread's CPU time (user + system) in nanoseconds."""
+    cdef timespec ts
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec
+
+
+cdef inline long long now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec
 
 
 cdef inline void free_clear(void ** p) noexcept nogil:

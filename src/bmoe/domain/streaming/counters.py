@@ -42,6 +42,8 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "stall_ahead_s": 0.0,
     "minor_faults": 0,
     "system_s": 0.0,
+    "land_s": 0.0,
+    "lane_cpu_s": 0.0,
 }
 
 
@@ -80,6 +82,9 @@ class StreamCounters:
     bytes_landed: int = 0  # bytes the reads put in memory (bytes_read counts a read when planned;
     # one cancelled while still queued, or cut short, lands less; the fast path's, 0 in reference)
     projection_waits: int = 0  # graph nodes that waited for one expert projection of their layer
+    land_s: float = 0.0  # landing read bytes in their slices (memcpy, or llama.cpp's repack), any lane
+    lane_cpu_s: float = 0.0  # the worker lanes' CPU time while reading (user + system): CPU the
+    # compute threads lose where the lanes share their cores
     # the process's, not the streamer's (getrusage, every thread): what the read path costs
     # the kernel (a fresh page for each read that lands where no page was, syscalls)
     minor_faults: int = 0
