@@ -1,20 +1,23 @@
 """Put a loaded llama.cpp model on expert streaming (see docs/streaming.md).
 
-``ExpertStreaming.attach`` runs once per session, after the context exists:
+``ExpertStreaming.attach`` runs once per session, after the context exists, in this order:
 
-1. *capture*: one warm-up decode in capture mode records the address of every weight the
-   graph reads; with the GGUF layout this gives, per file, the base of llama.cpp's mapping
-   (every weight must agree on it: otherwise the weights are not where streaming needs
-   them, and the model stays resident);
-2. *overlay*: each file's data region of the mapping is replaced by anonymous memory; the
-   dense bytes (everything but routed experts) are copied in once, so nothing in use still
-   points into the file, and the experts' pages stay empty until a read fills them;
-3. *open*: the files are opened for the read lanes (``O_DIRECT`` where allowed), the
+1. *capture* (``bmoe.adapters.streaming_capture``): one warm-up decode in capture mode
+   records the address of every weight the graph reads; with the GGUF layout this gives, per
+   file, the base of llama.cpp's mapping (every weight must agree on it: otherwise the
+   weights are not where streaming needs them, and the model stays resident);
+2. *overlay* (``bmoe.adapters.dense_overlay``): each file's data region of the mapping is
+   replaced by anonymous memory; the dense bytes (everything but routed experts) are copied
+   in once, so nothing in use still points into the file, and the experts' pages stay empty
+   until a read fills them;
+3. *open* (here): the files are opened for the read lanes (``O_DIRECT`` where allowed), the
    engine options resolved for this machine (``ExpertStreaming.engine``) and the budget set;
-4. *repack* (unless ``--no-repack``): the weights llama.cpp would repack at load are
-   repacked as it does (``bmoe.adapters.llama.repack``): the dense ones moved into a
-   ``CPU_REPACK`` buffer (their overlay pages given back), the routed experts' tensors
-   tagged so that the lanes write each expert repacked as they read it.
+4. *routers* (``bmoe.adapters.router_gates``), for the decode routing policies that evaluate
+   them: each MoE layer's router copied as F32 rows;
+5. *repack* (``bmoe.adapters.streaming_repack``, unless ``--no-repack``): the weights
+   llama.cpp would repack at load are repacked as it does (``bmoe.adapters.llama.repack``):
+   the dense ones moved into a ``CPU_REPACK`` buffer (their overlay pages given back), the
+   routed experts' tensors tagged so that the lanes write each expert repacked as they read it.
 
 The caller then hands the streamer its setup knobs, the engine options among them, in one
 value (``StreamerSettings``, ``ExpertStreamer.configure``) and switches the C callback to the
@@ -23,7 +26,6 @@ fast path or to the reference policy (``bmoe.runtime.streaming``).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 from collections.abc import Callable
@@ -31,17 +33,18 @@ from pathlib import Path
 
 import attrs
 
+from bmoe.adapters.dense_overlay import overlay_dense
 from bmoe.adapters.expert_source import streamer_fault
 from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation, read_header_values, read_layout
 from bmoe.adapters.llama.context import LlamaContext
 from bmoe.adapters.llama.devices import backend_api
 from bmoe.adapters.llama.model import LlamaModel
-from bmoe.adapters.llama.repack import CpuRepack, DenseRepack, ExpertRepack
 from bmoe.adapters.model_files import MappedFiles
 from bmoe.adapters.native_errors import native_call
 from bmoe.adapters.router_gates import RouterGates
+from bmoe.adapters.streaming_capture import StreamingUnavailable, locate_experts
+from bmoe.adapters.streaming_repack import repack_weights
 from bmoe.cext import expert_stream
-from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.memory_room import MemoryRoom
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
 from bmoe.domain.streaming import (
@@ -53,25 +56,19 @@ from bmoe.domain.streaming import (
     StreamFault,
     resolve_budget,
 )
-from bmoe.domain.streaming.engine_options import EngineOptions, RepackParts
+from bmoe.domain.streaming.engine_options import EngineOptions
 from bmoe.domain.streaming.page_recycling import recycling_fits, worst_case_mappings
 from bmoe.domain.streaming.rank_worker import rank_on_worker
 from bmoe.domain.weight_layout import WeightLayout
-from bmoe.errors import DecodeAbortedError
 
-PAGE = 4096
-
-
-class StreamingUnavailable(Exception):
-    """Why a model runs resident instead (a message for the user, not an error)."""
-
-
-def _page_floor(x: int) -> int:
-    return x - x % PAGE
-
-
-def _page_ceil(x: int) -> int:
-    return _page_floor(x + PAGE - 1)
+# StreamingUnavailable lives with the capture, which raises it too; its importers find it here
+__all__ = [
+    "ExpertStreaming",
+    "StreamingInfo",
+    "StreamingUnavailable",
+    "has_streamable_experts",
+    "plan_projections",
+]
 
 
 def has_streamable_experts(path: Path) -> bool:
@@ -112,78 +109,6 @@ def plan_projections(
     return names, found
 
 
-def _mapping_bases(layout: ModelLayout, captured: dict[str, int]) -> dict[int, int]:
-    """Per file, the address where llama.cpp mapped its byte 0."""
-    bases: dict[int, set[int]] = {}
-    for name, address in captured.items():
-        loc = layout.tensors.get(name)
-        if loc is not None:
-            bases.setdefault(loc.file_index, set()).add(address - loc.offset)
-    out = {}
-    for index, found in bases.items():
-        if len(found) != 1:
-            raise StreamingUnavailable(
-                "weights do not lie in llama.cpp's file mapping (repacked or copied?): cannot stream"
-            )
-        out[index] = found.pop()
-    return out
-
-
-def _complement(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
-    out = []
-    pos = start
-    for a, b in sorted(ranges):
-        if a > pos:
-            out.append((pos, a))
-        pos = max(pos, b)
-    if pos < end:
-        out.append((pos, end))
-    return out
-
-
-def capture(ctx: LlamaContext, streamer: expert_stream.ExpertStreamer, abort: AbortFlag | None) -> set[str]:
-    """One decode of token 0 in capture mode: the ``ask`` pass of llama.cpp's scheduler
-    records every weight the graph reads before anything computes. The names seen, in host
-    memory and on devices.
-
-    With ``abort`` (the context's abort flag) set before it, the decode stops after that
-    pass: after a lazy load (``ModelParams.populate``) computing the token would read the
-    pages of every expert it routes, and the kernel's read-around with them (2.4 GB of the
-    2.6 GB trained bench model here, with this disk's 8 MiB read-ahead). A graph in several
-    parts (layers on devices) stops after the first part: the caller checks what was seen
-    and captures again, computing."""
-    streamer.mode = expert_stream.MODE_CAPTURE  # a second capture adds to the first (by name)
-    try:
-        if abort is None:
-            ctx.decode([0], 0)
-        else:
-            abort.set()
-            try:
-                with contextlib.suppress(DecodeAbortedError):
-                    ctx.decode([0], 0)
-            finally:
-                abort.clear()
-    finally:
-        streamer.mode = expert_stream.MODE_OFF
-        ctx.clear()
-    return set(streamer.captured()) | set(streamer.captured_on_devices())
-
-
-def _on_the_host(
-    streamer: expert_stream.ExpertStreamer,
-    found: list[tuple[int, int, TensorLocation]],
-    captured: dict[str, int],
-) -> list[tuple[int, int, TensorLocation]]:
-    """The expert tensors llama.cpp placed in host memory (streamed); a layer whose experts
-    are all on a device (``--n-cpu-moe`` with ``-ngl``) is served there, not by the streamer."""
-    on_host = [f for f in found if f[2].name in captured]
-    for layer in {f[0] for f in found} - {f[0] for f in on_host}:
-        streamer.serve_elsewhere(layer)
-    if not on_host:
-        raise StreamingUnavailable("every routed expert is resident on a device: nothing to stream")
-    return on_host
-
-
 def _recycling_off(n_slices: int) -> str:
     """Why page recycling must stay off for a model of ``n_slices`` expert slices ("" when it
     may be used): the process's memory mappings it could take, against ``vm.max_map_count``."""
@@ -215,60 +140,6 @@ class StreamingInfo:
     recycling: bool = True  # evicted pages move under the next read's slices
     recycling_off: str = ""  # why not, when it is off
     repack: WeightLayout = attrs.field(factory=lambda: WeightLayout(asked=False))
-
-
-def _repack(
-    model: LlamaModel,
-    streamer: expert_stream.ExpertStreamer,
-    found: list[tuple[int, int, TensorLocation]],
-    parts: RepackParts = "all",
-    refuse: tuple[str, ...] = (),
-) -> WeightLayout:
-    """Place what llama.cpp would (after the overlay and the routers' copies: the dense
-    bytes are read from the overlay, whose pages are given back once moved): each dense
-    weight in the first extra buffer type that computes it (``AMX`` before ``CPU_REPACK``
-    unless refused), each routed expert repacked into ``CPU_REPACK`` as it is read."""
-    cpu = CpuRepack.find(refuse)
-    if cpu is None:
-        return WeightLayout(asked=True)
-    weights = streamer.captured_weights()
-    expert_names = {loc.name for _, _, loc in found}
-    n_used = model.n_expert_used
-    dense_at: dict[int, list[int]] = {}  # buft -> dense tensors placed there
-    names: dict[int, str] = {}
-    experts: dict[str, int] = {}
-    for name, (t, use) in weights.items():
-        is_expert = name in expert_names
-        # ``parts``, an A/B switch for benchmarks only (EngineOptions.repack_parts): the dense
-        # weights' share of the gain and the experts' (the output then matches no resident run)
-        if parts in ("dense", "experts") and is_expert != (parts == "experts"):
-            continue
-        if is_expert:
-            if cpu.wants(t, use, n_used):
-                experts[name] = t
-        elif (where := cpu.place(t, use, n_used)) is not None:
-            dense_at.setdefault(where[1], []).append(t)
-            names[where[1]] = where[0]
-    with native_call("repacking the dense weights"):
-        dense = DenseRepack(dense_at, moved=expert_stream.give_back, names=names)
-        model.keep_until_closed(dense)
-        expert = ExpertRepack(cpu, experts.values())
-        model.keep_until_closed(expert)
-    n_repacked = 0
-    for layer, p, loc in found:
-        template = expert.templates.get(experts.get(loc.name, 0), 0)
-        if template:
-            streamer.set_projection_repack(layer, p, template, expert.tensor_set)
-            n_repacked += 1
-    return WeightLayout(
-        asked=True,
-        available=True,
-        dense_tensors=dense.n_tensors,
-        dense_bytes=dense.n_bytes,
-        expert_tensors=n_repacked,
-        expert_tensors_total=len(found),
-        buffers=tuple(dense.by_type.items()),
-    )
 
 
 class ExpertStreaming:
@@ -333,60 +204,10 @@ class ExpertStreaming:
         compute buffer keeps beside the cache (``--cache-mb auto`` subtracts it); None, all
         it reserved; less where the cache lends a prompt-sized buffer its room
         (``bmoe.domain.streaming.prefill_memory``)."""
-        # 1. capture: where did llama.cpp put each file?
-        abort = ctx.abort
-        if not (
-            model.lazy_load
-            and isinstance(abort, AbortFlag)
-            and capture(ctx, streamer, abort) >= {loc.name for _, _, loc in found}
-        ):
-            capture(ctx, streamer, None)
-        if streamer.capture_overflow:
-            raise StreamingUnavailable("the graph reads more weight tensors than bmoe can locate")
-        captured = streamer.captured()  # weights in host memory only
-        found = _on_the_host(streamer, found, captured)
-        bases = _mapping_bases(layout, captured)
-        missing = {loc.file_index for _, _, loc in found} - set(bases)
-        if missing:
-            raise StreamingUnavailable(f"no weight of file(s) {sorted(missing)} was seen: cannot locate them")
-        for layer, p, loc in found:
-            streamer.set_projection(
-                layer,
-                p,
-                bases[loc.file_index] + loc.offset,
-                loc.n_bytes // model.n_expert,
-                loc.file_index,
-                loc.offset,
-            )
+        # 1. capture: where did llama.cpp put each file? (the streamed experts: those on the host)
+        found, bases = locate_experts(model, ctx, streamer, layout, found)
         # 2. overlay every mapped file's data region; copy the dense bytes in
-        expert_ranges: dict[int, list[tuple[int, int]]] = {}
-        for _, _, loc in found:
-            expert_ranges.setdefault(loc.file_index, []).append((loc.offset, loc.offset + loc.n_bytes))
-        # weights llama.cpp placed on a device are not read from the mapping: not copied
-        not_copied = {i: list(r) for i, r in expert_ranges.items()}
-        for name in streamer.captured_on_devices():
-            if (at := layout.tensors.get(name)) is not None:
-                not_copied.setdefault(at.file_index, []).append((at.offset, at.offset + at.n_bytes))
-        dense = 0
-        for index, base in bases.items():
-            tensors = layout.in_file(index)
-            start = _page_floor(min(t.offset for t in tensors))
-            end = _page_ceil(max(t.offset + t.n_bytes for t in tensors))
-            end = min(end, _page_ceil(layout.sizes[index]))
-            fills = _complement(sorted(not_copied.get(index, [])), start, min(end, layout.sizes[index]))
-            with native_call(f"expert streaming: copying the dense weights of {layout.paths[index]}"):
-                fd = os.open(layout.paths[index], os.O_RDONLY)
-                try:
-                    expert_stream.overlay_anonymous(base + start, end - start)
-                    for a, b in expert_ranges.get(index, []):
-                        expert_stream.advise_hugepages(base + a, b - a, False)
-                    for a, b in fills:
-                        expert_stream.advise_hugepages(base + a, b - a, True)
-                        expert_stream.fill_from_file(fd, a, base + a, b - a)
-                        dense += b - a
-                    expert_stream.drop_file_cache(fd)
-                finally:
-                    os.close(fd)
+        dense = overlay_dense(streamer, layout, found, bases)
         # 3. reads and budget
         with native_call("expert streaming: opening the model files for the read lanes"):
             odirect = streamer.open_files(
@@ -410,7 +231,9 @@ class ExpertStreaming:
             per_expert[layer] = per_expert.get(layer, 0) + loc.n_bytes // model.n_expert
         cycle = sum(v * n_used for v in per_expert.values())
         # read now, with the dense part copied in and the KV cache cleared (both in the
-        # room's reading), the compute buffer still untouched (subtracted): domain.streaming.budget
+        # room's reading), the compute buffer still untouched (subtracted): domain.streaming.budget.
+        # Before the repack (step 5), which moves dense weights into buffers of its own and gives
+        # their overlay pages back: only until then is ``dense`` what the room's reading holds
         memory = RunMemory(
             memory_room(),
             dense_bytes=dense,
@@ -439,7 +262,7 @@ class ExpertStreaming:
                 )
         # 5. repacked weights, as llama.cpp would have them
         repacked = (
-            _repack(model, streamer, found, options.repack_parts, refuse)
+            repack_weights(model, streamer, found, options.repack_parts, refuse)
             if repack
             else WeightLayout(asked=False)
         )

@@ -6,7 +6,7 @@ computes it (``use_extra_bufts``: ``AMX``, then ``CPU_REPACK``). Where AMX is re
 without extra buffer types and placed here, the way streaming places its dense part:
 
 1. one decode of token 0 in a throwaway context, the streamer in capture mode: every
-   weight the graph reads and the op it feeds (``expert_streaming.capture``);
+   weight the graph reads and the op it feeds (``streaming_capture.capture``);
 2. each weight in host memory moved into the first extra buffer type, refused ones left
    out, whose kernels compute its op (``CpuRepack.place``: the test llama.cpp's loader
    makes), dense and routed experts alike; llama.cpp allocates and fills the buffers
@@ -19,11 +19,11 @@ must agree (a CPU without AMX), bit for bit.
 
 from __future__ import annotations
 
-from bmoe.adapters.expert_streaming import capture
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.adapters.llama.devices import backend_api
 from bmoe.adapters.llama.repack import CpuRepack, DenseRepack
 from bmoe.adapters.native_errors import native_call
+from bmoe.adapters.streaming_capture import capture
 from bmoe.cext import expert_stream
 from bmoe.domain.weight_layout import WeightLayout
 
