@@ -57,6 +57,7 @@ from bmoe.domain.streaming import (
     resolve_budget,
 )
 from bmoe.domain.streaming.engine_options import EngineOptions
+from bmoe.domain.streaming.headroom import run_margin_bytes
 from bmoe.domain.streaming.page_recycling import recycling_fits, worst_case_mappings
 from bmoe.domain.streaming.rank_worker import rank_on_worker
 from bmoe.domain.weight_layout import WeightLayout
@@ -199,11 +200,13 @@ class ExpertStreaming:
         repack: bool = True,
         refuse: tuple[str, ...] = (),
         kept_compute_bytes: int | None = None,
+        prompt_states_bytes: int = 0,
     ) -> ExpertStreaming:
         """The streamer set up on ``ctx``'s graph. ``kept_compute_bytes``: what llama.cpp's
         compute buffer keeps beside the cache (``--cache-mb auto`` subtracts it); None, all
         it reserved; less where the cache lends a prompt-sized buffer its room
-        (``bmoe.domain.streaming.prefill_memory``)."""
+        (``bmoe.domain.streaming.prefill_memory``). ``prompt_states_bytes``: what the prompt
+        cache's memory tier may come to hold (``--cache-mb auto`` sets it aside too)."""
         # 1. capture: where did llama.cpp put each file? (the streamed experts: those on the host)
         found, bases = locate_experts(model, ctx, streamer, layout, found)
         # 2. overlay every mapped file's data region; copy the dense bytes in
@@ -241,6 +244,8 @@ class ExpertStreaming:
             compute_buffer_bytes=(
                 ctx.compute_buffer_bytes if kept_compute_bytes is None else kept_compute_bytes
             ),
+            prompt_states_bytes=prompt_states_bytes,
+            run_margin_bytes=run_margin_bytes(config.io_threads, max(per_expert.values())),
         )
         budget = resolve_budget(config, memory=memory, token_cycle_bytes=cycle)
         streamer.set_budget(budget.bytes)

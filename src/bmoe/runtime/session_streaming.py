@@ -21,7 +21,7 @@ from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
-from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget
+from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget, memory_tier_bytes
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
 from bmoe.domain.streaming.prefill_memory import (
@@ -103,6 +103,7 @@ def open_context(
             repack=config.repack,
             refuse=load.amx.refused,
             kept_compute_bytes=None if batch is None else decode_compute_bytes(per_token, context.n_ubatch),
+            prompt_states_bytes=memory_tier_bytes(config.cache_ram_mb, ctx.kv_bytes),
         )
         if on_load is not None:
             on_load("setting up expert streaming", 1.0)
