@@ -46,8 +46,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budgets",
         default="0,25%,50%",
-        help="streaming cache budgets: MiB (1536), a share of the experts (25%%), 0 = cache off; "
-        "25%% is always added (the routing check). Default 0,25%%,50%%",
+        help="streaming cache budgets: MiB (1536), a share of the experts (25%%), 0 = cache off, auto "
+        "(--cache-mb auto, the default of bmoe's commands: sized from the memory room); 25%% is always "
+        "added (the routing check). Default 0,25%%,50%%",
     )
     p.add_argument(
         "--prefetch",

@@ -28,7 +28,10 @@ def draw(summaries: Sequence[Summary], out: Path, *, title: str, bandwidth_mib_s
             "no chart: matplotlib is missing (.venv/bin/pip install -e '.[bench]' (from a checkout of bmoe))"
         ) from None
 
-    streamed = sorted((s for s in summaries if s.kind == "stream" and s.ok), key=lambda s: s.cache_mib or 0)
+    streamed = sorted(  # by budget: auto has none of its own, and is left out
+        (s for s in summaries if s.kind == "stream" and s.ok and s.cache_mib is not None),
+        key=lambda s: s.cache_mib or 0,
+    )
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     if streamed:
         xs = [s.cache_mib or 0 for s in streamed]

@@ -222,6 +222,8 @@ class BmoeStepper:
             "route_ahead_agree": c.route_ahead_agree,
             "dropped": c.dropped,
             "substituted": c.substituted,
+            "land_s": c.land_s,
+            "lane_cpu_s": c.lane_cpu_s,
             "rank_s": c.rank_s,
             "issue_s": c.issue_s,
             # the wait for reads by MoE layer (``stall_layer_N``): where a token's stall sits

@@ -27,13 +27,17 @@ class BenchConfigError(ValueError):
 
 @attrs.frozen
 class Budget:
-    """A cache budget: ``mib`` MiB, or ``percent`` % of the routed experts' bytes."""
+    """A cache budget: ``mib`` MiB, ``percent`` % of the routed experts' bytes, or ``auto``
+    (``--cache-mb auto``, the default: the session sizes it from the memory room)."""
 
     mib: int | None = None
     percent: float | None = None
+    auto: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if (self.mib is None) == (self.percent is None):
+        if self.auto and (self.mib is not None or self.percent is not None):
+            raise BenchConfigError("an auto budget has no size of its own")
+        if not self.auto and (self.mib is None) == (self.percent is None):
             raise BenchConfigError("a budget is either MiB or a percentage of the experts")
         if self.mib is not None and self.mib < 0:
             raise BenchConfigError(f"a budget cannot be negative ({self.mib} MiB)")
@@ -41,7 +45,10 @@ class Budget:
             raise BenchConfigError(f"a budget percentage must be in (0, 100], not {self.percent}")
 
     def resolve_mib(self, expert_bytes: int) -> int:
-        """The budget in MiB for a model whose routed experts take ``expert_bytes``."""
+        """The budget in MiB for a model whose routed experts take ``expert_bytes`` (an auto
+        budget has none before the session reads its room: ``BenchConfigError``)."""
+        if self.auto:
+            raise BenchConfigError("an auto budget is chosen by the session: it has no size here")
         if self.mib is not None:
             return self.mib
         assert self.percent is not None
@@ -49,8 +56,11 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """``"1536"`` -> 1536 MiB, ``"25%"`` -> a quarter of the experts, ``"0"`` -> cache off."""
+    """``"1536"`` -> 1536 MiB, ``"25%"`` -> a quarter of the experts, ``"0"`` -> cache off,
+    ``"auto"`` -> the session's own choice from the memory room (the default)."""
     s = text.strip()
+    if s == "auto":
+        return Budget(auto=True)
     try:
         if s.endswith("%"):
             return Budget(percent=float(s[:-1]))
@@ -59,7 +69,7 @@ def parse_budget(text: str) -> Budget:
         if isinstance(exc, BenchConfigError):
             raise
         raise BenchConfigError(
-            f"a budget is MiB (1536) or a share of the experts (25%), not {text!r}"
+            f"a budget is MiB (1536), a share of the experts (25%) or auto, not {text!r}"
         ) from None
 
 
@@ -191,7 +201,8 @@ def build_configs(
     by increasing budget. Streaming always includes the routing probe's budget (25% of the
     experts), and each budget (in MiB) runs once, then once more per ``prefetch`` depth and
     per decode routing policy (budgets with a cache only, and not the probe's where only the
-    probe asked for it)."""
+    probe asked for it). An ``auto`` budget runs first among them (``stream-auto``), with the
+    same policies."""
     extra = tuple(dict.fromkeys([*(Policy("prefetch", float(k)) for k in prefetch), *policies]))
     out: list[BenchConfig] = []
     labels = {
@@ -202,8 +213,25 @@ def build_configs(
     for kind in ("stock", "stock-norepack", "resident"):
         if kind in kinds:
             out.append(BenchConfig(key=kind, label=labels[kind], kind=kind))
+    if "stream" in kinds and any(b.auto for b in budgets):
+        out.append(
+            BenchConfig(
+                key="stream-auto",
+                label="bmoe stream, cache auto (the default: sized from the memory room)",
+                kind="stream",
+            )
+        )
+        out.extend(
+            BenchConfig(
+                key=f"stream-auto-{policy.key}",
+                label=f"bmoe stream, cache auto, {policy.flag}",
+                kind="stream",
+                policy=policy,
+            )
+            for policy in extra
+        )
     if "stream" in kinds:
-        asked = {b.resolve_mib(expert_bytes) for b in budgets}
+        asked = {b.resolve_mib(expert_bytes) for b in budgets if not b.auto}
         mibs = sorted(asked | {Budget(percent=ROUTING_PROBE_PERCENT).resolve_mib(expert_bytes)})
         for mib in mibs:
             share = 100 * mib * MIB / expert_bytes if expert_bytes else None

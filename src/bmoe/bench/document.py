@@ -4,12 +4,13 @@ and ``bench.json`` (every figure, every round)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from bmoe.bench import report, report_markdown
+from bmoe.bench import report, report_markdown, step_report
 from bmoe.bench.disk import MIB, Bandwidth
 from bmoe.bench.io_group import DiskThrottle
 from bmoe.bench.prefill import PREFILL_BATCH
@@ -79,8 +80,10 @@ def markdown(
     title: str,
     chart: Path | None,
     sections: list[str] | None = None,
+    after: list[str] | None = None,
 ) -> str:
-    """The report; ``sections``: lines put before the configurations' table (``--parallel``'s)."""
+    """The report; ``sections``: lines put before the configurations' table (``--parallel``'s),
+    ``after``: lines after its list (the streamed step's account, ``step_report``)."""
     f = run.facts
     limit = f", inside a memory cgroup of {run.mem_limit_mb} MiB" if run.mem_limit_mb else ""
     size = run.model.stat().st_size
@@ -115,6 +118,7 @@ def markdown(
             outcome.summaries, outcome.checks, outcome.routing, run.rounds, outcome.baseline
         ),
         "",
+        *(after or []),
     ]
     if chart is not None:
         lines += [f"![tok/s against the cache budget]({chart.name})", ""]
@@ -129,7 +133,12 @@ def _per_sequence(run: RunFacts) -> str:
 
 
 def payload(
-    run: RunFacts, outcome: report.Outcome, runs: dict[str, list[dict[str, Any]]], *, wall_s: float
+    run: RunFacts,
+    outcome: report.Outcome,
+    runs: dict[str, list[dict[str, Any]]],
+    *,
+    wall_s: float,
+    steps: Sequence[step_report.StepRow] = (),
 ) -> dict[str, Any]:
     return {
         "command": run.command,
@@ -154,6 +163,7 @@ def payload(
             attrs.asdict(t) | {"equal": t.equal, "required": t.required} for t in outcome.checks
         ],
         "routing": attrs.asdict(routing := outcome.routing) | {"text": routing.text()},
+        "steps": [attrs.asdict(row) for row in steps],
         "runs": runs,
         "wall_s": wall_s,
     }

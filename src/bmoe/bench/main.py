@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bmoe.bench import configs as cf
-from bmoe.bench import document, report
+from bmoe.bench import document, report, step_report
 from bmoe.bench.arguments import parser
 from bmoe.bench.cgroup import CgroupError
 from bmoe.bench.checks import TokenCheck
@@ -290,9 +290,13 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         skipped=skipped,
         parallel=plan.parallel,
     )
-    md = document.markdown(run, outcome, title=title, chart=chart, sections=sections)
+    step_disk = float(throttle.mib_s) if throttle.mib_s else lanes.mib_s  # the lanes' depth, O_DIRECT
+    steps = [] if plan.parallel else step_report.step_rows(configs, runs, step_disk)
+    md = document.markdown(
+        run, outcome, title=title, chart=chart, sections=sections, after=step_report.markdown(steps)
+    )
     (args.out / "bench.md").write_text(md)
-    payload = document.payload(run, outcome, runs, wall_s=time.perf_counter() - t0)
+    payload = document.payload(run, outcome, runs, wall_s=time.perf_counter() - t0, steps=steps)
     (args.out / "bench.json").write_text(json.dumps(payload, indent=1))
     print(md)
     print(

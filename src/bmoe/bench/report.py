@@ -122,6 +122,10 @@ def summarize(config: BenchConfig, runs: Sequence[dict[str, Any]], skipped: str 
     group = [int(r["group"]["peak_bytes"]) for r in runs if r.get("group", {}).get("peak_bytes") is not None]
     other = [float(r["other_cpu_cores"]) for r in ok if "other_cpu_cores" in r]
     notes = list(dict.fromkeys(n for r in ok for n in r.get("notes", [])))
+    if config.streams and config.cache_mib is None:  # auto: what the session chose, round by round
+        chosen = [r["stream_info"]["budget_bytes"] // MIB for r in ok if r.get("stream_info")]
+        if chosen:
+            notes.insert(0, f"auto budget {', '.join(f'{m:,}' for m in chosen)} MiB (by round)")
     if any(not r.get("finite_logits", True) for r in ok):
         notes.append("NON-FINITE LOGITS")
     return Summary(
@@ -308,7 +312,7 @@ def conclude(
     reference = token_reference(argmax, repack=repack)
     checks = check_tokens(argmax, reference, ubatch) if reference else []
     for config in configs:  # a routing policy against the same budget without it (lossy ones differ)
-        base = f"stream-{config.cache_mib}"
+        base = "stream-auto" if config.cache_mib is None else f"stream-{config.cache_mib}"
         if config.policy is not None and config.key in argmax and base in argmax:
             checks += check_tokens({config.key: argmax[config.key], base: argmax[base]}, base)
     probe = routing_probe(list(configs), expert_bytes)
