@@ -161,5 +161,12 @@ def parser() -> argparse.ArgumentParser:
         help="copy: measure copy drafts instead (acceptance, a verify batch's reads, and an agent-edit "
         "transcript and plain prose streamed with drafts off and on: docs/benchmarks.md)",
     )
+    p.add_argument(
+        "--find-cache-mb",
+        action="store_true",
+        help="with --mem-limit-mb: instead of the rounds, find the largest --cache-mb that runs in "
+        "that limit through a long prompt (--prompt-tokens; 2048 where left at its default) and a "
+        "decode, beside the budget --cache-mb auto takes there (bisection, one process a try)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p

@@ -25,18 +25,20 @@ __all__ = ["BLOCK", "MIB", "Bandwidth", "drop_from_page_cache", "measure_bandwid
 
 
 def _main(argv: list[str]) -> None:
-    """``python -m bmoe.bench.disk PATH sequential|random MIB LANES SEED``: waits for one line
-    on stdin (the parent puts this process in its groups first), then prints the
-    :class:`Bandwidth` as JSON. The bench measures the disk this way inside its disk throttle."""
+    """``python -m bmoe.bench.disk PATH sequential|random MIB LANES SEED [BLOCK]``: waits for
+    one line on stdin (the parent puts this process in its groups first), then prints the
+    :class:`Bandwidth` as JSON (``BLOCK``: the random reads' size in bytes, 2 MiB unsaid). The
+    bench measures the disk this way inside its disk throttle."""
     import json
     import sys
 
     path, kind, mib, lanes, seed = Path(argv[0]), argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    block = int(argv[5]) if len(argv) > 5 else 2 * MIB
     sys.stdin.readline()
     if kind == "sequential":
         bw = measure_bandwidth(path, mib * MIB or None, n_lanes=lanes)
     else:
-        bw = measure_random_reads(path, mib * MIB, n_lanes=lanes, seed=seed)
+        bw = measure_random_reads(path, mib * MIB, block=block, n_lanes=lanes, seed=seed)
     print(json.dumps(attrs.asdict(bw)), flush=True)
 
 

@@ -21,7 +21,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,11 @@ from bmoe.bench.checks import TokenCheck
 from bmoe.bench.confinement import confinement_factory, throttle_warnings
 from bmoe.bench.disk import MIB
 from bmoe.bench.io_group import DiskThrottle
+from bmoe.bench.largest_cache import FIND_PROMPT_TOKENS, run_find
 from bmoe.bench.memory_fit import skipped_configs
+from bmoe.bench.prefill import DEFAULT_PROMPT_TOKENS
 from bmoe.bench.progress import make_progress
-from bmoe.bench.run_plan import make_plan
+from bmoe.bench.run_plan import Plan, make_plan
 from bmoe.bench.text import TEXT
 
 
@@ -99,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bmoe.bench import child
 
         return child.main()
+    if args.find_cache_mb and args.prompt_tokens == DEFAULT_PROMPT_TOKENS:
+        args.prompt_tokens = FIND_PROMPT_TOKENS  # the long prompt the search is about
     try:
         make_plan(args)
         model = _resolve_model(args)
@@ -110,7 +114,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bmoe.bench.drafts import run_drafts
 
         return run_drafts(args, model, list(argv) if argv is not None else sys.argv[1:])
+    if args.find_cache_mb:
+        return run_find(args, model, find_spec(args, model))
     return run_bench(args, model, list(argv) if argv is not None else sys.argv[1:])
+
+
+def find_spec(args: argparse.Namespace, model: Path) -> Callable[[int | None], dict[str, Any]]:
+    """A streamed try of ``--find-cache-mb`` at a budget (None: auto), as the rounds' specs are."""
+    tokens, _ = fed_text(model, make_plan(args).text_tokens)
+    plan = make_plan(args, len(tokens))
+
+    def spec(cache_mib: int | None) -> dict[str, Any]:
+        key = "stream-auto" if cache_mib is None else f"stream-{cache_mib}"
+        return config_spec(args, model, plan, tokens, cf.BenchConfig(key, key, "stream", cache_mib))
+
+    return spec
+
+
+def config_spec(
+    args: argparse.Namespace, model: Path, plan: Plan, tokens: list[int], config: cf.BenchConfig
+) -> dict[str, Any]:
+    """What a configuration's child is asked to run (one round)."""
+    spec = {
+        "key": config.key,
+        "kind": config.kind,
+        "cache_mib": config.cache_mib,
+        "routing": config.stream_kwargs(),
+        "model": str(model),
+        "tokens": tokens[: plan.fed],
+        "prompt_tokens": args.prompt_tokens,
+        "batch": plan.batch,
+        "warmup": args.warmup,
+        "measure": args.tokens,
+        "n_ctx": plan.n_ctx_for(config),
+        "threads": args.threads,
+        "io_threads": args.io_threads,
+        "repack": not args.no_repack,
+        "max_seconds": args.max_seconds,
+    }
+    if config.parallel is not None:
+        texts = cf.sequence_texts(tokens, config.parallel, max(plan.parallel), plan.fed)
+        spec |= {"parallel": config.parallel, "texts": texts}
+    return spec
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -118,7 +163,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
-    from bmoe.bench.model import expert_bytes
+    from bmoe.bench.model import expert_bytes, expert_read_bytes
     from bmoe.bench.procfs import machine_facts
     from bmoe.bench.runner import probe_disk, run_configuration
 
@@ -163,6 +208,15 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     for warning in throttle_warnings(throttle, [seq, lanes]):
         print(f"bench: warning: {warning}", file=sys.stderr)
     ceiling_mib_s = float(throttle.mib_s) if throttle.mib_s else seq.mib_s
+    read_size = expert_read_bytes(model)  # what one lane reads: the random probes read that
+    expert_reads = probe_disk(
+        model, "random", 256, args.io_threads, block=read_size, make_group=make_probe_group
+    )
+    print(
+        f"bench: disk: {expert_reads.mib_s:,.0f} MiB/s in random {read_size / MIB:.2f} MiB reads on "
+        f"{args.io_threads} lanes (an expert's projection: the streamed step's bound)",
+        file=sys.stderr,
+    )
 
     fed = plan.fed
     progress = make_progress(sum(fed * (c.parallel or 1) for _, c in schedule))
@@ -171,31 +225,18 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     probes = 0
     try:
         for round_no, config in schedule:
-            spec = {
-                "key": config.key,
-                "kind": config.kind,
-                "cache_mib": config.cache_mib,
-                "routing": config.stream_kwargs(),
-                "model": str(model),
-                "tokens": tokens[:fed],
-                "prompt_tokens": args.prompt_tokens,
-                "batch": plan.batch,
-                "warmup": args.warmup,
-                "measure": args.tokens,
-                "n_ctx": plan.n_ctx_for(config),
-                "threads": args.threads,
-                "io_threads": args.io_threads,
-                "repack": not args.no_repack,
-                "max_seconds": args.max_seconds,
-            }
-            if config.parallel is not None:
-                texts = cf.sequence_texts(tokens, config.parallel, max(plan.parallel), fed)
-                spec |= {"parallel": config.parallel, "texts": texts}
+            spec = config_spec(args, model, plan, tokens, config)
             probe = None
             if config.kind == "stream" and args.probe_mib > 0:
                 probes += 1  # a new seed each time: a block read again may come from the host's cache
                 probe = probe_disk(
-                    model, "random", args.probe_mib, args.io_threads, seed=probes, make_group=make_probe_group
+                    model,
+                    "random",
+                    args.probe_mib,
+                    args.io_threads,
+                    seed=probes,
+                    block=read_size,
+                    make_group=make_probe_group,
                 )
             progress.begin(
                 f"round {round_no + 1}/{args.rounds}: {config.label}", fed * (config.parallel or 1)
@@ -290,7 +331,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         skipped=skipped,
         parallel=plan.parallel,
     )
-    step_disk = float(throttle.mib_s) if throttle.mib_s else lanes.mib_s  # the lanes' depth, O_DIRECT
+    step_disk = min(float(throttle.mib_s), expert_reads.mib_s) if throttle.mib_s else expert_reads.mib_s
     steps = [] if plan.parallel else step_report.step_rows(configs, runs, step_disk)
     md = document.markdown(
         run, outcome, title=title, chart=chart, sections=sections, after=step_report.markdown(steps)

@@ -76,6 +76,16 @@ def expert_bytes(path: Path) -> int:
     return sum(t.n_bytes for t in read_layout(path).tensors.values() if "_exps" in t.name)
 
 
+def expert_read_bytes(path: Path) -> int:
+    """One read of a lane: the largest expert's projection slice (``*_exps`` bytes over its
+    experts), rounded up to a page as ``O_DIRECT`` reads it."""
+    from bmoe.adapters.gguf_layout import read_layout
+
+    slices = [t.n_bytes // t.shape[2] for t in read_layout(path).tensors.values() if "_exps" in t.name]
+    largest = max(slices, default=2 * 1024 * 1024)
+    return -(-largest // 4096) * 4096
+
+
 def tokenize(path: Path, text: str) -> list[int]:
     """``text`` as the model's tokenizer splits it (no BOS, specials not parsed): the
     sequence every configuration is fed. Stock llama-cpp-python's tokenizer, vocabulary only."""

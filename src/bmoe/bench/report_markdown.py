@@ -111,11 +111,11 @@ LEGEND = (
     "stock: decode tok/s over stock llama-cpp-python's. Of disk ceiling: tok/s / (measured O_DIRECT "
     "bandwidth / MiB read per token), the bandwidth measured at the start of the run (sequential), or "
     "the throttle under `--disk-mib-s`. "
-    "Disk MiB/s next to it: random O_DIRECT reads (`--probe-mib`, 2 MiB blocks on the read lanes) "
-    "right before each round of the configuration, median; of that ceiling: per round, tok/s x MiB "
-    "read per token / that round's probe, median (this disk's speed moves within minutes). Other "
-    "CPU load: CPUs other processes kept busy during the measure (near 1 on a 2-CPU machine: the "
-    "row is disturbed)."
+    "Disk MiB/s next to it: random O_DIRECT reads (`--probe-mib`, each an expert projection's size, "
+    "on the read lanes) right before each round of the configuration, median; of that ceiling: per "
+    "round, tok/s x MiB read per token / that round's probe, median (this disk's speed moves within "
+    "minutes). Other CPU load: CPUs other processes kept busy during the measure (near 1 on a 2-CPU "
+    "machine: the row is disturbed)."
 )
 
 

@@ -147,16 +147,28 @@ def probe_disk(
     lanes: int,
     *,
     seed: int = 0,
+    block: int = 2 * 1024 * 1024,
     make_group: Callable[[], Confinement] | None,
 ) -> Bandwidth:
     """The disk's ``O_DIRECT`` bandwidth on ``model`` (``kind`` ``sequential``: the first
-    ``mib`` MiB, 0 the whole file; ``random``: ``mib`` MiB of 2 MiB blocks at random places),
+    ``mib`` MiB, 0 the whole file; ``random``: ``mib`` MiB of ``block``-byte reads at random
+    places),
     read by ``python -m bmoe.bench.disk`` inside the groups ``make_group`` makes (the disk
     throttle), as a configuration's process would read it."""
     group = make_group() if make_group is not None else None
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bmoe.bench.disk", str(model), kind, str(mib), str(lanes), str(seed)],
+            [
+                sys.executable,
+                "-m",
+                "bmoe.bench.disk",
+                str(model),
+                kind,
+                str(mib),
+                str(lanes),
+                str(seed),
+                str(block),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -5,9 +5,9 @@ interleaved, so the two ran minutes apart on the same machine) and split by
 ``domain.streaming.step_account.StepAccount``: the step, its wait for reads, the cache's
 management, its compute and the part of the compute beyond the resident step, and what the
 read lanes' CPU took meanwhile, each per token and per MiB read. Beside it the bound the step
-is held to: the MiB read a token over the disk's speed (the random ``O_DIRECT`` probe of 2
-MiB blocks beside the round where ``--probe-mib`` ran one, else the throttle, else the
-lanes' sequential ``O_DIRECT`` speed measured at the start) plus the resident step; ``of
+is held to: the MiB read a token over the disk's ``O_DIRECT`` speed at the expert read size
+and the lanes' depth (the random probe beside the round where ``--probe-mib`` ran one, else
+the one at the start, within the throttle where there is one) plus the resident step; ``of
 bound`` is the step over that bound. Medians of the rounds.
 
 Pure: the children's figures in, rows and text out.
