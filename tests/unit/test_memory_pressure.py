@@ -52,7 +52,20 @@ def test_a_v1_group_limits_the_room_by_its_usage_less_inactive_files(tmp_path: P
     reading = probe.read()
     assert reading.usable_bytes == 2 * GIB  # the limit, below MemTotal
     assert reading.room_bytes == GIB  # 2 GiB - (1.5 GiB used - 0.5 GiB reclaimable)
-    assert reading.pressure_pct == 12.5  # v1 has no group PSI: the machine's
+    assert reading.pressure_pct is None  # v1 has no group PSI, and the machine's is other groups'
+
+
+def test_a_v1_group_whose_limit_does_not_bind_lets_the_machine_speak(tmp_path: Path) -> None:
+    """A loose limit (above what the machine has free): the machine's room binds, and its PSI
+    is this process's concern."""
+    root = tmp_path / "cgroup"
+    group = root / "memory" / "user"
+    group.mkdir(parents=True)
+    (group / "memory.limit_in_bytes").write_text(str(64 * GIB))
+    (group / "memory.usage_in_bytes").write_text(str(GIB))
+    proc = _proc(tmp_path, "4:memory:/user\n", V1_MOUNTS)
+    reading = MemoryProbe(proc, root).read()
+    assert reading.room_bytes == 18000000 * 1024 and reading.pressure_pct == 12.5
 
 
 def test_a_v2_group_gives_its_own_pressure(tmp_path: Path) -> None:

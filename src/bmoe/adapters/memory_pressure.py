@@ -6,7 +6,11 @@
   its own cgroup's limits and its ancestors'), the same that sizes ``--cache-mb auto``;
 - PSI: the v2 group's ``memory.pressure``, else the machine's ``/proc/pressure/memory``
   (``some avg10``: the share of the last 10 s some task stalled on memory), None where the
-  kernel has neither.
+  kernel has neither. Not the machine's where the process's own cgroup limit binds its room
+  (a v1 group, which has no PSI of its own): that figure is other groups' stalls, and the
+  group's own room is the guard. Measured: a process thrashing in another 2 GiB group left
+  the machine's ``avg10`` above 10% for the next run, whose governor then shrank a 1,617 MiB
+  budget to under 900 MiB resident and decoded at half the speed of a fixed 1,536.
 
 Parsing is pure (``parse_psi_some_avg10``); :class:`MemoryProbe` reads the files, under
 roots a test can point elsewhere.
@@ -52,7 +56,8 @@ class MemoryProbe:
         pressure_text = ""
         if self.group is not None and self.group.version == 2:
             pressure_text = _read(self.group.folder / "memory.pressure")
-        if not pressure_text:
+        own_limit_binds = room.group_room_bytes is not None and room.group_room_bytes < room.available_bytes
+        if not pressure_text and not own_limit_binds:
             pressure_text = _read(self.proc / "pressure" / "memory")
         return MemoryReading(
             room_bytes=room.room_bytes,

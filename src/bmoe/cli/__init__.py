@@ -260,6 +260,8 @@ def _metrics_config(args: argparse.Namespace, config: SessionConfig, session: Se
 def _one_shot(args: argparse.Namespace, csv_file: TextIO | None) -> int:
     try:
         config = _config(args)
+        if config.cache_disk is None:  # one conversation, ended with the run: no state to keep
+            config = attrs.evolve(config, cache_ram_mb=0)  # (nor room to set aside for one)
         prompt, images = prompt_images(args.prompt, args.image)
         request = GenerateRequest(prompt=prompt, sampling=sampling_params(args), images=images)
         display = None
