@@ -18,6 +18,7 @@ from bmoe.domain.streaming.prefill_memory import (
     Lend,
     PrefillLending,
     PrefillRoom,
+    budget_after_prompt,
     choose_prompt_batch,
     decode_compute_bytes,
     lending_floor,
@@ -162,3 +163,19 @@ def test_where_the_next_layer_leaves_less_than_512_one_layer_may_leave_the_old_b
 def test_the_mode_line_says_what_flash_attention_would_allow() -> None:
     batch = attrs.evolve(choose_prompt_batch(16384, TRAINED), with_flash=4096)
     assert batch.describe().endswith("+ 512 free; -fa on would allow 4096)")
+
+
+def test_a_prompt_gives_back_the_budget_the_room_still_allows() -> None:
+    """After a prompt the auto budget returns, held to the room read again: llama.cpp's CPU
+    backend keeps its work buffer (the bench model: 175 MiB after a 1,600-token ubatch), which
+    the room at start did not show; the budget before the prompt (1,558) would have the cache
+    fill into it (measured: killed five decode steps later in 2 GiB)."""
+    now = RunMemory(
+        MemoryRoom.of(20 * 1024 * MIB, 24 * 1024 * MIB, [CgroupLevel(2048 * MIB, 1435 * MIB)]),
+        compute_buffer_bytes=11 * MIB,
+        run_margin_bytes=148 * MIB,
+    )
+    assert budget_after_prompt(1558 * MIB, 842 * MIB, now, floor=324 * MIB) == (842 + 613 - 148 - 11) * MIB
+    assert budget_after_prompt(900 * MIB, 842 * MIB, now, floor=324 * MIB) == 900 * MIB  # room enough
+    tight = attrs.evolve(now, room=MemoryRoom.of(0, 0, [CgroupLevel(2048 * MIB, 2048 * MIB)]))
+    assert budget_after_prompt(1558 * MIB, 100 * MIB, tight, floor=324 * MIB) == 324 * MIB  # the cycle

@@ -27,6 +27,7 @@ from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
 from bmoe.domain.streaming.prefill_memory import (
     PrefillLending,
     PromptBatch,
+    budget_after_prompt,
     decode_compute_bytes,
     lending_floor,
     spare_bytes,
@@ -120,6 +121,14 @@ def open_context(
         control.prompt_batch = batch
         floor = lending_floor(streaming.info.token_cycle_bytes, batch.room.layer_bytes)
         control.lend_to_prompts(PrefillLending(per_token, floor, spare_bytes(streaming.info.budget)))
+        memory = streaming.info.budget.memory
+        if streaming.info.budget.auto and memory is not None:
+
+            def after_prompt(back: int, resident: int) -> int:
+                now = attrs.evolve(memory, room=memory_room())
+                return budget_after_prompt(back, resident, now, streaming.info.token_cycle_bytes)
+
+            control.after_prompt = after_prompt
         ctx.before_decode = control.before_decode
     ctx.explain_abort = control.check
     if config.stream.policy == "reference":

@@ -25,7 +25,7 @@ governor's shrink landed up to 7 s after it was decided, under memory pressure).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -61,6 +61,9 @@ class StreamingControl:
         self._lending: PrefillLending | None = None  # the cache lends a prompt-sized ubatch its room
         self._release_compute = False  # give the compute buffer's pages back before the next decode
         self.compute_released_bytes = 0  # ... given back so far
+        # auto only: after a prompt, the budget it returns to held to the room read again
+        # (``prefill_memory.budget_after_prompt``): (budget, resident) -> budget
+        self.after_prompt: Callable[[int, int], int] | None = None
         self.prompt_batch: PromptBatch | None = None  # chosen from the room when the session opened
         streamer = streaming.streamer
         self._layers = tuple(layer for layer in range(streamer.n_layer) if streamer.entry_bytes(layer) > 0)
@@ -275,11 +278,24 @@ class StreamingControl:
         try:
             if self._release_compute:
                 self._give_back_compute()
+                self._hold_to_room()
             self._apply_pending_budget()
         except BaseException:
             self.lock.release()
             raise
         return self
+
+    def _hold_to_room(self) -> None:
+        """After a prompt gave the compute buffer back (``lock`` held): the budget it returns
+        to, held to what the room now leaves (``after_prompt``, auto only)."""
+        with self._pending_lock:
+            back = self._pending_budget
+        if back is None or self.after_prompt is None:
+            return
+        held = self.after_prompt(back, self.counters().resident_bytes)
+        with self._pending_lock:
+            if self._pending_budget == back:  # nobody set another meanwhile
+                self._pending_budget = held
 
     def __exit__(self, *exc: object) -> None:
         self.lock.release()

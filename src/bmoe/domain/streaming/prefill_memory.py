@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import attrs
 
-from bmoe.domain.streaming.budget import Budget
+from bmoe.domain.streaming.budget import Budget, RunMemory
 from bmoe.domain.streaming.config import MIB, STREAMED_PROMPT_BATCH
 
 PREFILL_FREE_MIB = 512  # left free while a prompt runs (the decode: domain.streaming.headroom): measured,
@@ -124,6 +124,21 @@ def lending_floor(token_cycle_bytes: int, layer_bytes: int) -> int:
     """The least budget a prompt leaves the cache: two layers (the one computing, the next
     read ahead), at least one token cycle."""
     return max(token_cycle_bytes, 2 * layer_bytes)
+
+
+def budget_after_prompt(back: int, resident: int, now: RunMemory, floor: int) -> int:
+    """The ``auto`` budget a prompt gives back: the one before it (``back``), or less where the
+    prompt left memory taken that the room read at start did not show. llama.cpp's CPU backend
+    keeps a work buffer sized for its largest graph and never shrinks it; without flash
+    attention a prompt-sized ubatch's is the F16 copy of the attention scores (heads x KV
+    positions x ubatch x 2 bytes): measured, 175 MiB after a 1,600-token ubatch of the bench
+    model, and a 2 GiB run whose auto budget returned whole was killed five decode steps
+    later. So the room is read again once the compute buffer's pages went back (``now``, with
+    the compute buffer a decode step keeps and the prompt states still to come): the cache may
+    hold what it holds (``resident``) plus what that room leaves beside the reserve, never
+    below ``floor`` (one token cycle)."""
+    free = max(0, now.headroom.free_bytes - now.still_to_come_bytes)
+    return max(min(back, floor), min(back, resident + free))
 
 
 def spare_bytes(budget: Budget) -> int | None:
