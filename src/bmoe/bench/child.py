@@ -237,6 +237,7 @@ class BmoeStepper:
         info = streaming.info
         return {
             "budget_bytes": info.budget.bytes,
+            "budget_end_bytes": streaming.counters().budget_bytes,  # after the prompt, the governor
             "budget_warning": info.budget.warning,
             "odirect": info.odirect,
             "lanes": info.lanes,

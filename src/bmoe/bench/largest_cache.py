@@ -6,9 +6,11 @@ bench's rounds are): it loads the model streamed, prefills ``--prompt-tokens`` o
 (a long prompt: 2,048 by default here, the largest transient a run takes) and decodes
 ``--tokens`` after it, teacher-forced. A try runs when the child answers and the group saw no
 OOM kill; anything else (killed, failed, timed out) is a budget too large. First the default
-(``auto``, which also says its budget), then a bisection between the largest budget known to
-run and the smallest known to fail, down to ``STEP_MIB``. The answer: both budgets and their
-ratio (the issue's bar: auto at least 0.9x the largest).
+(``auto``: its budget at start, and the one it decoded with once the prompt gave the room
+back, which may be less: ``prefill_memory.budget_after_prompt``), then that decoding budget
+given as ``--cache-mb``, then a bisection between the largest given budget that ran and the
+smallest that failed, down to ``STEP_MIB``. The answer: auto's decoding budget, the largest
+that ran, and their ratio (the issue's bar: auto at least 0.9x the largest).
 """
 
 from __future__ import annotations
@@ -35,20 +37,23 @@ class Try:
 
     cache_mib: int | None
     ran: bool
-    budget_mib: int | None = None
+    budget_mib: int | None = None  # the budget it decoded with (auto: after the prompt)
     group_peak_mib: float | None = None
     error: str | None = None
+    start_mib: int | None = None  # the budget at start (auto's arithmetic)
 
     @classmethod
     def of(cls, cache_mib: int | None, result: dict[str, Any]) -> Try:
         info = result.get("stream_info") or {}
         peak = (result.get("group") or {}).get("peak_bytes")
+        end = info.get("budget_end_bytes", info.get("budget_bytes"))
         return cls(
             cache_mib=cache_mib,
             ran="tok_s" in result and not result.get("error"),
-            budget_mib=info["budget_bytes"] // MIB if "budget_bytes" in info else None,
+            budget_mib=None if end is None else end // MIB,
             group_peak_mib=None if peak is None else peak / MIB,
             error=result.get("error"),
+            start_mib=info["budget_bytes"] // MIB if "budget_bytes" in info else None,
         )
 
 
@@ -66,9 +71,6 @@ class Search:
     @property
     def largest_ran(self) -> int | None:
         ran = [t.cache_mib for t in self.tries if t.ran and t.cache_mib is not None]
-        auto = self.auto
-        if auto is not None and auto.ran and auto.budget_mib is not None:
-            ran.append(auto.budget_mib)  # auto's budget ran as surely as a fixed one
         return max(ran) if ran else None
 
     @property
@@ -95,16 +97,22 @@ class Search:
         auto, largest = self.auto, self.largest_ran
         lines = [f"### The largest --cache-mb that runs in {self.limit_mib} MiB", ""]
         lines += [
-            "| --cache-mb | ran | budget MiB | group peak MiB | error |",
-            "| --- | --- | ---: | ---: | --- |",
+            "| --cache-mb | ran | budget at start MiB | budget decoding MiB | group peak MiB | error |",
+            "| --- | --- | ---: | ---: | ---: | --- |",
         ]
         for t in self.tries:
             name = "auto" if t.cache_mib is None else str(t.cache_mib)
             peak = "" if t.group_peak_mib is None else f"{t.group_peak_mib:,.0f}"
+            start = "" if t.start_mib is None else f"{t.start_mib:,}"
             budget = "" if t.budget_mib is None else f"{t.budget_mib:,}"
-            lines.append(f"| {name} | {'yes' if t.ran else 'no'} | {budget} | {peak} | {t.error or ''} |")
+            ran = "yes" if t.ran else "no"
+            lines.append(f"| {name} | {ran} | {start} | {budget} | {peak} | {t.error or ''} |")
         lines.append("")
-        auto_text = "did not run" if auto is None or not auto.ran else f"{auto.budget_mib:,} MiB"
+        auto_text = (
+            "did not run"
+            if auto is None or not auto.ran
+            else f"{auto.budget_mib:,} MiB decoding (from {auto.start_mib:,} at start)"
+        )
         ratio = self.ratio()
         lines.append(
             f"auto: {auto_text}; the largest that ran: "
@@ -116,8 +124,12 @@ class Search:
 
 
 def find(try_budget: Callable[[int | None], Try], limit_mib: int, max_tries: int = 10) -> Search:
-    """Auto first, then bisect (``try_budget`` runs one budget, None for auto)."""
-    search = Search(limit_mib, (try_budget(None),))
+    """Auto first, then its decoding budget given, then bisect (``try_budget`` runs one
+    budget, None for auto)."""
+    auto = try_budget(None)
+    search = Search(limit_mib, (auto,))
+    if auto.ran and auto.budget_mib:
+        search = Search(limit_mib, (auto, try_budget(auto.budget_mib)))
     while len(search.tries) < max_tries and (budget := search.next_budget()) is not None:
         search = Search(limit_mib, (*search.tries, try_budget(budget)))
     return search
