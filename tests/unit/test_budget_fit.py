@@ -24,7 +24,7 @@ def test_an_explicit_budget_that_cannot_fit_says_so_with_the_figures() -> None:
     assert budget.warning == (
         "cache 1536 MiB + dense 212 + KV 384 + compute buffer 87.0 = 2219 MiB, more than the room "
         "of 1944 MiB (under a cgroup limit of 2048 MiB): the kernel may kill the process; at most "
-        "--cache-mb 1261 fits (--cache-mb auto: 128 MiB kept free in the cgroup besides)"
+        "--cache-mb 1261 fits (--cache-mb auto: 64 MiB kept free in the cgroup besides)"
     )
 
 
@@ -49,14 +49,14 @@ def test_auto_counts_the_dense_part_and_the_kv_cache_once() -> None:
     """They are in the room's reading already: only the compute buffer and the run's margin
     in its cgroup go (the machine's 21957 MiB available bind nothing here)."""
     auto = resolve_budget(StreamConfig(enabled=True), memory=RUN, token_cycle_bytes=MIB)
-    assert auto.bytes == 1348 * MIB - round(87.0 * MIB) - 128 * MIB
+    assert auto.bytes == 1348 * MIB - round(87.0 * MIB) - 64 * MIB
     assert auto.bytes < RUN.cache_fits_bytes  # so auto never draws the warning above
 
 
 def test_the_mode_line_shows_the_room_and_what_was_subtracted() -> None:
     auto = resolve_budget(StreamConfig(enabled=True), memory=RUN, token_cycle_bytes=MIB)
     assert stream_mode_line(auto, 4, True, 512) == (
-        "mode: expert streaming, cache 1133 MiB (auto = room 1348 - compute buffer 87.0 - 128 MiB kept "
+        "mode: expert streaming, cache 1197 MiB (auto = room 1348 - compute buffer 87.0 - 64 MiB kept "
         "free in the cgroup; the room: under a cgroup limit of 2048 MiB, after dense 212 + KV 384 MiB), "
         "4 lanes, O_DIRECT, prompt batch 512"
     )
@@ -72,8 +72,8 @@ def test_auto_keeps_the_runs_margin_in_its_cgroup_and_a_floor_sized_from_the_mac
     sized from MemTotal (512 MiB on a 4 GiB phone, 2 GiB on a 64 GiB desktop)."""
     lanes = RunMemory(IN_GROUP, compute_buffer_bytes=87 * MIB, run_margin_bytes=run_margin_bytes(4, 3 * MIB))
     auto = resolve_budget(StreamConfig(enabled=True), memory=lanes, token_cycle_bytes=MIB)
-    assert auto.bytes == (1348 - 87 - 128 - 4 * 2 * 3) * MIB
-    assert "- 152 MiB kept free in the cgroup;" in auto.arithmetic()
+    assert auto.bytes == (1348 - 87 - 64 - 4 * 2 * 3) * MIB
+    assert "- 88 MiB kept free in the cgroup;" in auto.arithmetic()
     for total_gib, floor_mib in ((4, 512), (8, 512), (24, 1536), (64, 2048)):
         assert machine_floor_bytes(total_gib * GIB) == floor_mib * MIB
         phone = RunMemory(MemoryRoom(3 * GIB, total_gib * GIB))
@@ -97,7 +97,5 @@ def test_the_limit_that_leaves_less_binds() -> None:
         memory=attrs.evolve(RUN, prompt_states_bytes=512 * MIB),
         token_cycle_bytes=MIB,
     )
-    assert states.bytes == (1348 - 87 - 512 - 128) * MIB
-    assert (
-        "- compute buffer 87.0 - prompt cache 512 - 128 MiB kept free in the cgroup;" in states.arithmetic()
-    )
+    assert states.bytes == (1348 - 87 - 512 - 64) * MIB
+    assert "- compute buffer 87.0 - prompt cache 512 - 64 MiB kept free in the cgroup;" in states.arithmetic()

@@ -102,7 +102,7 @@ def test_a_config_that_cannot_work_is_refused(bad: dict[str, object]) -> None:
 
 
 def test_watermarks_around_a_cgroups_thin_reserve_leave_the_start_budget_alone() -> None:
-    """``auto`` keeps 148 MiB free in a 2 GiB cgroup, of which the run itself uses about half:
+    """``auto`` keeps a 148 MiB margin in a 2 GiB cgroup, of which the run itself uses about half:
     the governor's comfort is half that reserve, so the start budget is not shrunk at once (a
     fixed 512 MiB shrink mark would: measured, 55 MiB free with the cache full)."""
     config = GovernorConfig.around(148 * MIB, floor_bytes=64 * MIB, ceil_bytes=1500 * MIB)

@@ -162,7 +162,7 @@ def test_the_governor_reads_the_room_the_auto_budget_is_set_from(tmp_path: Path)
     assert governor.usable_bytes == room.usable_bytes == 2 * GIB
     memory = RunMemory(room, dense_bytes=200 * MIB, kv_bytes=384 * MIB, compute_buffer_bytes=87 * MIB)
     budget = resolve_budget(StreamConfig(enabled=True), memory=memory, token_cycle_bytes=MIB)
-    assert budget.bytes == (2048 - 500 - 87 - 128) * MIB  # below the group's room, not the machine's
+    assert budget.bytes == (2048 - 500 - 87 - 64) * MIB  # below the group's room, not the machine's
 
 
 def test_a_levels_room_is_never_negative() -> None:

@@ -12,7 +12,8 @@ Two limits can bind a streamed run, and the room (``MemoryRoom``) reads both:
   will take it; what it must keep is what this run itself allocates after the room is read
   (``run_margin_bytes``): the read lanes' buffers and the reads in flight beyond the budget,
   and a slack for the allocator, the Python heap and the pages of evicted entries still on
-  their way back. A fixed GiB there was half of a 2 GiB limit.
+  their way back (the room's reading counts the group's active file pages as taken, a
+  cushion the kernel reclaims first). A fixed GiB there was half of a 2 GiB limit.
 
 The compute buffer still to come and the prompt cache's memory tier (``--cache-ram``) are
 this run's too, and are subtracted beside either reserve (``domain.streaming.budget``).
@@ -30,9 +31,11 @@ MACHINE_FLOOR_SHARE = 16  # the machine keeps MemTotal / 16 ...
 MACHINE_FLOOR_MIN_MIB = 512  # ... at least this ...
 MACHINE_FLOOR_MAX_MIB = 2048  # ... at most this
 MACHINE_FLOOR_UNKNOWN_MIB = 1024  # MemTotal unknown: the fixed floor of before
-RUN_SLACK_MIB = 128  # in a cgroup: the allocator, the Python heap, released pages not yet gone;
-# measured, the 5.2 GiB bench model in 2 GiB held 73 MiB beyond its full cache, dense part, KV cache
-# and compute buffer (the lanes' 20 among them): about half of the margin, the governor's comfort
+RUN_SLACK_MIB = 64  # in a cgroup: the allocator, the Python heap, released pages not yet gone.
+# The room already counts the group's active file pages as taken (libraries, text read: 50-80 MiB
+# for the bench model), which the kernel reclaims before it kills: measured, the 5.2 GiB bench
+# model in 2 GiB held 73 MiB beyond its full cache, dense part, KV and compute buffer (the lanes'
+# 20 among them), and after a 2,048-token prompt a given --cache-mb 1,481 ran where 1,504 was killed
 READS_IN_FLIGHT = 2  # per lane: its bounce buffer, and a read landing before its eviction lands
 
 
