@@ -118,3 +118,16 @@ def test_watermarks_around_a_cgroups_thin_reserve_leave_the_start_budget_alone()
     assert change is not None and change.after == 1500 * MIB - 74 * MIB  # a step of half the reserve
     wide = GovernorConfig.around(1536 * MIB, floor_bytes=0, ceil_bytes=8 * GIB)
     assert (wide.shrink_below_bytes, wide.comfort_bytes, wide.step_bytes) == (384 * MIB, 768 * MIB, 256 * MIB)
+
+
+def test_a_group_at_its_limit_steps_down_and_never_grows_back_to_it() -> None:
+    """The process's own group hit its limit (the kernel reclaimed inside it): a step down at
+    once, whatever the room says, and later growth stops below the budget that hit it."""
+    g = MemoryGovernor(GovernorConfig.around(84 * MIB, floor_bytes=324 * MIB, ceil_bytes=3347 * MIB))
+    hit = MemoryReading(room_bytes=60 * MIB, usable_bytes=4 * GIB, limit_hits=152)
+    change = g.observe(hit, budget_bytes=3347 * MIB, resident_bytes=3346 * MIB)
+    assert change is not None and change.after == 3346 * MIB - 42 * MIB
+    assert change.why == "shrink: the memory group hit its limit 152 times"
+    roomy = MemoryReading(room_bytes=500 * MIB, usable_bytes=4 * GIB)
+    grown = [g.observe(roomy, change.after - 100 * MIB, change.after - 100 * MIB) for _ in range(20)]
+    assert max(c.after for c in grown if c is not None) <= change.after

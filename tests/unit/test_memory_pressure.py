@@ -91,3 +91,30 @@ def test_without_a_limit_or_psi_the_machine_speaks(tmp_path: Path) -> None:
     assert reading.usable_bytes == 24000000 * 1024 and reading.room_bytes == 18000000 * 1024
     assert reading.pressure_pct is None
     assert own_group("", root, "") is None
+
+
+def test_the_groups_limit_hits_count_between_readings_where_its_limit_binds(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    group = root / "memory" / "app"
+    group.mkdir(parents=True)
+    (group / "memory.limit_in_bytes").write_text(str(2 * GIB))
+    (group / "memory.usage_in_bytes").write_text(str(GIB))
+    (group / "memory.failcnt").write_text("10\n")
+    probe = MemoryProbe(_proc(tmp_path, "4:memory:/app\n", V1_MOUNTS), root)
+    assert probe.read().limit_hits == 0  # the first reading: no earlier count
+    (group / "memory.failcnt").write_text("162\n")
+    assert probe.read().limit_hits == 152
+    assert probe.read().limit_hits == 0
+
+
+def test_a_v2_groups_limit_hits_are_its_max_events(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    group = root / "app"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text(str(2 * GIB))
+    (group / "memory.current").write_text(str(GIB))
+    (group / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 0\noom_kill 0\n")
+    probe = MemoryProbe(_proc(tmp_path, "0::/app\n", V2_MOUNTS), root)
+    probe.read()
+    (group / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 0\noom_kill 0\n")
+    assert probe.read().limit_hits == 4

@@ -11,6 +11,10 @@
   group's own room is the guard. Measured: a process thrashing in another 2 GiB group left
   the machine's ``avg10`` above 10% for the next run, whose governor then shrank a 1,617 MiB
   budget to under 900 MiB resident and decoded at half the speed of a fixed 1,536.
+- the times the process's own group hit its limit since the last reading (v1
+  ``memory.failcnt``, v2 ``memory.events``' ``max``), where that limit binds: the group's own
+  sign of pressure, v1's only one. Measured: the 48-layer bench model in 4 GiB ran its auto
+  budget at the limit (152 hits while the cache filled), its lanes' landing twice as slow.
 
 Parsing is pure (``parse_psi_some_avg10``); :class:`MemoryProbe` reads the files, under
 roots a test can point elsewhere.
@@ -45,6 +49,7 @@ class MemoryProbe:
     def __init__(self, proc: Path = Path("/proc"), cgroup_root: Path = SYS_CGROUP) -> None:
         self.proc = proc
         self.room = ProcessMemoryRoom(proc, cgroup_root)
+        self._hits: int | None = None  # the group's limit hits at the last reading
 
     @property
     def group(self) -> CgroupPlace | None:
@@ -59,11 +64,31 @@ class MemoryProbe:
         own_limit_binds = room.group_room_bytes is not None and room.group_room_bytes < room.available_bytes
         if not pressure_text and not own_limit_binds:
             pressure_text = _read(self.proc / "pressure" / "memory")
+        hits = self._limit_hits()
+        new_hits = (
+            0 if hits is None or self._hits is None or not own_limit_binds else max(0, hits - self._hits)
+        )
+        self._hits = hits
         return MemoryReading(
             room_bytes=room.room_bytes,
             usable_bytes=room.usable_bytes,
             pressure_pct=parse_psi_some_avg10(pressure_text),
+            limit_hits=new_hits,
         )
+
+    def _limit_hits(self) -> int | None:
+        """The process's own group's limit hits so far (None without a group or the file)."""
+        group = self.group
+        if group is None:
+            return None
+        if group.version == 1:
+            text = _read(group.folder / "memory.failcnt").strip()
+            return int(text) if text.isdigit() else None
+        for line in _read(group.folder / "memory.events").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max" and value.strip().isdigit():
+                return int(value)
+        return None
 
 
 def _read(path: Path) -> str:

@@ -6,6 +6,9 @@ never used. The governor follows what the machine says about memory, reading by 
 and moves the budget between a floor (the token cycle: below it the cache hits almost
 nothing) and a ceiling (``--cache-ceil-mb``, or the budget ``auto`` chose at start):
 
+- **a step down**, at once, when the process's own memory group hit its limit since the last
+  reading (where that limit binds: the kernel reclaimed inside it, and the next allocation may
+  be a kill), and growth never back to the budget that hit it;
 - **shrink**, at once, when memory is short: the room left (``MemAvailable``, or what is left
   under the process's cgroup limit, whichever is less) falls below ``shrink_below_bytes``,
   or the kernel reports memory pressure (PSI ``some avg10`` at or above ``pressure_pct``:
@@ -46,11 +49,14 @@ class MemoryReading:
     take (``MemAvailable``, lowered to what is left under its cgroup limit); ``usable_bytes``:
     all it could use (``MemTotal``, or the cgroup limit when lower); ``pressure_pct``: PSI
     ``some avg10`` of memory (the process's cgroup's where it has one, else the machine's),
-    None where the kernel has no PSI."""
+    None where the kernel has no PSI; ``limit_hits``: the times the process's own group hit its
+    limit since the last reading (v1 ``memory.failcnt``, v2 ``memory.events`` ``max``), where
+    that limit binds: the kernel reclaimed in the group, the run is at its wall."""
 
     room_bytes: int
     usable_bytes: int
     pressure_pct: float | None = None
+    limit_hits: int = 0
 
     @property
     def room_share(self) -> float:
@@ -120,12 +126,23 @@ class MemoryGovernor:
     config: GovernorConfig
     calm: int = 0  # readings in a row with room above grow_above and no pressure
     since_shrink: int = 1 << 30  # readings since the last shrink
+    grow_cap: int | None = None  # growth stops below a budget that hit the group's limit
 
     def observe(self, reading: MemoryReading, budget_bytes: int, resident_bytes: int) -> BudgetChange | None:
         c = self.config
         self.since_shrink += 1
         pressed = reading.pressure_pct is not None and reading.pressure_pct >= c.pressure_pct
         short = reading.room_bytes < c.shrink_below_bytes
+        if reading.limit_hits > 0:  # at the wall: a step down, and no growth back to it
+            self.calm = 0
+            after = max(c.floor_bytes, min(budget_bytes, resident_bytes) - c.step_bytes)
+            self.grow_cap = after
+            if after >= budget_bytes:
+                return None
+            self.since_shrink = 0
+            return BudgetChange(
+                budget_bytes, after, f"shrink: the memory group hit its limit {reading.limit_hits} times"
+            )
         if pressed or short:
             self.calm = 0
             want = c.comfort_bytes - reading.room_bytes
@@ -148,7 +165,8 @@ class MemoryGovernor:
         if self.calm < c.grow_after or self.since_shrink <= c.cooldown or budget_bytes >= c.ceil_bytes:
             return None
         spare = reading.room_bytes - c.comfort_bytes
-        after = min(c.ceil_bytes, budget_bytes + min(c.step_bytes, spare))
+        ceiling = c.ceil_bytes if self.grow_cap is None else min(c.ceil_bytes, self.grow_cap)
+        after = min(ceiling, budget_bytes + min(c.step_bytes, spare))
         if after <= budget_bytes:
             return None
         self.calm = 0
