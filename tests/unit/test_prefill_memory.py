@@ -18,7 +18,7 @@ from bmoe.domain.streaming.prefill_memory import (
     Lend,
     PrefillLending,
     PrefillRoom,
-    budget_after_prompt,
+    budget_held_to_room,
     choose_prompt_batch,
     decode_compute_bytes,
     lending_floor,
@@ -175,7 +175,7 @@ def test_a_prompt_gives_back_the_budget_the_room_still_allows() -> None:
         compute_buffer_bytes=11 * MIB,
         run_margin_bytes=148 * MIB,
     )
-    assert budget_after_prompt(1558 * MIB, 842 * MIB, now, floor=324 * MIB) == (842 + 613 - 148 - 11) * MIB
-    assert budget_after_prompt(900 * MIB, 842 * MIB, now, floor=324 * MIB) == 900 * MIB  # room enough
+    assert budget_held_to_room(1558 * MIB, 842 * MIB, now, floor=324 * MIB) == (842 + 613 - 148 - 11) * MIB
+    assert budget_held_to_room(900 * MIB, 842 * MIB, now, floor=324 * MIB) == 900 * MIB  # room enough
     tight = attrs.evolve(now, room=MemoryRoom.of(0, 0, [CgroupLevel(2048 * MIB, 2048 * MIB)]))
-    assert budget_after_prompt(1558 * MIB, 100 * MIB, tight, floor=324 * MIB) == 324 * MIB  # the cycle
+    assert budget_held_to_room(1558 * MIB, 100 * MIB, tight, floor=324 * MIB) == 324 * MIB  # the cycle

@@ -7,7 +7,7 @@ bench's rounds are): it loads the model streamed, prefills ``--prompt-tokens`` o
 ``--tokens`` after it, teacher-forced. A try runs when the child answers and the group saw no
 OOM kill; anything else (killed, failed, timed out) is a budget too large. First the default
 (``auto``: its budget at start, and the one it decoded with once the prompt gave the room
-back, which may be less: ``prefill_memory.budget_after_prompt``), then that decoding budget
+back, which may be less: ``prefill_memory.budget_held_to_room``), then that decoding budget
 given as ``--cache-mb``, then a bisection between the largest given budget that ran and the
 smallest that failed, down to ``STEP_MIB``. The answer: auto's decoding budget, the largest
 that ran, and their ratio (the issue's bar: auto at least 0.9x the largest).

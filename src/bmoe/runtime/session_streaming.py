@@ -21,13 +21,14 @@ from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.generation import GenerateRequest, Progress, RunResult
+from bmoe.domain.memory_room import MemoryRoom
 from bmoe.domain.prompt_cache import PromptCache, cache_ram_bytes, follow_budget, memory_tier_bytes
 from bmoe.domain.streaming import MIB, StreamConfig, StreamReport
 from bmoe.domain.streaming.governor import BudgetChange, GovernorConfig
 from bmoe.domain.streaming.prefill_memory import (
     PrefillLending,
     PromptBatch,
-    budget_after_prompt,
+    budget_held_to_room,
     decode_compute_bytes,
     lending_floor,
     spare_bytes,
@@ -121,15 +122,8 @@ def open_context(
         control.prompt_batch = batch
         floor = lending_floor(streaming.info.token_cycle_bytes, batch.room.layer_bytes)
         control.lend_to_prompts(PrefillLending(per_token, floor, spare_bytes(streaming.info.budget)))
-        memory = streaming.info.budget.memory
-        if streaming.info.budget.auto and memory is not None:
-
-            def after_prompt(back: int, resident: int) -> int:
-                now = attrs.evolve(memory, room=memory_room())
-                return budget_after_prompt(back, resident, now, streaming.info.token_cycle_bytes)
-
-            control.after_prompt = after_prompt
         ctx.before_decode = control.before_decode
+    hold_auto_to_room(control, memory_room, notes)
     ctx.explain_abort = control.check
     if config.stream.policy == "reference":
         notes.append("moe-stream: reference policy (Python, slow): for checking the fast path")
@@ -141,6 +135,33 @@ def open_context(
         off = streaming.info.recycling_off
         notes.append(f"moe-cache: evicted pages are given back, not recycled: {off}")
     return ctx, control, None
+
+
+def hold_auto_to_room(
+    control: StreamingControl, memory_room: Callable[[], MemoryRoom], notes: list[str]
+) -> None:
+    """An ``auto`` budget held to the room read again (``prefill_memory.budget_held_to_room``):
+    now, once the setup took what it takes after the budget was set (the repack, the
+    routers' copies: measured, the 48-layer bench model's run in 4 GiB met its group's limit
+    while its cache filled), and after each prompt that borrowed the cache's room."""
+    info = control.info
+    memory = info.budget.memory
+    if not info.budget.auto or memory is None:
+        return
+
+    def held(back: int, resident: int) -> int:
+        now = attrs.evolve(memory, room=memory_room())
+        return budget_held_to_room(back, resident, now, info.token_cycle_bytes)
+
+    settled = held(info.budget.bytes, control.counters().resident_bytes)
+    if settled < info.budget.bytes:
+        control.set_budget(settled)
+        notes.append(
+            f"moe-cache: auto budget {info.budget.bytes / MIB:,.0f} -> {settled / MIB:,.0f} MiB: the room "
+            "read again once set up left less"
+        )
+    if control.lending is not None:
+        control.after_prompt = held
 
 
 def start_governor(

@@ -62,7 +62,7 @@ class StreamingControl:
         self._release_compute = False  # give the compute buffer's pages back before the next decode
         self.compute_released_bytes = 0  # ... given back so far
         # auto only: after a prompt, the budget it returns to held to the room read again
-        # (``prefill_memory.budget_after_prompt``): (budget, resident) -> budget
+        # (``prefill_memory.budget_held_to_room``): (budget, resident) -> budget
         self.after_prompt: Callable[[int, int], int] | None = None
         self.prompt_batch: PromptBatch | None = None  # chosen from the room when the session opened
         streamer = streaming.streamer

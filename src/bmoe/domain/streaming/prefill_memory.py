@@ -126,9 +126,11 @@ def lending_floor(token_cycle_bytes: int, layer_bytes: int) -> int:
     return max(token_cycle_bytes, 2 * layer_bytes)
 
 
-def budget_after_prompt(back: int, resident: int, now: RunMemory, floor: int) -> int:
-    """The ``auto`` budget a prompt gives back: the one before it (``back``), or less where the
-    prompt left memory taken that the room read at start did not show. llama.cpp's CPU backend
+def budget_held_to_room(back: int, resident: int, now: RunMemory, floor: int) -> int:
+    """An ``auto`` budget held to the room read again (``now``): once the session is set up
+    (the repack and the rest of the setup take memory after the room was read), and the one a
+    prompt gives back. That is ``back`` (the budget before), or less where memory was taken
+    that the room read at start did not show. llama.cpp's CPU backend
     keeps a work buffer sized for its largest graph and never shrinks it; without flash
     attention a prompt-sized ubatch's is the F16 copy of the attention scores (heads x KV
     positions x ubatch x 2 bytes): measured, 175 MiB after a 1,600-token ubatch of the bench
