@@ -7,6 +7,7 @@ profile where one exists, and ``bmoe.domain.plan.predict.make_plan`` over them. 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import shutil
@@ -141,16 +142,22 @@ def memory_room(mem_limit_mb: int | None) -> tuple[MemoryRoom, str]:
     """The room as ``--cache-mb auto`` reads it, or as a fresh ``--mem-limit-mb`` cgroup would
     leave it (``MemAvailable`` where lower) to a run: the limit less what this process holds
     already (the interpreter and llama.cpp's library, as a run's own process holds them)."""
-    reader = ProcessMemoryRoom()
-    room = reader.read()
+    room = ProcessMemoryRoom().read()
     if mem_limit_mb is None:
         return room, room.describe()
     limit = mem_limit_mb * MIB
-    group_room = max(0, limit - reader.own_bytes())
+    group_room = max(0, limit - _process_bytes())
     limited = MemoryRoom(
         room.available_bytes, room.total_bytes, limit_bytes=limit, group_room_bytes=group_room
     )
     return limited, f"--mem-limit-mb {mem_limit_mb}"
+
+
+@functools.cache
+def _process_bytes() -> int:
+    """This process's resident memory, read once: every plan of the process holds the same
+    (its RSS moves by a few MiB as it plans, and two plans of one model must agree)."""
+    return ProcessMemoryRoom().own_bytes()
 
 
 def hf_cache_dir() -> Path:
