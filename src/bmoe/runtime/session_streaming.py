@@ -168,11 +168,13 @@ def start_governor(
     control: StreamingControl, stream: StreamConfig, cache: PromptCache | None, cache_ram_mb: int
 ) -> CacheGovernor:
     """The memory-pressure governor (``--cache-governor``), between the token cycle and
-    ``--cache-ceil-mb`` (else the budget at start); under pressure the prompt ``cache``
-    gives its room back too. Its changes are kept in ``governor.changes``; a front end sets
-    ``governor.on_change`` to show them."""
+    ``--cache-ceil-mb`` (else the budget at start, as held to the room once set up:
+    ``hold_auto_to_room``; growing back past it put the 48-layer bench model's run in 4 GiB
+    at its group's limit again); under pressure the prompt ``cache`` gives its room back too.
+    Its changes are kept in ``governor.changes``; a front end sets ``governor.on_change`` to
+    show them."""
     info = control.streaming.info
-    start = info.budget.bytes
+    start = control.target_budget()
     ceil = stream.cache_ceil_mb * MIB if stream.cache_ceil_mb is not None else start
     floor = min(info.token_cycle_bytes, ceil)
     memory = info.budget.memory
