@@ -214,22 +214,12 @@ def build_configs(
         if kind in kinds:
             out.append(BenchConfig(key=kind, label=labels[kind], kind=kind))
     if "stream" in kinds and any(b.auto for b in budgets):
-        out.append(
-            BenchConfig(
-                key="stream-auto",
-                label="bmoe stream, cache auto (the default: sized from the memory room)",
-                kind="stream",
-            )
+        auto = BenchConfig(
+            key="stream-auto",
+            label="bmoe stream, cache auto (the default: sized from the memory room)",
+            kind="stream",
         )
-        out.extend(
-            BenchConfig(
-                key=f"stream-auto-{policy.key}",
-                label=f"bmoe stream, cache auto, {policy.flag}",
-                kind="stream",
-                policy=policy,
-            )
-            for policy in extra
-        )
+        out += _with_policies(auto, "cache auto", extra)
     if "stream" in kinds:
         asked = {b.resolve_mib(expert_bytes) for b in budgets if not b.auto}
         mibs = sorted(asked | {Budget(percent=ROUTING_PROBE_PERCENT).resolve_mib(expert_bytes)})
@@ -238,27 +228,26 @@ def build_configs(
             what = "cache off" if mib == 0 else f"cache {mib} MiB"
             if mib and share is not None:
                 what += f" ({share:.0f}% of the experts)"
-            out.append(
-                BenchConfig(
-                    key=f"stream-{mib}",
-                    label=f"bmoe stream, {what}",
-                    kind="stream",
-                    cache_mib=mib,
-                    expert_percent=share,
-                )
+            base = BenchConfig(
+                key=f"stream-{mib}",
+                label=f"bmoe stream, {what}",
+                kind="stream",
+                cache_mib=mib,
+                expert_percent=share,
             )
-            for policy in extra if mib and mib in asked else ():
-                out.append(
-                    BenchConfig(
-                        key=f"stream-{mib}-{policy.key}",
-                        label=f"bmoe stream, {what}, {policy.flag}",
-                        kind="stream",
-                        cache_mib=mib,
-                        expert_percent=share,
-                        policy=policy,
-                    )
-                )
+            out += _with_policies(base, what, extra if mib and mib in asked else ())
     return out
+
+
+def _with_policies(base: BenchConfig, what: str, policies: tuple[Policy, ...]) -> list[BenchConfig]:
+    """A streamed configuration, then the same once per decode routing policy (``what``: its
+    cache, as the policies' labels name it)."""
+    return [base] + [
+        attrs.evolve(
+            base, key=f"{base.key}-{policy.key}", label=f"bmoe stream, {what}, {policy.flag}", policy=policy
+        )
+        for policy in policies
+    ]
 
 
 def parse_prefetch(text: str) -> tuple[int, ...]:

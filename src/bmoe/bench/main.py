@@ -57,6 +57,12 @@ def fed_text(model: Path, needed: int) -> tuple[list[int], str]:
     return tokenize(model, TEXT + "\n\n" + held_out), "the built-in English text, then held-out corpus text"
 
 
+def fed_plan(args: argparse.Namespace, model: Path) -> tuple[list[int], str, Plan]:
+    """The fed tokens, what text they are, and the run's plan checked against them."""
+    tokens, text_source = fed_text(model, make_plan(args).text_tokens)
+    return tokens, text_source, make_plan(args, len(tokens))
+
+
 def _resolve_model(args: argparse.Namespace) -> Path:
     if args.model is not None:
         path = Path(args.model).resolve()
@@ -121,8 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def find_spec(args: argparse.Namespace, model: Path) -> Callable[[int | None], dict[str, Any]]:
     """A streamed try of ``--find-cache-mb`` at a budget (None: auto), as the rounds' specs are."""
-    tokens, _ = fed_text(model, make_plan(args).text_tokens)
-    plan = make_plan(args, len(tokens))
+    tokens, _, plan = fed_plan(args, model)
 
     def spec(cache_mib: int | None) -> dict[str, Any]:
         key = "stream-auto" if cache_mib is None else f"stream-{cache_mib}"
@@ -167,8 +172,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     from bmoe.bench.procfs import machine_facts
     from bmoe.bench.runner import probe_disk, run_configuration
 
-    tokens, text_source = fed_text(model, make_plan(args).text_tokens)
-    plan = make_plan(args, len(tokens))
+    tokens, text_source, plan = fed_plan(args, model)
     throttle = DiskThrottle(args.disk_mib_s, args.disk_iops)
     try:
         make_group = confinement_factory(model, args.mem_limit_mb, throttle)
