@@ -81,7 +81,7 @@ class Budget:
 
     def arithmetic(self) -> str:
         """How ``auto`` came to its figure, for the ``mode:`` line: ``auto = room 1811 -
-        compute buffer 87.0 - 136 MiB kept free in the cgroup; the room: under a cgroup
+        compute buffer 87.0 - 84 MiB kept free in the cgroup; the room: under a cgroup
         limit of 2048 MiB, after dense 180 + KV 384 MiB`` (and ``- prompt cache 512`` where
         ``--cache-ram`` keeps states in memory)."""
         m = self.memory

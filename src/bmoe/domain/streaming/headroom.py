@@ -82,7 +82,7 @@ class Headroom:
         return group if group.free_bytes <= machine.free_bytes else machine
 
     def describe(self) -> str:
-        """``1536 MiB left to the machine`` or ``136 MiB kept free in the cgroup``."""
+        """``1536 MiB left to the machine`` or ``84 MiB kept free in the cgroup``."""
         mib = self.reserve_bytes / MIB
         if self.limit == "cgroup":
             return f"{mib:.0f} MiB kept free in the cgroup"

@@ -73,8 +73,9 @@ class StepAccount:
         return seconds / self.read_mib
 
     def text(self) -> str:
-        """``lanes' CPU 31.0 ms/token (0.23 ms/MiB read; landing 12.1, system 20.3)`` and,
-        with a resident step, ``; compute 70.1 = resident 30.2 + 39.9 over it (0.30 ms/MiB)``."""
+        """``lanes' CPU 40.0 ms/token (0.301 ms/MiB read) (landing 20.0, the process's system
+        time 30.0)`` and, with a resident step, ``; compute 100.0 = resident 30.0 + 70.0 over
+        it (0.526 ms/MiB read)``."""
         line = (
             f"lanes' CPU {1000 * self.lane_cpu_s:.1f} ms/token"
             + _per_mib(self.per_mib(self.lane_cpu_s))
