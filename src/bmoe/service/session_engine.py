@@ -6,7 +6,6 @@ tested against a scripted fake backend; ``bmoe.runtime.Session`` wires it to lla
 
 from __future__ import annotations
 
-import codecs
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,27 +16,27 @@ import attrs
 from bmoe.domain.chat import ChatMessage
 from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.drafting import DraftPolicy
-from bmoe.domain.generation import GenerateRequest, Progress, RunResult, TokenLogprob
+from bmoe.domain.generation import GenerateRequest, RunResult
 from bmoe.domain.kv_reuse import plan_reuse
-from bmoe.domain.media import Image, count_markers
 from bmoe.domain.prompt_cache import PromptCache, StateTarget
-from bmoe.domain.reasoning import Delta, ReasoningSplitter
-from bmoe.domain.tools import ToolCall, ToolUse, parse_reply
+from bmoe.domain.tools import ToolUse, parse_reply
 from bmoe.errors import (
     BmoeError,
     ConfigError,
     ContextOverflowError,
     DecodeAbortedError,
-    ImageError,
     SessionFailedError,
     StreamingFaultError,
-    ToolFormatError,
     is_fatal,
 )
 from bmoe.ports.generate_backend import IChatRenderer, IGenerateBackend
+from bmoe.service import turn_prompts
 from bmoe.service.copy_drafts import Drafting, drafts_for
+from bmoe.service.turn_decode import OnProgress, Turn, TurnCancelled, decode, turn_result
+from bmoe.service.turn_prompts import turn_message
 
-OnProgress = Callable[[Progress], None]
+__all__ = ["EngineDefaults", "OnBegin", "OnProgress", "SessionEngine"]
+
 OnBegin = Callable[[], None]
 T = TypeVar("T")
 
@@ -54,29 +53,6 @@ class EngineDefaults:
     think: bool = True
     n_predict: int = 128
     draft: DraftPolicy | None = None
-
-
-class _Cancelled(Exception):
-    pass
-
-
-@attrs.define
-class _Turn:
-    """Mutable bookkeeping of one generate."""
-
-    prompt: list[int]
-    n_predict: int
-    keep: int = 0
-    restored: int = 0  # of ``keep``, the tokens a state from the prompt cache held
-    tokens: list[int] = attrs.Factory(list)
-    text: list[str] = attrs.Factory(list)
-    reasoning: list[str] = attrs.Factory(list)
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    stopped_at_eog: bool = False
-    logprobs: list[TokenLogprob] = attrs.Factory(list)
-    tool_calls: tuple[ToolCall, ...] = ()
-    drafting: Drafting | None = None  # copy drafts (service.copy_drafts), None: plain steps
 
 
 class SessionEngine:
@@ -179,15 +155,8 @@ class SessionEngine:
 
         ``history`` and ``chat`` as in ``generate``. A chat turn with its ``history`` given
         is rendered once: asked again (``n_predict`` aside), the tokens are the last ones."""
-        think = self._think(request)
-        tools = ToolUse.shown(request.tools)
+        think = turn_prompts.thinks(self.renderer, request, self.defaults.think)
         if self.defaults.chat if chat is None else chat:
-            if tools is not None and self.renderer.tool_format is None:
-                raise ToolFormatError(
-                    "this model's chat template writes tool calls in a syntax bmoe does not read "
-                    "(it reads Hermes/Qwen <tool_call>, gpt-oss channels, Mistral [TOOL_CALLS] "
-                    "and Llama 3.x JSON; docs/server.md)"
-                )
             key = (
                 (attrs.evolve(request, n_predict=None), tuple(history), think)
                 if history is not None
@@ -197,61 +166,17 @@ class SessionEngine:
             if key is not None and kept is not None and kept[0] == key:
                 return list(kept[1])
             past = history if history is not None else [] if request.clear_kv else self.history
-            messages = [*past, _turn_message(request)]
-            text = self.renderer.render(messages, enable_thinking=think, tools=tools)
-            tokens = self._tokenize(text, [image for m in messages for image in m.images])
+            tokens = turn_prompts.chat_tokens(self.backend, self.renderer, request, past, think=think)
             if key is not None:
                 self._last_render = (key, tuple(tokens))
             return tokens
         if history is not None:
             raise ConfigError("a conversation history needs chat mode")
-        if tools is not None or request.role != "user":
-            raise ConfigError("tools and tool results need chat mode")
-        past_tokens = [] if request.clear_kv else self.transcript
-        return [*past_tokens, *self._tokenize(request.prompt, request.images)]
-
-    def _tokenize(self, text: str, images: Sequence[Image]) -> list[int]:
-        """A prompt's tokens, its images as rows where it places any."""
-        if not images:
-            return self.backend.tokenize(text)
-        if count_markers(text) != len(images):
-            raise ImageError(
-                f"the chat template placed {count_markers(text)} of the conversation's "
-                f"{len(images)} images (it drops images in some messages?)",
-                "images",
-            )
-        return self.backend.tokenize_media(text, images)
+        return turn_prompts.raw_tokens(self.backend, request, [] if request.clear_kv else self.transcript)
 
     def constraint(self, request: GenerateRequest) -> OutputConstraint | None:
-        """The grammar the reply follows: the request's; a forced tool choice's calls (a
-        response format waits for the turn after the tools' results, as OpenAI does); with
-        tools in ``auto`` beside a JSON response format, either calls or that answer."""
-        tools = ToolUse.shown(request.tools)
-        if tools is None or (request.constraint is None and not tools.choice.forced):
-            return request.constraint
-        fmt = self.renderer.tool_format
-        if fmt is None:
-            raise ToolFormatError(
-                "the chat template writes tool calls in a syntax bmoe does not read", "tools"
-            )
-        if tools.choice.forced:
-            return OutputConstraint.tool_calls(fmt, tools)
-        if request.constraint is not None and request.constraint.kind == "gbnf":
-            raise ConfigError(
-                "a GBNF grammar cannot stand beside tools (give a JSON response format)", "grammar"
-            )
-        return OutputConstraint.tool_calls(fmt, tools, answer=request.constraint)
-
-    def _think(self, request: GenerateRequest) -> bool:
-        """A constrained reply starts with its first constrained token: it does not think."""
-        if self.constraint(request) is None:
-            return self.defaults.think if request.think is None else request.think
-        if request.think:
-            raise ConfigError(
-                "a reply held to a grammar (response format, forced tool) cannot think first",
-                "chat_template_kwargs.enable_thinking",
-            )
-        return False
+        """The grammar the reply follows (``turn_prompts.constraint``)."""
+        return turn_prompts.constraint(self.renderer, request)
 
     # -- generate --------------------------------------------------------------------------
 
@@ -331,7 +256,7 @@ class SessionEngine:
         # before anything changes: a grammar that does not compile refuses the request here
         constraint = self.constraint(request)
         self.backend.start_sampling(request.sampling, constraint)
-        turn = _Turn(prompt=prompt, n_predict=n_predict)
+        turn = Turn(prompt=prompt, n_predict=n_predict)
         if self.defaults.draft is not None and drafts_for(request, constraint is not None):
             turn.drafting = Drafting(prompt, self.defaults.draft)
         if request.clear_kv:
@@ -341,8 +266,10 @@ class SessionEngine:
             self.history = list(history)
         try:
             self._prefill(turn, request.clear_kv)
-            self._decode(turn, on_progress, request)
-        except (_Cancelled, DecodeAbortedError):
+            decode(
+                self.backend, turn, self.kv_tokens, request, on_progress, cancel=self._cancel, stop=self._stop
+            )
+        except (TurnCancelled, DecodeAbortedError):
             self._roll_back(turn)
             return self._result(turn, cancelled=True)
         except BaseException as exc:  # fatal (sticky) or this request's end only: is_fatal
@@ -362,10 +289,10 @@ class SessionEngine:
             turn.reasoning.append(reply.reasoning)
         if chat:
             answer = ChatMessage("assistant", "".join(turn.text), "".join(turn.reasoning), turn.tool_calls)
-            self.history += [_turn_message(request), answer]
+            self.history += [turn_message(request), answer]
         return self._result(turn, cancelled=False)
 
-    def _prefill(self, turn: _Turn, clear: bool) -> None:
+    def _prefill(self, turn: Turn, clear: bool) -> None:
         keep = 0 if clear else plan_reuse(self.kv_tokens, turn.prompt).keep
         cache = self.prompt_cache
         found = None if cache is None or clear else cache.lookup(turn.prompt, better_than=keep)
@@ -415,68 +342,7 @@ class SessionEngine:
         if blob is not None:
             cache.store(self.kv_tokens, blob)
 
-    def _decode(self, turn: _Turn, on_progress: OnProgress | None, request: GenerateRequest) -> None:
-        specials = ToolUse.shown(request.tools) is not None  # call syntaxes use control tokens
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        splitter = ReasoningSplitter()
-        t_start = t_tok = time.perf_counter()
-        drafting = turn.drafting
-        try:
-            while len(turn.tokens) < turn.n_predict and not self._stop.is_set():
-                if self._cancel.is_set():
-                    raise _Cancelled
-                token = (
-                    self.backend.sample() if drafting is None else drafting.next_token(self.backend.sample)
-                )
-                if self.backend.is_eog(token):
-                    turn.stopped_at_eog = True
-                    break
-                turn.tokens.append(token)
-                logprob = None
-                if request.logprobs is not None:
-                    logprob = self.backend.token_logprob(token, request.logprobs)
-                    turn.logprobs.append(logprob)
-                delta = splitter.feed(utf8.decode(self.backend.token_bytes(token, special=specials)))
-                self._add(turn, delta)
-                if on_progress is not None:
-                    now = time.perf_counter()
-                    wall_ms, t_tok = (now - t_tok) * 1000.0, now  # since the previous token
-                    on_progress(
-                        Progress(
-                            step=len(turn.tokens),
-                            steps=turn.n_predict,
-                            wall_ms=wall_ms,
-                            delta_text=delta.text,
-                            delta_reasoning=delta.reasoning,
-                            logprob=logprob,
-                            drafts=None if drafting is None else attrs.evolve(drafting.report),
-                        )
-                    )
-                if len(turn.tokens) < turn.n_predict and not self._stop.is_set():
-                    if drafting is not None:  # alone or with a draft, unless a verify fed it
-                        drafting.emitted(token)
-                        drafting.feed(
-                            self.backend, token, self.kv_tokens, turn.n_predict - len(turn.tokens) - 1
-                        )
-                    else:
-                        self.backend.feed([token], len(self.kv_tokens))
-                        self.kv_tokens.append(token)
-            if drafting is not None and turn.tokens:  # the KV as plain steps leave it
-                want = len(turn.prompt) + len(turn.tokens) - (0 if turn.stopped_at_eog else 1)
-                drafting.settle(self.backend, self.kv_tokens, want)
-        finally:
-            turn.decode_s = time.perf_counter() - t_start
-            self._add(turn, splitter.feed(utf8.decode(b"", final=True)))
-            self._add(turn, splitter.finish())
-
-    @staticmethod
-    def _add(turn: _Turn, delta: Delta) -> None:
-        if delta.text:
-            turn.text.append(delta.text)
-        if delta.reasoning:
-            turn.reasoning.append(delta.reasoning)
-
-    def _roll_back(self, turn: _Turn) -> None:
+    def _roll_back(self, turn: Turn) -> None:
         """Drop this turn's KV: back to the reused prefix, or to nothing if refused."""
         if self.backend.keep_prefix(turn.keep):
             self.kv_tokens = turn.prompt[: turn.keep]
@@ -485,24 +351,5 @@ class SessionEngine:
             self.kv_tokens = []
         self.backend.clear_abort()
 
-    def _result(self, turn: _Turn, *, cancelled: bool) -> RunResult:
-        return RunResult(
-            text="".join(turn.text),
-            reasoning="".join(turn.reasoning),
-            tokens=tuple(turn.tokens),
-            n_prompt=len(turn.prompt) - turn.keep,
-            n_restored=turn.restored,
-            n_past=len(turn.prompt) + len(turn.tokens) if not cancelled else len(self.kv_tokens),
-            prefill_s=turn.prefill_s,
-            decode_s=turn.decode_s,
-            cancelled=cancelled,
-            stopped_at_eog=turn.stopped_at_eog,
-            tool_calls=turn.tool_calls,
-            logprobs=tuple(turn.logprobs),
-            drafts=turn.drafting.report if turn.drafting is not None else None,
-        )
-
-
-def _turn_message(request: GenerateRequest) -> ChatMessage:
-    """The message a request adds to the conversation: a user's, or a tool's result."""
-    return ChatMessage(request.role, request.prompt, tool_call_id=request.tool_call_id, images=request.images)
+    def _result(self, turn: Turn, *, cancelled: bool) -> RunResult:
+        return turn_result(turn, held=len(self.kv_tokens), cancelled=cancelled)
