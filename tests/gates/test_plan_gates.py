@@ -135,7 +135,7 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 def test_the_compute_buffer_estimate_is_near_llama_cpps_and_the_kv_cache_exact(tiny_model_path) -> None:
     from bmoe.adapters.llama import LlamaModel
     from bmoe.adapters.llama.context import ContextParams
-    from bmoe.runtime.planning import model_figures
+    from bmoe.runtime.model_figures import model_figures
     from bmoe.runtime.prompt_sizing import probe
 
     path = tiny_model_path("qwen3moe")

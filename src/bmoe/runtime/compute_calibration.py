@@ -31,6 +31,7 @@ from bmoe.adapters.compute_rate import ComputeRate, measure_compute
 from bmoe.adapters.gguf_layout import read_layout
 from bmoe.adapters.llama import ContextParams
 from bmoe.errors import BmoeError
+from bmoe.runtime.model_figures import model_figures
 from bmoe.tinymodel.spec import GENERATOR_VERSION
 from bmoe.tinymodel.synthetic import QUANTS, SyntheticShape, write_synthetic
 
@@ -79,7 +80,6 @@ def measure_llama(bytes_per_weight: float, threads: int) -> Calibrated:
 
 @functools.cache
 def _measured(quant: str, threads: int) -> Calibrated:
-    from bmoe.runtime.planning import model_figures  # the plan's own figures of a model
     from bmoe.runtime.session import Session
     from bmoe.runtime.session_config import SessionConfig
 
