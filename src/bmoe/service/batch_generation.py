@@ -22,103 +22,24 @@ grammar).
 
 from __future__ import annotations
 
-import codecs
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
-from bmoe.domain.constraints import OutputConstraint
 from bmoe.domain.generation import TokenLogprob
 from bmoe.domain.media import is_image_row
 from bmoe.domain.prompt_cache import PromptCache, StateTarget
-from bmoe.domain.reasoning import ReasoningSplitter
-from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.slots import DEFAULT_SIMILARITY, SlotChoice, SlotMemory
 from bmoe.errors import ContextOverflowError, is_fatal
 from bmoe.ports.batch_backend import IBatchBackend
+from bmoe.service.batch_slot import BatchJob, BatchOutput, Slot, SlotSink, claim, draw, finish, prefill
 
-
-@attrs.frozen
-class BatchJob:
-    """One request, rendered: its prompt's tokens and how to sample its reply."""
-
-    prompt: tuple[int, ...]
-    n_predict: int
-    sampling: SamplingParams = attrs.field(factory=SamplingParams)
-    constraint: OutputConstraint | None = None
-    logprobs: int | None = None
-    specials: bool = False  # render control tokens as text (tool-call syntaxes use them)
-
-
-@attrs.frozen
-class BatchOutput:
-    """What one job produced (its ``text`` split from its ``reasoning``)."""
-
-    text: str
-    reasoning: str
-    tokens: tuple[int, ...]
-    stopped_at_eog: bool
-    logprobs: tuple[TokenLogprob, ...]
-    prefill_s: float
-    decode_s: float
-    steps: int  # decode steps this job took part in
-    reused: int = 0  # prompt tokens its slot already held (not prefilled)
-    restored: int = 0  # of ``reused``, those a state from the prompt cache held
-    error: Exception | None = None  # what ended it early (never fatal: ``is_fatal``)
-
-
-@attrs.define
-class _Slot:
-    job: int
-    seq: int
-    spec: BatchJob
-    keep: int = 0  # prompt tokens the slot held already
-    restored: int = 0  # of ``keep``, the tokens a state from the prompt cache held
-    fed: int = 0  # prompt tokens in its memory (a joining slot's grow chunk by chunk)
-    tokens: list[int] = attrs.field(factory=list)
-    logprobs: list[TokenLogprob] = attrs.field(factory=list)
-    text: list[str] = attrs.field(factory=list)
-    reasoning: list[str] = attrs.field(factory=list)
-    utf8: codecs.IncrementalDecoder = attrs.field(
-        factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
-    )
-    splitter: ReasoningSplitter = attrs.field(factory=ReasoningSplitter)
-    eog: bool = False
-    prefill_s: float = 0.0
-    started: float = 0.0
-    steps: int = 0
-    error: Exception | None = None  # what ended this request alone (its KV is dropped)
-
-    @property
-    def cells(self) -> int:
-        return len(self.spec.prompt) + self.spec.n_predict
-
-    @property
-    def done(self) -> bool:
-        return self.eog or len(self.tokens) >= self.spec.n_predict
-
-    @property
-    def next_pos(self) -> int:
-        """The position of the token it feeds next (its last sampled one)."""
-        return len(self.spec.prompt) + len(self.tokens) - 1
-
+__all__ = ["BatchJob", "BatchOutput", "BatchRun", "OnToken", "SlotSink", "run_batch"]
 
 OnToken = Callable[[int, int], None]  # (job index, token)
-
-
-class SlotSink(Protocol):
-    """Who follows one job while it runs (the server's reply)."""
-
-    def token(self, token: int, text: str, reasoning: str, logprob: TokenLogprob | None) -> None:
-        """A token was generated (with its text and reasoning pieces, its logprob if asked)."""
-        ...
-
-    def wants_stop(self) -> bool:
-        """The job should end now (a stop string, a cancel): checked after each token."""
-        ...
 
 
 class BatchRun:
@@ -153,14 +74,14 @@ class BatchRun:
         self.keep_slots = keep_slots
         self.similarity = similarity
         self.chunked = chunked
-        self._joining: list[_Slot] = []
+        self._joining: list[Slot] = []
         if memory is None or memory.n_seq != backend.n_seq:
             memory = SlotMemory(backend.n_seq)
             backend.clear()
         self.memory = memory
         self._waiting: deque[tuple[int, BatchJob, SlotSink | None]] = deque()
         self._free = list(range(backend.n_seq))
-        self._running: list[_Slot] = []
+        self._running: list[Slot] = []
         self._sinks: dict[int, SlotSink] = {}
         self._tickets = 0
 
@@ -202,19 +123,19 @@ class BatchRun:
                 break  # no room yet: it waits for a running one to end
             self._waiting.popleft()
             self._free.remove(choice.seq)
-            slot = _Slot(ticket, choice.seq, job, keep=choice.keep)
+            slot = Slot(ticket, choice.seq, job, keep=choice.keep)
             if sink is not None:
                 self._sinks[ticket] = sink
             self._alone(slot, self._prepare, slot)
             if slot.error is None:
-                self._alone(slot, _claim, backend, slot, self.memory)
+                self._alone(slot, claim, backend, slot, self.memory)
             # prefilled in chunks beside the others (a prompt with images alone: an image's
             # rows are embeddings, which no step of tokens can hold)
             if self.chunked and slot.error is None and not any(is_image_row(t) for t in job.prompt):
                 self._joining.append(slot)
                 continue
             if slot.error is None:
-                self._alone(slot, _prefill, backend, slot, self._sink(slot))
+                self._alone(slot, prefill, backend, slot, self._sink(slot))
             if self._ends(slot):
                 ended.append((ticket, self._end(slot)))
             else:
@@ -234,7 +155,7 @@ class BatchRun:
         entries = [(s.tokens[-1], s.next_pos, s.seq) for s in self._running]
         outputs = [True] * len(entries)
         room = max(1, backend.n_batch - len(entries)) if self._joining else 0
-        joined: list[tuple[_Slot, int]] = []
+        joined: list[tuple[Slot, int]] = []
         now = time.perf_counter()
         for slot in list(self._joining):
             prompt, take = slot.spec.prompt, min(room, len(slot.spec.prompt) - slot.fed)
@@ -253,7 +174,7 @@ class BatchRun:
         ended: list[tuple[int, BatchOutput]] = []
         for row, slot in enumerate(self._running):
             slot.steps += 1
-            self._alone(slot, _take, backend, slot, row, self._sink(slot))
+            self._alone(slot, draw, backend, slot, row, self._sink(slot))
         for slot in [s for s in self._running if self._ends(s)]:
             self._running.remove(slot)
             ended.append((slot.job, self._end(slot)))
@@ -262,7 +183,7 @@ class BatchRun:
             slot.prefill_s = time.perf_counter() - slot.started
             slot.started = time.perf_counter()
             if slot.spec.n_predict > 0:
-                self._alone(slot, _take, backend, slot, row, self._sink(slot))
+                self._alone(slot, draw, backend, slot, row, self._sink(slot))
             if self._ends(slot):
                 ended.append((slot.job, self._end(slot)))
             else:
@@ -290,7 +211,7 @@ class BatchRun:
                 return choice
         return None
 
-    def _sink(self, slot: _Slot) -> SlotSink | None:
+    def _sink(self, slot: Slot) -> SlotSink | None:
         return self._sinks.get(slot.job)
 
     def _keep_state(self, seq: int) -> None:
@@ -302,7 +223,7 @@ class BatchRun:
         if blob is not None:
             cache.store(held, blob)
 
-    def _prepare(self, slot: _Slot) -> None:
+    def _prepare(self, slot: Slot) -> None:
         """Before ``slot`` starts, with a prompt cache: what the slot holds goes to the cache
         if the slot is to lose some of it, and a kept state the prompt extends further than
         the slot holds goes into the slot."""
@@ -328,15 +249,15 @@ class BatchRun:
             self.memory.forget(seq)
             slot.keep = 0
 
-    def _cancelled(self, slot: _Slot) -> bool:
+    def _cancelled(self, slot: Slot) -> bool:
         sink = self._sinks.get(slot.job)
         return sink is not None and sink.wants_stop()
 
-    def _ends(self, slot: _Slot) -> bool:
+    def _ends(self, slot: Slot) -> bool:
         sink = self._sinks.get(slot.job)
         return slot.done or slot.error is not None or (sink is not None and sink.wants_stop())
 
-    def _end(self, slot: _Slot) -> BatchOutput:
+    def _end(self, slot: Slot) -> BatchOutput:
         self._sinks.pop(slot.job, None)
         if slot.error is not None:  # its KV dropped, its slot free: the others run on
             self.backend.drop(slot.seq)
@@ -345,10 +266,10 @@ class BatchRun:
             return BatchOutput(
                 "", "", tuple(slot.tokens), False, (), slot.prefill_s, 0.0, slot.steps, error=slot.error
             )
-        return _finish(self.backend, slot, self._free, self.memory, keep=self.keep_slots)
+        return finish(self.backend, slot, self._free, self.memory, keep=self.keep_slots)
 
     @staticmethod
-    def _alone(slot: _Slot, work: Callable[..., object], *args: Any) -> None:
+    def _alone(slot: Slot, work: Callable[..., object], *args: Any) -> None:
         """Run ``work(*args)`` for ``slot``: an error that is not fatal (its constraint dead-ending,
         ``is_fatal``) ends this request only (kept in ``slot.error``); a fatal one ends the run."""
         try:
@@ -403,82 +324,3 @@ def _unrun() -> BatchOutput:
 
 def _cells(job: BatchJob) -> int:
     return len(job.prompt) + job.n_predict
-
-
-def _claim(backend: IBatchBackend, slot: _Slot, memory: SlotMemory) -> None:
-    """The slot's sampler, and its memory cut to the prefix it keeps."""
-    backend.start_sampling(slot.seq, slot.spec.sampling, slot.spec.constraint)
-    if slot.keep > 0 and not backend.keep(slot.seq, slot.keep):
-        slot.keep = 0  # the memory cannot keep a part (recurrent, a pruned window)
-    if slot.keep == 0 and memory.held[slot.seq]:
-        backend.drop(slot.seq)
-    memory.hold(slot.seq, slot.spec.prompt)
-    slot.fed = slot.keep
-
-
-def _prefill(backend: IBatchBackend, slot: _Slot, sink: SlotSink | None) -> None:
-    """Prefill the rest of the slot's prompt in a decode of its own, and draw its first token."""
-    t0 = time.perf_counter()
-    backend.prefill(slot.seq, slot.spec.prompt[slot.keep :], slot.keep)
-    slot.fed = len(slot.spec.prompt)
-    slot.prefill_s = time.perf_counter() - t0
-    slot.started = time.perf_counter()
-    if slot.spec.n_predict > 0:
-        _take(backend, slot, -1, sink)
-
-
-def _take(backend: IBatchBackend, slot: _Slot, row: int, sink: SlotSink | None) -> None:
-    """Draw the slot's next token from output ``row`` and record it (an end-of-generation
-    token ends the slot and is not kept, as a single generation does)."""
-    token = backend.sample(slot.seq, row)
-    if backend.is_eog(token):
-        slot.eog = True
-        return
-    slot.tokens.append(token)
-    logprob = None
-    if slot.spec.logprobs is not None:
-        logprob = backend.token_logprob(row, token, slot.spec.logprobs)
-        slot.logprobs.append(logprob)
-    delta = slot.splitter.feed(slot.utf8.decode(backend.token_bytes(token, special=slot.spec.specials)))
-    slot.text.append(delta.text)
-    slot.reasoning.append(delta.reasoning)
-    if sink is not None:
-        sink.token(token, delta.text, delta.reasoning, logprob)
-
-
-def _finish(
-    backend: IBatchBackend, slot: _Slot, free: list[int], memory: SlotMemory, *, keep: bool
-) -> BatchOutput:
-    """End ``slot``: with ``keep``, its slot keeps its prompt, and its reply's cells are cut
-    off where the memory can cut (the reply's tokens were computed one per step, and the
-    next turn's prompt computes them in a batch as a fresh server would: keeping them would
-    answer that turn with log-probabilities off in their last bits); where it cannot (a
-    recurrent state), the prompt and the reply but its last token (sampled, never decoded);
-    where the cut left nothing usable (a pruned sliding window), nothing. Without ``keep``,
-    its KV is dropped."""
-    for delta in (slot.splitter.feed(slot.utf8.decode(b"", final=True)), slot.splitter.finish()):
-        slot.text.append(delta.text)
-        slot.reasoning.append(delta.reasoning)
-    prompt = slot.spec.prompt[: slot.fed]
-    cut = backend.keep(slot.seq, len(prompt)) if keep and slot.steps else False
-    if keep and cut:
-        memory.hold(slot.seq, prompt)
-    elif keep and cut is False:
-        memory.hold(slot.seq, (*prompt, *slot.tokens[: slot.steps]))
-    else:
-        backend.drop(slot.seq)
-        memory.forget(slot.seq)
-    free.append(slot.seq)
-    free.sort()
-    return BatchOutput(
-        text="".join(slot.text),
-        reasoning="".join(slot.reasoning),
-        tokens=tuple(slot.tokens),
-        stopped_at_eog=slot.eog,
-        logprobs=tuple(slot.logprobs),
-        prefill_s=slot.prefill_s,
-        decode_s=time.perf_counter() - slot.started,
-        steps=slot.steps,
-        reused=slot.keep,
-        restored=slot.restored,
-    )
