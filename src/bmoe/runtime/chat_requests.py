@@ -17,7 +17,7 @@ greedy sampling, ``SessionConfig.n_predict`` tokens (the server's come from its 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
@@ -30,11 +30,23 @@ from bmoe.requests.chat_fields import Messages, chat_body
 from bmoe.requests.mapping import ChatTurn, ServeDefaults, chat_turn
 from bmoe.requests.neutral import Delta, Outcome
 from bmoe.requests.reply import Emit, ReplyStream
-from bmoe.runtime.pieces import follow
+from bmoe.runtime.pieces import Generates, follow
+from bmoe.runtime.session_config import SessionConfig
 from bmoe.service.session_engine import SessionEngine
 
-if TYPE_CHECKING:
-    from bmoe.runtime.session import Session
+
+class ChatSession(Generates, Protocol):
+    """What a chat turn needs of the session that runs it (``Session``): its engine (the
+    chat template's call syntax, the reply's grammar), its settings (``n_predict``), its
+    ``generate``, ``cancel`` and ``stop`` (what a stop string calls)."""
+
+    @property
+    def engine(self) -> SessionEngine: ...
+
+    @property
+    def config(self) -> SessionConfig: ...
+
+    def stop(self) -> None: ...
 
 
 def reply_stream(
@@ -84,7 +96,7 @@ class _Items:
 
 
 def follow_reply(
-    session: Session,
+    session: ChatSession,
     request: GenerateRequest,
     stops: Sequence[str],
     history: Sequence[ChatMessage] | None,
@@ -102,7 +114,7 @@ def follow_reply(
 
 
 def _turn(
-    session: Session, messages: Messages, fields: Mapping[str, object]
+    session: ChatSession, messages: Messages, fields: Mapping[str, object]
 ) -> tuple[ChatTurn, tuple[str, ...]]:
     """The session's turn for the call, and its stop strings."""
     asked = parse_chat_completion(chat_body(messages, fields))
@@ -113,7 +125,7 @@ def _ignore(_: Delta) -> None:
     pass
 
 
-def answer(session: Session, messages: Messages, fields: Mapping[str, object]) -> Outcome:
+def answer(session: ChatSession, messages: Messages, fields: Mapping[str, object]) -> Outcome:
     """``Session.chat``: the turn generated on the caller's thread, its ``Outcome``."""
     turn, stops = _turn(session, messages, fields)
     reply = reply_stream(session.engine, turn.request, stops, _ignore, session.stop, chat=True)
@@ -122,7 +134,7 @@ def answer(session: Session, messages: Messages, fields: Mapping[str, object]) -
 
 
 def answer_stream(
-    session: Session, messages: Messages, fields: Mapping[str, object]
+    session: ChatSession, messages: Messages, fields: Mapping[str, object]
 ) -> Iterator[Delta | Outcome]:
     """``Session.chat_stream``: the turn's pieces, then its ``Outcome`` (a refusal raises
     here, before the loop)."""
