@@ -60,15 +60,8 @@ reads enter at probation's most recent end, so the layers in between do not evic
 before their layer comes.
 
 **Eviction by frequency** (``eviction="lfu"``, ``--cache-policy lfu``): the list, its
-segments and every rule above stay as they are; only the choice of what to evict changes.
-Each entry, resident or not, has a use count: every request that routes to it adds 1 (a
-prefill's request too, once per entry and request, however many of its tokens route there;
-reads ahead add nothing). Every ``half_life`` decode tokens (``half_life`` times the number
-of MoE layers decode requests) every count is halved (integer division): a count is the
-recent uses, decayed. Where SLRU evicts the list's head, LFU evicts the entry with the
-smallest count that may be evicted (not one the request or the prefetch keeps), the first
-in the list's order among equal counts: an entry read ahead and never used (count 0) or
-used once long ago goes before one the routing keeps coming back to, whatever their recency.
+segments and every rule above stay as they are; only the choice of what to evict changes:
+the smallest decayed use count first (``bmoe.domain.streaming.use_counts``).
 
 **A layer held whole** (``holds_layer``: every expert resident, none waiting for its first
 use after a read ahead) needs nothing from a call: ``pass_layer`` counts the call in
@@ -84,9 +77,20 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-import attrs
+from bmoe.domain.streaming.cache_plans import CacheCounters, Entry, LayerPlan, PrefetchPlan
+from bmoe.domain.streaming.use_counts import DEFAULT_HALF_LIFE, UseCounts
 
-Entry = tuple[int, int]  # (layer, expert)
+__all__ = [
+    "DEFAULT_EVICTION",
+    "DEFAULT_HALF_LIFE",
+    "EVICTIONS",
+    "CacheCounters",
+    "Entry",
+    "Eviction",
+    "ExpertCachePolicy",
+    "LayerPlan",
+    "PrefetchPlan",
+]
 
 Eviction = Literal["slru", "lfu"]
 EVICTIONS: tuple[Eviction, ...] = ("slru", "lfu")
@@ -94,47 +98,6 @@ DEFAULT_EVICTION: Eviction = "lfu"
 """What streaming uses unless told (``StreamConfig.eviction``, ``--cache-policy``): the rule
 that missed least on every routing replayed (docs/benchmarks.md). The policy class itself
 defaults to SLRU, the rule its docstring starts from."""
-DEFAULT_HALF_LIFE = 64
-"""LFU's counts halve every this many decode tokens."""
-
-
-@attrs.frozen
-class LayerPlan:
-    """What one ``request`` decided, in order of execution: evict, then load."""
-
-    layer: int
-    hits: tuple[Entry, ...]
-    evictions: tuple[Entry, ...]
-    loads: tuple[Entry, ...]
-    # hits on entries read ahead (prefetched or warmed) and not routed to before: their
-    # reads may still be in flight, the caller waits for them
-    adopted: tuple[Entry, ...] = ()
-
-
-@attrs.frozen
-class PrefetchPlan:
-    """What one ``prefetch`` decided: evict, then issue (reads in the background)."""
-
-    layer: int
-    evictions: tuple[Entry, ...]
-    issued: tuple[Entry, ...]
-
-
-@attrs.define
-class CacheCounters:
-    """Cumulative counts since the policy was made."""
-
-    requests: int = 0
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    rereads: int = 0  # reads (misses or prefetches) of an entry that had been evicted before
-    bytes_read: int = 0
-    prefetch_issued: int = 0
-    prefetch_hits: int = 0  # prefetched entries a request then routed to (useful)
-    warm_issued: int = 0  # entries a usage profile's warm-up read ahead (not prefetches)
-    prefetch_wasted: int = 0  # prefetched entries evicted before any request used them
-    passed: int = 0  # layer calls that needed nothing: the layer held whole (``pass_layer``)
 
 
 class ExpertCachePolicy:
@@ -162,12 +125,9 @@ class ExpertCachePolicy:
             raise ValueError("n_expert_used must be >= 0 (0: from the decode requests)")
         if eviction not in EVICTIONS:
             raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
-        if half_life < 1:
-            raise ValueError(f"half_life must be >= 1 decode token, not {half_life}")
         self.eviction = eviction
         self.half_life = half_life
-        self._uses: dict[Entry, int] = {}  # decayed use counts (lfu), absent: 0
-        self._ticks = 0  # decode requests since the counts were last halved
+        self._uses = UseCounts(half_life, sum(1 for size in entry_bytes if size > 0))  # lfu's
         self.budget_bytes = budget_bytes
         self.entry_bytes = tuple(entry_bytes)
         self.n_expert = n_expert
@@ -263,8 +223,7 @@ class ExpertCachePolicy:
             ranked = sorted(range(len(ids)), key=lambda i: (-counts[ids[i]], i))
             hot = {wanted[i] for i in ranked[: self.share(layer)]}
         if self.eviction == "lfu":
-            for entry in wanted:
-                self._uses[entry] = self._uses.get(entry, 0) + 1
+            self._uses.add(wanted)
         hits = tuple(e for e in wanted if self.is_resident(e))
         loads = tuple(e for e in wanted if not self.is_resident(e))
         adopted = tuple(e for e in hits if self._read_ahead(e))
@@ -301,7 +260,7 @@ class ExpertCachePolicy:
         c.bytes_read += len(loads) * size
         c.prefetch_hits += len(prefetch_hits)
         if decode and self.eviction == "lfu":
-            self._age()
+            self._uses.tick()
         return LayerPlan(
             layer=layer,
             hits=hits,
@@ -393,17 +352,9 @@ class ExpertCachePolicy:
             self.counters.prefetch_wasted += 1
         self._warmed.discard(entry)
 
-    def _age(self) -> None:
-        """One decode request: every ``half_life`` tokens' worth, halve every use count."""
-        self._ticks += 1
-        if self._ticks < self.half_life * sum(1 for size in self.entry_bytes if size > 0):
-            return
-        self._ticks = 0
-        self._uses = {entry: n // 2 for entry, n in self._uses.items() if n > 1}
-
     def uses(self, layer: int, expert: int) -> int:
         """The entry's decayed use count (``lfu``; 0 under ``slru``)."""
-        return self._uses.get((layer, expert), 0)
+        return self._uses[(layer, expert)]
 
     def _evict_until(
         self, incoming: int, keep: frozenset[Entry], everything: bool = False
@@ -414,10 +365,7 @@ class ExpertCachePolicy:
         evicted: list[Entry] = []
         if self.eviction == "lfu" and not everything:
             while self.resident_bytes + incoming > self.budget_bytes:
-                uses = self._uses
-                victim = min(
-                    (e for e in self.resident() if e not in keep), key=lambda e: uses.get(e, 0), default=None
-                )
+                victim = self._uses.fewest(self.resident(), keep)
                 if victim is None:
                     break
                 self._evict(victim)
