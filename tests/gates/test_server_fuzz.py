@@ -4,11 +4,15 @@ body in five has a pathological schema (``test_dead_end_schemas.PATHOLOGICAL``: 
 that is itself, a required recursion, an empty enum, contradictions...) where the route
 takes one (a response format, a tool's parameters). After every body a valid greedy request
 is answered with the tokens it gave before the storm, and at the end the route's own valid
-request gets the same answer as before. ``BMOE_FUZZ_EXAMPLES`` sets the bodies per route."""
+request gets the same answer as before. One body in fifty holds ``1e999`` (infinity to
+Python's JSON reader, which JSON cannot write back) at a random place, the first of them in
+``metadata`` (issue 64: Responses once answered that with a 500). ``BMOE_FUZZ_EXAMPLES``
+sets the bodies per route."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
 from collections.abc import Callable
@@ -160,6 +164,16 @@ def mutate(body: dict[str, Any], rng: random.Random) -> Any:
     return out
 
 
+INFINITE = "\0infinite\0"  # where infinite() writes 1e999
+
+
+def infinite(body: dict[str, Any], rng: random.Random, at: tuple[Any, ...] | None = None) -> bytes:
+    """``body`` as JSON text with ``1e999`` at ``at``, else at a random node."""
+    out = copy.deepcopy(body)
+    _set(out, at or rng.choice([p for p in _paths(out) if p]), INFINITE)
+    return json.dumps(out).replace(json.dumps(INFINITE), "1e999").encode()
+
+
 def _shape_ok(route: str, body: Any) -> bool:
     if route.startswith("/v1/messages"):
         return body.get("type") == "error" and isinstance(body.get("error", {}).get("message"), str)
@@ -198,6 +212,9 @@ def test_mutated_bodies_get_a_4xx_in_the_routes_shape_or_an_answer_and_never_end
                 answer = http.post(
                     url, content=b'{"model": "t", "input": [', headers={"content-type": "application/json"}
                 )
+            elif n % 50 == 25:
+                body = infinite(base, rng, ("metadata", "a") if n == 25 else None)
+                answer = http.post(url, content=body, headers={"content-type": "application/json"})
             else:
                 body = pathological(base, kind, rng) if rng.random() < 0.2 else mutate(base, rng)
                 body["stream"] = rng.random() < 0.1  # a stream's answer is read whole; its status counts

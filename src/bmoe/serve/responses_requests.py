@@ -16,7 +16,9 @@ engine as chat completions' ``response_format``.
 What cannot be honoured (files, images by ``file_id``, ``background``, a stored ``conversation``, prompt
 templates, ``truncation: auto``, log-probabilities) is refused by name; what changes nothing
 here (``metadata``, ``user``, ``include``, ``service_tier``, ``prompt_cache_key``...) is
-accepted and ignored. Every failure is a ``RequestError`` naming the field.
+accepted and ignored; what the response object echoes back (``metadata``, the tools, the text
+format) is checked first (``bmoe.requests.echoed``: ``metadata`` as OpenAI checks it, no
+number that JSON cannot write). Every failure is a ``RequestError`` naming the field.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from bmoe.domain.tools import Tool, ToolCall, ToolChoice, ToolUse
 from bmoe.domain.tools.openai_json import FUNCTION_NAME
 from bmoe.errors import ConfigError, RequestError
 from bmoe.requests.api_requests import SEED_MAX
+from bmoe.requests.echoed import finite_json, metadata
 from bmoe.requests.fields import (
     Body,
     opt_bool,
@@ -114,7 +117,7 @@ def parse_responses(body: Body, media: MediaPolicy = INLINE_MEDIA) -> ResponsesR
     echo = {
         "instructions": instructions or None,
         "max_output_tokens": generation.max_tokens,
-        "metadata": opt_object(body, "metadata") or {},
+        "metadata": metadata(body),
         "parallel_tool_calls": tools.parallel if tools is not None else True,
         "reasoning": {"effort": effort, "summary": None},
         "temperature": generation.sampling.temperature,
@@ -148,7 +151,10 @@ def _effort(body: Body) -> str | None:
 def _echo_format(body: Body) -> dict[str, Any]:
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
-    return dict(fmt) if isinstance(fmt, dict) else {"type": "text"}
+    if not isinstance(fmt, dict):
+        return {"type": "text"}
+    finite_json(fmt, "text.format")  # echoed whole
+    return dict(fmt)
 
 
 def _text_format(body: Body) -> OutputConstraint | None:
@@ -203,6 +209,7 @@ def _tool(value: Body, where: str) -> Tool:
     parameters = value.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise RequestError(f"{where}.parameters must be a JSON schema object", f"{where}.parameters")
+    finite_json(parameters, f"{where}.parameters")  # echoed whole
     description = opt_str(value, "description") or ""
     return Tool(name, description, parameters or {})
 
