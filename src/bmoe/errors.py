@@ -58,6 +58,25 @@ class ModelFetchError(BmoeError, OSError):
     download that failed."""
 
 
+class FileNotKeptError(BmoeError, OSError):
+    """A file bmoe writes could not be kept for the disk's sake (no space, a read-only
+    folder, a permission, an I/O error, the folder gone): its temporary file is removed and
+    nothing stands under its name (``bmoe.adapters.file_writes``). ``folder``: where;
+    ``what``: what was not kept; ``errno``: the system's error; ``reason``: it in words
+    (``No space left on device (ENOSPC)``). Where the file is only a
+    cache (a prompt state, a usage profile) it is a warning, never a request's error."""
+
+    def __init__(self, message: str, *, folder: str, what: str, errno: int | None, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+        self.folder = folder
+        self.what = what
+        self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class ModelLoadError(BmoeError, OSError):
     """llama.cpp could not load the model file (missing, unreadable, unsupported)."""
 

@@ -18,9 +18,9 @@ usable" and says so: refusing AMX costs some speed, using a faulting AMX costs t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 import platform
 import signal
 import subprocess
@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bmoe.adapters.cache_dirs import probe_verdict_file
+from bmoe.adapters.file_writes import write_file
 from bmoe.domain.amx_kernel import KernelReport, kernel_verdict
 from bmoe.domain.cpu_features import AmxVerdict
 
@@ -185,13 +186,8 @@ def probe_amx(
     except (OSError, ValueError):
         table = {}
     table[key] = {"usable": verdict.usable, "why": verdict.why, "threads": list(wanted)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):  # only a cache: probed again next time
+        write_file(path, json.dumps(table, indent=1), "the AMX probe's verdict")
     return verdict
 
 

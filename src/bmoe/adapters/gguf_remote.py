@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import attrs
 
+from bmoe.adapters.file_writes import scratch_folder, write_file
 from bmoe.adapters.gguf_header import HeaderCursor, header_length
 from bmoe.domain.hf_models import HfSpec, pick_files
 from bmoe.errors import ModelFetchError, ModelLoadError
@@ -127,8 +127,9 @@ def _fetch_header(repo: str, name: str, into: Path) -> tuple[Path, int, int]:
         raise ModelFetchError(str(exc)) from None
     if ranges.size is None:
         raise ModelFetchError(f"{repo}/{name}: the server did not say the file's length (Content-Range)")
-    path = into / name.rsplit("/", 1)[-1]
-    path.write_bytes(bytes(cursor.data[:end]))
+    path = write_file(
+        into / name.rsplit("/", 1)[-1], bytes(cursor.data[:end]), f"the header of {repo}/{name}"
+    )
     return path, ranges.size, ranges.fetched
 
 
@@ -137,8 +138,8 @@ def remote_headers(spec: str, hf_file: str | None = None) -> Iterator[RemoteHead
     """The headers of the model ``spec`` names, in a scratch folder removed afterwards."""
     parsed = HfSpec.parse(spec)
     names = [hf_file] if hf_file else pick_files(parsed, list_files(parsed.repo))
-    with tempfile.TemporaryDirectory(prefix="bmoe-plan-") as folder:
-        got = [_fetch_header(parsed.repo, name, Path(folder)) for name in names]
+    with scratch_folder("bmoe-plan-", "the model's headers") as folder:
+        got = [_fetch_header(parsed.repo, name, folder) for name in names]
         yield RemoteHeaders(
             repo=parsed.repo,
             names=tuple(names),

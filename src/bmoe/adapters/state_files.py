@@ -7,12 +7,20 @@ memory, kept as files, so a conversation that comes back after its state was pus
   state (llama.cpp's version, the cache's types, the context's layout): a state made by
   another model, or for another context, lives in another folder and is never looked at.
 - **A file**: a magic line, the format's version, the identity, the tokens the state
-  follows, the state's bytes, then a SHA-256 of everything before it. Written to a
-  temporary file beside it and renamed over (a crash leaves the old file or the new one).
+  follows, the state's bytes (their length first), then a SHA-256 of everything before it.
+  Written by bmoe's one rule (:mod:`bmoe.adapters.file_writes`: a temporary file beside it,
+  flushed, renamed over, the folder flushed): a crash or a power cut leaves the old file or
+  the new one, and a torn one never passes the length and checksum.
+- **A disk that fails** (full, read-only, an I/O error): a state that cannot be written is
+  not kept, with one warning line, and the tier backs off before trying again
+  (``WriteHealth``), saying when writes work again; never a request's error. A folder that
+  cannot be made or written at start raises ``FileNotKeptError`` (the session goes on
+  without the tier).
 - **Trust**: the folder is read once at start (the headers only) into an index; a file is
   read whole and checked only when a prompt wants its state. One whose checksum, magic,
-  version or identity is wrong (corrupt, truncated, copied from elsewhere) is refused with a
-  warning, removed, and never restored: the prompt is prefilled.
+  version or identity is wrong (corrupt, truncated, copied from elsewhere), or that cannot
+  be read (an I/O error), is refused by name with a warning, removed, and never restored:
+  the prompt is prefilled. Temporary files a killed writer left are swept at start.
 - **Room**: at most ``limit_bytes`` of files; the least recently used (a file's mtime,
   touched when read) go first. A state bigger than the limit alone is not written.
 - **Several processes** may share the folder: a file another one removed is simply gone.
@@ -21,10 +29,10 @@ memory, kept as files, so a conversation that comes back after its state was pus
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import struct
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,12 +40,14 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from bmoe.adapters.file_writes import CacheWrites, make_folder, not_kept, sweep_temporaries
 from bmoe.domain.decide.prefix_cache import StateBlob
 
 MAGIC = b"BMOE-STATE\n"
 VERSION = 1
 SUFFIX = ".state"
 DIGEST = 32
+STALE_TEMPORARY_S = 600.0  # a temporary file this old is a killed writer's, not one in flight
 DEFAULT_CACHE_DISK_MIB = 4096
 """``--cache-disk-mb``'s default: room for many long conversations on a phone's flash."""
 _HEAD = struct.Struct("<I32sI")  # version, identity, token count
@@ -65,7 +75,8 @@ class _File:
 
 class StateFiles:
     """The disk tier: ``StateSpill`` (:mod:`bmoe.domain.prompt_cache`) over a folder.
-    ``warn`` receives a line for every file refused."""
+    ``warn`` receives a line for every file refused and for the disk failing (once per run
+    of failures). Raises ``FileNotKeptError`` where the folder cannot be made or written."""
 
     def __init__(
         self, root: Path, identity: str, limit_bytes: int, warn: Callable[[str], None] | None = None
@@ -78,12 +89,18 @@ class StateFiles:
         self.warn = warn or (lambda line: None)
         self.refused = 0  # files refused (corrupt, foreign) and removed
         self._lock = threading.Lock()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.writes = CacheWrites(self.warn)
+        make_folder(self.dir, "the prompt cache's states")
+        if not os.access(self.dir, os.W_OK):
+            code = errno.EROFS if _read_only(self.dir) else errno.EACCES
+            raise not_kept(OSError(code, os.strerror(code)), self.dir, "the prompt cache's states")
+        sweep_temporaries(self.dir, STALE_TEMPORARY_S)
         self._index: dict[tuple[int, ...], _File] = {}
         for path in sorted(self.dir.glob("*" + SUFFIX), key=_mtime):
             tokens = self._read_head(path)
             if tokens is not None:
-                self._index[tokens] = _File(path, path.stat().st_size)
+                with contextlib.suppress(FileNotFoundError):
+                    self._index[tokens] = _File(path, path.stat().st_size)
         self._fit()
 
     @property
@@ -102,18 +119,13 @@ class StateFiles:
         with self._lock:
             held = self._index.get(tokens)
             if held is not None and held.nbytes == size and held.path.exists():
-                os.utime(held.path)  # the same state (read back from here): just used
+                with contextlib.suppress(OSError):  # a read-only disk: the order is only LRU's
+                    os.utime(held.path)  # the same state (read back from here): just used
                 return
         body = self._encode(tokens, blob)
         path = self.dir / _name(tokens)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=SUFFIX)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        if not self.writes.keep(path, body, f"the state after {len(tokens)} tokens ({len(body):,} bytes)"):
+            return
         with self._lock:
             self._index[tokens] = _File(path, len(body))
             self._fit()
@@ -128,12 +140,16 @@ class StateFiles:
         except FileNotFoundError:  # another process removed it
             self.drop(tokens)
             return None
+        except OSError as exc:  # an I/O error: a cache miss, never the request's error
+            self._refuse(held.path, f"unreadable: {exc.strerror or exc}")
+            self.drop(tokens)
+            return None
         blob, why = self._decode(data, tokens)
         if blob is None:
             self._refuse(held.path, why)
             self.drop(tokens)
             return None
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.utime(held.path)
         return blob
 
@@ -141,7 +157,7 @@ class StateFiles:
         with self._lock:
             held = self._index.pop(tokens, None)
         if held is not None:
-            held.path.unlink(missing_ok=True)
+            _remove(held.path)
 
     def _fit(self) -> None:
         """Remove least recently used files until within the limit (the lock held)."""
@@ -150,7 +166,7 @@ class StateFiles:
             if total <= self.limit_bytes:
                 break
             gone = self._index.pop(tokens)
-            gone.path.unlink(missing_ok=True)
+            _remove(gone.path)
             total -= gone.nbytes
 
     def _encode(self, tokens: tuple[int, ...], blob: StateBlob) -> bytes:
@@ -204,6 +220,9 @@ class StateFiles:
                     head += f.read(4 * min(n, 1 << 24))
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            self._refuse(path, f"unreadable: {exc.strerror or exc}")
+            return None
         found = self._parse_head(head)
         if isinstance(found, str):
             self._refuse(path, found)
@@ -215,7 +234,7 @@ class StateFiles:
 
     def _refuse(self, path: Path, why: str) -> None:
         self.refused += 1
-        path.unlink(missing_ok=True)
+        _remove(path)
         self.warn(f"bmoe: prompt cache: refused {path} ({why}); removed, its prompt will be prefilled")
 
 
@@ -227,5 +246,15 @@ def _file_size(n_tokens: int, n_bytes: int) -> int:
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
-    except FileNotFoundError:
+    except OSError:
         return 0.0
+
+
+def _remove(path: Path) -> None:
+    """Remove one of the tier's files; one that cannot be removed (a read-only disk) stays."""
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def _read_only(folder: Path) -> bool:
+    return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)

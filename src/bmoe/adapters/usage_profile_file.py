@@ -12,22 +12,22 @@ reading and merging them safely.
 - **Reading**: a missing file is no profile; a corrupt, truncated, foreign or other-version
   one is ignored with the reason (``ProfileRejected``), never trusted.
 - **Merging**: processes that share a profile merge into it one at a time (an exclusive
-  ``flock`` on ``<file>.lock``): read what is there, apply this process's news, write a
-  temporary file beside it and rename it over (a crash leaves the old or the new file,
-  never half of one).
+  ``flock`` on ``<file>.lock``): read what is there, apply this process's news, write it by
+  bmoe's one rule (:mod:`bmoe.adapters.file_writes`: a temporary file beside it, flushed,
+  renamed over; a crash leaves the old or the new file, never half of one). A disk that
+  fails raises ``FileNotKeptError`` (the caller backs off and tries again later).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bmoe.adapters.cache_dirs import profile_dir
+from bmoe.adapters.file_writes import exclusive_lock, write_file
 from bmoe.domain.streaming.usage_profile import (
     ProfileRejected,
     UsageProfile,
@@ -90,24 +90,15 @@ def update_profile(
     """Merge into ``path`` under its lock: ``update`` gets the profile there (an empty one
     where there is none, or where the one there is not to be trusted: it is replaced) and
     its result is written atomically. Returns it, with the reason a profile there was
-    replaced (else None). Raises ``OSError`` when the folder or file cannot be written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    replaced (else None). Raises ``FileNotKeptError`` when the disk fails (the folder or the
+    file cannot be written: nothing changed there), ``OSError`` for other failures."""
+    what = f"the usage profile {path.name}"
+    with exclusive_lock(path, what):
         replaced = None
         try:
             current = read_profile(path, key, n_layer, n_expert)
         except ProfileRejected as why:
             current, replaced = None, str(why)
         merged = update(current or UsageProfile.empty(key, n_layer, n_expert))
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(to_document(merged), out, separators=(",", ":"))
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file(path, json.dumps(to_document(merged), separators=(",", ":")), what)
     return merged, replaced

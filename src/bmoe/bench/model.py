@@ -10,14 +10,12 @@ interrupted run leaves no half-written model behind.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from pathlib import Path
 
 import attrs
 
 from bmoe.adapters.cache_dirs import bench_dir
+from bmoe.adapters.file_writes import replacing
 from bmoe.tinymodel.spec import GENERATOR_VERSION
 from bmoe.tinymodel.synthetic import SyntheticShape, plan_tensors, write_synthetic
 
@@ -56,16 +54,8 @@ def cached_bench_model(shape: SyntheticShape, seed: int = 0, *, root: Path | Non
     final = folder / model_name(shape, seed)
     if final.is_file():
         return final
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=folder)
-    os.close(fd)
-    try:
-        write_synthetic(Path(tmp), shape, seed)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, final)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    with replacing(final, f"the bench model {final.name}") as tmp:
+        write_synthetic(tmp, shape, seed)
     return final
 
 

@@ -93,7 +93,8 @@ class StateSpill(Protocol):
         ...
 
     def put(self, tokens: tuple[int, ...], blob: StateBlob) -> None:
-        """Keep ``blob`` as the state after ``tokens`` (replacing one with the same tokens)."""
+        """Keep ``blob`` as the state after ``tokens`` (replacing one with the same tokens).
+        Never raises for the disk's sake: a state it cannot write is not kept (and said once)."""
         ...
 
     def take(self, tokens: tuple[int, ...]) -> StateBlob | None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import attrs
 
+from bmoe.adapters.file_writes import write_file
+
 KEY_VARIABLE = "BMOE_API_KEY"  # Codex's env_key: the variable its provider reads the key from
 PROVIDER = "bmoe"
 
@@ -87,9 +89,9 @@ def launch(client: str, t: Target, state: Path) -> Launch:
         env = {KEY_VARIABLE: t.key, "OPENAI_BASE_URL": f"{t.url}/v1"}
         return Launch((*args, "-c", f'model="{t.model}"'), env)
     if client == "opencode":
-        state.mkdir(parents=True, exist_ok=True)
-        path = state / "opencode.json"
-        path.write_text(json.dumps(opencode_config(t), indent=2) + "\n", encoding="utf-8")
+        path = write_file(
+            state / "opencode.json", json.dumps(opencode_config(t), indent=2) + "\n", "opencode's config"
+        )
         return Launch((), {"OPENCODE_CONFIG": str(path)})
     raise ValueError(f"unknown client {client!r}")
 

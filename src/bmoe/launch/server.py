@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import attrs
 
 from bmoe.adapters.cache_dirs import cache_root
+from bmoe.adapters.file_writes import make_folder, write_file
 from bmoe.errors import BmoeError
 
 HEALTH_TIMEOUT_S = 900.0  # a large model's load, from a slow disk
@@ -101,8 +101,7 @@ def start(host: str, port: int, model: list[str], flags: list[str]) -> Server:
     """``python -m bmoe.serve`` with ``flags`` and a new random key, its output in a log file;
     returns once ``/health`` answers (``LaunchError`` with the log's end where it exits)."""
     key = secrets.token_urlsafe(24)
-    folder = state_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(state_dir(), "the launched server's log and key")
     log = folder / f"{port}.log"
     argv = [
         sys.executable,
@@ -122,8 +121,9 @@ def start(host: str, port: int, model: list[str], flags: list[str]) -> Server:
         )
     server = Server(f"http://{host}:{port}", key, process, log)
     state = folder / f"{port}.json"
-    state.write_text(json.dumps({"model": model, "key": key, "pid": process.pid}), encoding="utf-8")
-    os.chmod(state, 0o600)
+    write_file(
+        state, json.dumps({"model": model, "key": key, "pid": process.pid}), "the server's key", mode=0o600
+    )
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while _get(f"{server.url}/health")[0] != 200:
         if process.poll() is not None:

@@ -18,8 +18,6 @@ refuses), numpy's rates stand, said in ``source``.
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import numpy as np
 
 from bmoe.adapters.cache_dirs import fixture_dir
 from bmoe.adapters.compute_rate import ComputeRate, measure_compute
+from bmoe.adapters.file_writes import replacing
 from bmoe.adapters.gguf_layout import read_layout
 from bmoe.adapters.llama import ContextParams
 from bmoe.errors import BmoeError
@@ -53,15 +52,9 @@ def calibration_model(quant: str) -> Path:
     folder = fixture_dir() / f"v{GENERATOR_VERSION}" / "plan-calibration"
     path = folder / f"{quant}.gguf"
     if not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{quant}.", suffix=".gguf", dir=folder)
-        os.close(fd)
-        try:
-            write_synthetic(Path(tmp), attrs.evolve(CALIBRATION_SHAPE, quant=quant), seed=3, progress=False)
-            os.replace(tmp, path)  # atomic: a concurrent writer's identical file may win
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        # by the rule: a concurrent writer's identical file may win the rename
+        with replacing(path, f"the plan's {quant} calibration model") as tmp:
+            write_synthetic(tmp, attrs.evolve(CALIBRATION_SHAPE, quant=quant), seed=3, progress=False)
     return path
 
 

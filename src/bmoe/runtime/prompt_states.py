@@ -14,12 +14,15 @@ from bmoe.adapters.gguf_layout import shard_paths
 from bmoe.adapters.state_files import StateFiles, state_identity
 from bmoe.adapters.usage_profile_file import model_key
 from bmoe.domain.prompt_cache import MIB, PromptCache, cache_ram_bytes
+from bmoe.errors import FileNotKeptError
 from bmoe.runtime.session_config import SessionConfig
 
 
 def open_prompt_cache(config: SessionConfig, notes: list[str]) -> PromptCache | None:
     """The session's prompt cache, or None where neither tier is on. A line for every state
-    file the disk tier refuses goes to ``notes`` and to stderr when it happens."""
+    file the disk tier refuses, and for its disk failing, goes to ``notes`` and to stderr
+    when it happens. A ``--cache-disk`` folder that cannot be made or written (read-only,
+    full, not ours) is one such line, and the session goes on without the disk tier."""
     if not config.cache_ram_mb and config.cache_disk is None:
         return None
     spill = None
@@ -34,7 +37,14 @@ def open_prompt_cache(config: SessionConfig, notes: list[str]) -> PromptCache | 
             c.n_seq_max,
         )
         identity = state_identity(model_key(shard_paths(config.model_path)), shape)
-        spill = StateFiles(config.cache_disk, identity, config.cache_disk_mb * MIB, _say(notes))
+        try:
+            spill = StateFiles(config.cache_disk, identity, config.cache_disk_mb * MIB, _say(notes))
+        except FileNotKeptError as exc:
+            _say(notes)(
+                f"bmoe: warning: --cache-disk {config.cache_disk}: {exc}; going on without the disk tier"
+            )
+            if not config.cache_ram_mb:
+                return None
     return PromptCache(cache_ram_bytes(config.cache_ram_mb), spill)
 
 

@@ -6,13 +6,16 @@ hottest entries are queued on the lanes as committed reads ahead, in file order,
 first request adopts what it routes to (it never waits for the rest). After every
 ``save_every`` requests and at close, the routing this process counted since its last save
 is merged into the file (decayed, under the file's lock: processes sharing a profile add
-up). A profile that cannot be read or written costs a line in ``notes``, never a request.
+up). A profile that cannot be read or written costs a line in ``notes``, never a request;
+a disk that fails (full, read-only) is one warning line, and the keeper backs off and tries
+again later (``bmoe.adapters.file_writes.CacheWrites``), saying when writes work again.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from bmoe.adapters.file_writes import CacheWrites
 from bmoe.adapters.usage_profile_file import read_profile, update_profile
 from bmoe.domain.streaming.usage_profile import (
     ProfileRejected,
@@ -22,6 +25,7 @@ from bmoe.domain.streaming.usage_profile import (
     routed_tokens,
     warm_set,
 )
+from bmoe.errors import FileNotKeptError
 from bmoe.runtime.streaming import StreamingControl
 
 MIB = 1024 * 1024
@@ -52,7 +56,8 @@ class ProfileKeeper:
         self.warmed: WarmSet | None = None
         self._requests = 0
         self._saved: tuple[int, ...] = (0,) * (self.n_layer * self.n_expert)  # all 0 until a merge
-        self._broken = False  # writing failed once: stop trying
+        self._broken = False  # writing failed once, not for the disk's sake: stop trying
+        self.writes = CacheWrites(self.notes.append)  # the disk's faults: warn once, back off
 
     def warm(self, share: float) -> WarmSet | None:
         """Read the profile and queue its warm set (nothing without a trusted profile or a
@@ -102,6 +107,8 @@ class ProfileKeeper:
         delta = [max(0, a - b) for a, b in zip(now, self._saved, strict=True)]
         if not any(delta):
             return None
+        if not self.writes.may_try():  # backing off a disk that failed: the news waits for the next save
+            return None
         tokens = routed_tokens(delta, self.n_layer, self.n_expert, self.k)
         first = not any(self._saved)  # this process's first merge
         try:
@@ -112,10 +119,14 @@ class ProfileKeeper:
                 self.n_expert,
                 lambda p: merge(p, delta, tokens, new_session=first),
             )
+        except FileNotKeptError as exc:  # the disk's fault: one line, then back off and try again later
+            self.writes.failed(exc)
+            return None
         except OSError as exc:
             self._broken = True
             self.notes.append(f"moe-profile: cannot write {self.path}: {exc.strerror or exc}")
             return None
+        self.writes.worked(self.path.parent)
         if replaced is not None:
             self.notes.append(f"moe-profile: replaced {self.path} ({replaced})")
         self._saved = now

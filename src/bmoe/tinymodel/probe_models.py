@@ -8,13 +8,12 @@ into bmoe's fixture folder and reused (``bmoe.adapters.cache_dirs``: a few hundr
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import attrs
 
 from bmoe.adapters.cache_dirs import fixture_dir
+from bmoe.adapters.file_writes import replacing
 from bmoe.tinymodel.spec import GENERATOR_VERSION
 from bmoe.tinymodel.synthetic import SyntheticShape, write_synthetic
 
@@ -32,15 +31,8 @@ def probe_models() -> list[tuple[str, Path]]:
     for quant in PROBE_QUANTS:
         path = folder / f"{quant}.gguf"
         if not path.is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{quant}.", suffix=".gguf", dir=folder)
-            os.close(fd)
-            try:
-                shape = attrs.evolve(PROBE_SHAPE, quant=quant)
-                write_synthetic(Path(tmp), shape, seed=_SEED, progress=False)
-                os.replace(tmp, path)  # atomic: a concurrent writer's identical file may win
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            # by the rule: a concurrent writer's identical file may win the rename
+            with replacing(path, f"the AMX probe's {quant} model") as tmp:
+                write_synthetic(tmp, attrs.evolve(PROBE_SHAPE, quant=quant), seed=_SEED, progress=False)
         out.append((quant.upper(), path))
     return out

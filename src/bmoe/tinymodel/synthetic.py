@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from gguf import MODEL_TENSOR, GGMLQuantizationType, GGUFWriter, LlamaFileType
 
+from bmoe.adapters.file_writes import make_folder
 from bmoe.tinymodel.archs.common import add_common_hparams, embedding_and_head, tensor_name
 from bmoe.tinymodel.spec import FixtureSpec, MoeDims
 from bmoe.tinymodel.tokenizer import build_vocab
@@ -296,7 +297,7 @@ def write_synthetic(
     if seed < 0:
         raise ValueError("seed must be >= 0")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out.parent, f"the model {out.name}")
     plan = plan_tensors(shape, seed)
     total = sum(t.n_bytes for t in plan)
 

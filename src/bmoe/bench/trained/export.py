@@ -10,9 +10,6 @@ temporary name and renamed into place.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,6 +18,7 @@ import numpy.typing as npt
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 from gguf.quants import quant_shape_to_byte_shape
 
+from bmoe.adapters.file_writes import replacing
 from bmoe.bench.trained.layout import TrainedDims, Weights, check_weights, expected_shapes
 from bmoe.tinymodel.archs.common import add_common_hparams
 from bmoe.tinymodel.archs.qwen3moe import ARCH
@@ -56,10 +54,7 @@ def write_gguf(
         if data.shape != want or data.dtype != np.uint8:
             raise ValueError(f"{name}: expected Q4_0 bytes {want}, got {data.dtype} {data.shape}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with replacing(path, f"the trained model {path.name}") as tmp:
         writer = GGUFWriter(tmp, ARCH)
         writer.add_name(name)
         writer.add_description(description)
@@ -77,11 +72,6 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file(progress=False)
         writer.close()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
     return path
 
 
