@@ -150,7 +150,7 @@ def web() -> Iterator[str]:
 
 
 def test_remote_images_are_fetched_when_allowed_within_the_size_limit(web: str) -> None:
-    policy = MediaPolicy(allow_remote=True, max_bytes=2048, timeout_s=5.0)
+    policy = MediaPolicy(allow_remote=True, allow_private=True, max_bytes=2048, timeout_s=5.0)
     assert load(f"{web}/pic", policy) == PICTURE
     assert load(f"{web}/away", policy) == PICTURE
     assert "over the 2048 bytes allowed" in str(refused(f"{web}/big", policy))
@@ -160,13 +160,13 @@ def test_remote_images_are_fetched_when_allowed_within_the_size_limit(web: str) 
 
 
 def test_a_remote_image_that_cannot_be_reached_is_refused_by_name() -> None:
-    policy = MediaPolicy(allow_remote=True, timeout_s=2.0)
+    policy = MediaPolicy(allow_remote=True, allow_private=True, timeout_s=2.0)
     assert "could not be fetched" in str(refused("http://127.0.0.1:9/a.png", policy))
 
 
 def test_a_chat_request_fetches_its_image_under_the_server_s_policy(web: str) -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": f"{web}/pic"}]}]}
-    asked = parse_chat_completion(body, MediaPolicy(allow_remote=True))
+    asked = parse_chat_completion(body, MediaPolicy(allow_remote=True, allow_private=True))
     assert asked.messages[0].images == (Image(PICTURE),)
 
 
@@ -206,6 +206,10 @@ def test_the_server_s_flags_set_where_images_may_come_from(tmp_path: Path) -> No
     assert http_options(build_parser().parse_args([])) == HttpOptions()
     args = build_parser().parse_args(["--media-path", str(tmp_path / "."), "--allow-remote-media"])
     assert http_options(args) == HttpOptions(media_path=tmp_path.resolve(), allow_remote_media=True)
+    both = build_parser().parse_args(["--allow-remote-media", "--allow-private-media"])
+    assert http_options(both) == HttpOptions(allow_remote_media=True, allow_private_media=True)
+    with pytest.raises(ConfigError, match="--allow-private-media needs --allow-remote-media"):
+        http_options(build_parser().parse_args(["--allow-private-media"]))
     (tmp_path / "file").write_text("x")
     for bad in (tmp_path / "missing", tmp_path / "file"):
         with pytest.raises(ConfigError, match="--media-path"):
@@ -213,7 +217,8 @@ def test_the_server_s_flags_set_where_images_may_come_from(tmp_path: Path) -> No
 
 
 def test_the_server_s_routes_read_images_under_its_policy(web: str, tmp_path: Path) -> None:
-    """Each API's route refuses a remote image by default, and with ``--allow-remote-media``
+    """Each API's route refuses a remote image by default; with ``--allow-remote-media``
+    refuses one on this machine (a loopback address); with ``--allow-private-media`` too
     reads it (off the event loop) before the session is asked."""
     from starlette.testclient import TestClient
     from test_serve_service import served
@@ -242,7 +247,8 @@ def test_the_server_s_routes_read_images_under_its_policy(web: str, tmp_path: Pa
     }
     for options, says in (
         (HttpOptions(), "remote image URLs are off"),
-        (HttpOptions(allow_remote_media=True), "404"),
+        (HttpOptions(allow_remote_media=True), "a loopback address: refused"),
+        (HttpOptions(allow_remote_media=True, allow_private_media=True), "404"),
     ):
         s, fake = served("x")
         fake.model = None  # type: ignore[attr-defined]  # the tokenizer's routes are not asked

@@ -64,7 +64,10 @@ def build_app(served: ServedSession, options: HttpOptions | None = None) -> Guar
     mb = options.max_body_mb
     max_body = default_max_body(served.session.n_ctx) if mb is None else max(1, int(mb * MIB))
     media = MediaPolicy(
-        allow_remote=options.allow_remote_media, media_path=options.media_path, max_bytes=max_body
+        allow_remote=options.allow_remote_media,
+        allow_private=options.allow_private_media,
+        media_path=options.media_path,
+        max_bytes=max_body,
     )
 
     def envelope(prefix: str) -> Envelope:

@@ -97,7 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-remote-media",
         action="store_true",
         help="fetch http(s):// image URLs in requests (each at most the body limit, in 10 s; "
-        "default: refused)",
+        "default: refused), from public addresses only: a host that resolves to a loopback, "
+        "private, link-local, multicast or reserved address, or a redirect to one, is refused",
+    )
+    h.add_argument(
+        "--allow-private-media",
+        action="store_true",
+        help="with --allow-remote-media: fetch from loopback, private and link-local addresses "
+        "too (an image server on this machine or its network; default: refused)",
     )
     h.add_argument(
         "--metrics", action="store_true", help="serve GET /metrics (Prometheus text format, as llama.cpp's)"
@@ -113,13 +120,15 @@ class HttpOptions:
     """The HTTP side's settings: the API keys (none: no key needed), the largest body
     (``None``: derived from the context), whether ``/metrics`` is served, and where a
     request's images may come from besides the request: ``media_path`` (resolved) for
-    ``file://`` URLs, ``allow_remote_media`` for ``http(s)://`` ones."""
+    ``file://`` URLs, ``allow_remote_media`` for ``http(s)://`` ones (from private addresses
+    too with ``allow_private_media``)."""
 
     api_keys: tuple[str, ...] = ()
     max_body_mb: float | None = None
     metrics: bool = False
     media_path: Path | None = None
     allow_remote_media: bool = False
+    allow_private_media: bool = False
 
 
 def read_api_keys(path: Path) -> list[str]:
@@ -143,12 +152,15 @@ def http_options(args: argparse.Namespace) -> HttpOptions:
             raise ConfigError(f"--api-key-file {args.api_key_file} holds no key")
     if args.max_body_mb is not None and not args.max_body_mb > 0:
         raise ConfigError("--max-body-mb must be > 0")
+    if args.allow_private_media and not args.allow_remote_media:
+        raise ConfigError("--allow-private-media needs --allow-remote-media (it widens what is fetched)")
     return HttpOptions(
         api_keys=tuple(keys),
         max_body_mb=args.max_body_mb,
         metrics=args.metrics,
         media_path=None if args.media_path is None else media_folder(args.media_path),
         allow_remote_media=args.allow_remote_media,
+        allow_private_media=args.allow_private_media,
     )
 
 

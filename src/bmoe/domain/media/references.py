@@ -28,6 +28,7 @@ MIB = 1 << 20
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")  # base64 holds no ':', so a match is a URL
 BLANKS = re.compile(r"\s+")
 REMOTE_OFF = "remote image URLs are off (start the server with --allow-remote-media to fetch them)"
+PRIVATE_OFF = "start the server with --allow-private-media to fetch from such addresses"
 FILES_OFF = "file:// images are off (start the server with --media-path DIR to read them from DIR)"
 
 
@@ -36,6 +37,9 @@ class MediaPolicy:
     """Which image references a request may use, and the bounds on following them.
 
     - ``allow_remote``: fetch ``http(s)://`` URLs (off: refused);
+    - ``allow_private``: with ``allow_remote``, fetch from loopback, private, link-local...
+      addresses too (off: a URL whose host resolves to one, or that redirects to one, is
+      refused: ``bmoe.domain.media.addresses``);
     - ``media_path``: the folder ``file://`` URLs may read from (resolved, absolute;
       ``None``: refused);
     - ``max_bytes``: the largest image fetched or read (the server's body limit);
@@ -43,6 +47,7 @@ class MediaPolicy:
     """
 
     allow_remote: bool = False
+    allow_private: bool = False
     media_path: Path | None = None
     max_bytes: int = 8 * MIB
     timeout_s: float = 10.0
