@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import jsonschema
 import llama_cpp
 import numpy as np
@@ -111,6 +112,53 @@ def test_penalties_and_logit_bias_draw_what_their_arithmetic_says(
             ours = _run(model, sampler.sample)
     assert expected != plain  # the settings matter on this model
     assert ours == expected
+
+
+def test_a_repeat_penalty_over_a_window_draws_what_llama_cpps_arithmetic_says(
+    tiny_model_path: TinyModelPath, fixture_name: str
+) -> None:
+    """Greedy with ``repeat_penalty`` (Ollama's option) over the last ``penalty_last_n``
+    tokens equals greedy over the logits where each token of that window has its logit
+    divided by the penalty when positive, multiplied when not, in float32. A penalty under 1
+    (a boost) tells even where the greedy run never repeats a token within the window."""
+    penalty, window = 0.2, 8
+    with LlamaModel(tiny_model_path(fixture_name)) as model:
+        plain = _run(model, lambda ctx: int(np.argmax(ctx.logits(-1))))
+        drawn: list[int] = []
+
+        def reference(ctx: LlamaContext) -> int:
+            logits = ctx.logits(-1).astype(np.float32)
+            for token in set(drawn[-window:]):
+                logits[token] = (
+                    logits[token] * np.float32(penalty)
+                    if logits[token] <= 0
+                    else (logits[token] / np.float32(penalty))
+                )
+            drawn.append(int(np.argmax(logits)))
+            return drawn[-1]
+
+        expected = _run(model, reference)
+        params = SamplingParams(repeat_penalty=penalty, penalty_last_n=window)
+        with Sampler(params, model, 256) as sampler:
+            ours = _run(model, sampler.sample)
+    assert expected != plain  # the penalty matters on this model
+    assert ours == expected
+
+
+def test_min_p_of_one_keeps_only_the_likeliest_token(
+    tiny_model_path: TinyModelPath, fixture_name: str
+) -> None:
+    """``min_p`` 1.0 keeps only the tokens as likely as the likeliest: a hot seeded draw is
+    then greedy, which the same draw without it is not."""
+    hot = SamplingParams(temp=1.5, top_k=0, top_p=1.0, seed=3)
+    with LlamaModel(tiny_model_path(fixture_name)) as model:
+        plain = _run(model, lambda ctx: int(np.argmax(ctx.logits(-1))))
+        with Sampler(hot, model, 256) as sampler:
+            drawn = _run(model, sampler.sample)
+        with Sampler(attrs.evolve(hot, min_p=1.0), model, 256) as sampler:
+            kept = _run(model, sampler.sample)
+    assert drawn != plain
+    assert kept == plain
 
 
 @pytest.fixture(scope="module")

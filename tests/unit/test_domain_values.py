@@ -23,11 +23,20 @@ def test_sampling_defaults_to_greedy() -> None:
         ({"top_k": -2}, "top_k must be >= 0"),
         ({"top_p": 1.5}, r"top_p must be in \[0, 1\]"),
         ({"seed": -1}, "seed must be >= 0"),
+        ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),
+        ({"repeat_penalty": 0.0}, "repeat_penalty must be > 0"),
+        ({"penalty_last_n": -2}, "penalty_last_n must be -1"),
     ],
 )
 def test_sampling_rejects_bad_values(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_repeat_penalty_counts_as_a_penalty_unless_its_window_is_empty() -> None:
+    assert SamplingParams(repeat_penalty=1.1).penalised
+    assert not SamplingParams(repeat_penalty=1.1, penalty_last_n=0).penalised
+    assert not SamplingParams(min_p=0.05).penalised
 
 
 def test_config_errors_are_value_errors_and_bmoe_errors() -> None:

@@ -16,11 +16,11 @@ from bmoe.errors import ConfigError, GrammarError
 class Sampler:
     """Owns a ``llama_sampler`` chain built from ``SamplingParams`` and an optional grammar.
 
-    In llama.cpp's order: logit biases, the frequency/presence penalties of the tokens this
-    chain accepted (over the whole context, ``penalty_last_n`` = ``n_ctx``), the grammar
+    In llama.cpp's order: logit biases, the repeat/frequency/presence penalties of the tokens
+    this chain accepted (over the last ``penalty_last_n``, -1: the whole context), the grammar
     (GBNF, root rule ``root``, through llama.cpp's grammar sampler; or a constraint engine's
     token ``mask`` through ``MaskSampler``), then ``temp <= 0`` greedy (argmax), or top-k, top-p,
-    temperature and a seeded draw. A setting at its neutral value adds no sampler, so a
+    min-p, temperature and a seeded draw. A setting at its neutral value adds no sampler, so a
     request without biases, penalties or grammar runs the plain chain it always ran.
     """
 
@@ -63,9 +63,14 @@ class Sampler:
                 biases[i].bias = bias
             self._add(llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(biases), biases))
         if params.penalised:
+            last_n = n_ctx if params.penalty_last_n < 0 else params.penalty_last_n
             self._add(
                 llama_cpp.llama_sampler_init_penalties(
-                    model.n_vocab, n_ctx, 1.0, params.frequency_penalty, params.presence_penalty
+                    model.n_vocab,
+                    last_n,
+                    params.repeat_penalty,
+                    params.frequency_penalty,
+                    params.presence_penalty,
                 )
             )
         if grammar is not None:
@@ -85,6 +90,8 @@ class Sampler:
             self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
         if params.top_p < 1.0:
             self._add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            self._add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         self._add(llama_cpp.llama_sampler_init_temp(params.temp))
         self._add(llama_cpp.llama_sampler_init_dist(params.seed))
 
