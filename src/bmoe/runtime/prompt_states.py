@@ -37,23 +37,28 @@ def open_prompt_cache(config: SessionConfig, notes: list[str]) -> PromptCache | 
             c.n_seq_max,
         )
         identity = state_identity(model_key(shard_paths(config.model_path)), shape)
+        say = _Say(notes)
         try:
-            spill = StateFiles(config.cache_disk, identity, config.cache_disk_mb * MIB, _say(notes))
+            spill = StateFiles(config.cache_disk, identity, config.cache_disk_mb * MIB, say)
         except FileNotKeptError as exc:
-            _say(notes)(
-                f"bmoe: warning: --cache-disk {config.cache_disk}: {exc}; going on without the disk tier"
-            )
+            notes.append(f"warning: --cache-disk {config.cache_disk}: {exc}; going on without the disk tier")
             if not config.cache_ram_mb:
                 return None
+        say.live = True  # from now on a line is printed when it happens (the front ends print notes at start)
     return PromptCache(cache_ram_bytes(config.cache_ram_mb), spill)
 
 
-def _say(notes: list[str]) -> Callable[[str], None]:
-    def say(line: str) -> None:
-        notes.append(line)
-        print(line, file=sys.stderr, flush=True)
+class _Say:
+    """A line for ``notes``; once ``live``, printed to stderr as well, when it happens."""
 
-    return say
+    def __init__(self, notes: list[str]) -> None:
+        self.notes = notes
+        self.live = False
+
+    def __call__(self, line: str) -> None:
+        self.notes.append(line)
+        if self.live:
+            print(line, file=sys.stderr, flush=True)
 
 
 def keep_at_close(cache: PromptCache | None, keep_context: Callable[[], None]) -> None:
