@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import types
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ import numpy.typing as npt
 
 from bmoe.adapters.llama.log import capture_errors, route_mtmd_log
 from bmoe.adapters.llama.model import LlamaModel
+from bmoe.adapters.picture_pixels import Pixels, decode
 from bmoe.domain.chat import with_one_bos
 from bmoe.domain.media import MEDIA_MARKER, Image, ImageRows, image_row_ids
 from bmoe.errors import ImageError, VisionEncoderError
@@ -181,21 +181,33 @@ class VisionEncoder:
                 self._lib.mtmd_bitmap_free(bitmap)
 
     def _bitmap(self, image: Image) -> tuple[int, bytes]:
-        """A decoded picture and its pixels' digest; ``ImageError`` naming it if it is not one."""
-        buf = (ctypes.c_uint8 * len(image.data)).from_buffer_copy(image.data)
-        bitmap = self._lib.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(image.data), False)
+        """A decoded picture (``bmoe.adapters.picture_pixels``: mtmd's reader first, Pillow
+        for the rest, EXIF orientation applied) and its pixels' digest; ``ImageError`` naming
+        it if it is not one."""
+        pixels = decode(image.data, image.name or "an image", image.name or "images", self._stb)
+        buf = (ctypes.c_uint8 * len(pixels.rgb)).from_buffer_copy(pixels.rgb)
+        bitmap = self._lib.mtmd_bitmap_init(pixels.nx, pixels.ny, buf)
         if not bitmap:
-            where = image.name or "an image"
             raise ImageError(
-                f"{where} is not a picture the vision encoder can read (PNG, JPEG, BMP, GIF, ...)",
-                image.name or "images",
+                f"mtmd could not hold {image.name or 'an image'}'s pixels", image.name or "images"
             )
-        nx, ny = self._lib.mtmd_bitmap_get_nx(bitmap), self._lib.mtmd_bitmap_get_ny(bitmap)
-        size = self._lib.mtmd_bitmap_get_n_bytes(bitmap)
-        pixels = ctypes.string_at(self._lib.mtmd_bitmap_get_data(bitmap), size)
-        digest = hashlib.sha256(f"{nx}x{ny}:".encode() + pixels).digest()
-        self._lib.mtmd_bitmap_set_id(bitmap, digest.hex().encode())
-        return bitmap, digest
+        self._lib.mtmd_bitmap_set_id(bitmap, pixels.digest.hex().encode())
+        return bitmap, pixels.digest
+
+    def _stb(self, data: bytes) -> Pixels | None:
+        """mtmd's own reading of a picture (stb_image), None where it cannot read it."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        bitmap = self._lib.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(data), False)
+        if not bitmap:
+            return None
+        try:
+            if self._lib.mtmd_bitmap_is_audio(bitmap):
+                return None
+            nx, ny = self._lib.mtmd_bitmap_get_nx(bitmap), self._lib.mtmd_bitmap_get_ny(bitmap)
+            size = self._lib.mtmd_bitmap_get_n_bytes(bitmap)
+            return Pixels(nx, ny, ctypes.string_at(self._lib.mtmd_bitmap_get_data(bitmap), size))
+        finally:
+            self._lib.mtmd_bitmap_free(bitmap)
 
     def _read(self, chunks: int, digests: list[bytes]) -> Prompt:
         tokens: list[int] = []
