@@ -101,7 +101,8 @@ class Outcome:
     ``cached_tokens`` (of those, the ones whose KV was kept from the previous request) and
     ``completion_tokens`` (generated, the end token not counted); the ``tool_calls`` the
     reply made (then ``finish_reason`` is ``tool_calls``), the tokens' ``logprobs`` when
-    they were asked for, and the ``stop_string`` that ended it, if one did."""
+    they were asked for, and the ``stop_string`` that ended it, if one did; ``prefill_s`` and
+    ``decode_s``, the seconds its prompt's prefill and its decode took (Ollama reports them)."""
 
     text: str
     reasoning: str
@@ -112,6 +113,8 @@ class Outcome:
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TokenLogprob, ...] | None = None
     stop_string: str | None = None
+    prefill_s: float = attrs.field(default=0.0, eq=False)  # timings: two equal replies differ in them
+    decode_s: float = attrs.field(default=0.0, eq=False)
 
 
 def outcome(
@@ -132,6 +135,8 @@ def outcome(
         tool_calls=result.tool_calls,
         logprobs=result.logprobs if logprobs else None,
         stop_string=stop_string if stopped else None,
+        prefill_s=result.prefill_s,
+        decode_s=result.decode_s,
     )
 
 

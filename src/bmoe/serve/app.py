@@ -5,8 +5,8 @@
   ``"stream": true``, as server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``);
 - ``POST /v1/decide``: bmoe's decisions;
 - ``GET /`` (the web page), ``GET /v1/bmoe/metrics`` (the live engine feed): ``page``.
-- the Responses API (``responses_routes``), Anthropic's Messages API (``messages_routes``)
-  and llama.cpp's service endpoints (``service_routes``);
+- the Responses API (``responses_routes``), Anthropic's Messages API (``messages_routes``),
+  Ollama's API (``ollama_routes``) and llama.cpp's service endpoints (``service_routes``);
 - all of it behind ``guards`` (the API key, the body limit).
 
 Each request's work is queued on the session's worker; the handler waits for it without
@@ -50,6 +50,7 @@ from bmoe.serve.http_jobs import (
     read_json_body,
 )
 from bmoe.serve.messages_routes import messages_routes
+from bmoe.serve.ollama_routes import ollama_routes
 from bmoe.serve.page import page_routes
 from bmoe.serve.response_store import ResponseStore
 from bmoe.serve.responses_routes import responses_routes
@@ -112,6 +113,7 @@ def build_app(served: ServedSession, options: HttpOptions | None = None) -> Guar
         Route("/v1/decide", answering_errors(decide), methods=["POST"]),
         *responses_routes(served, ResponseStore(), media),
         *messages_routes(served, media),
+        *ollama_routes(served, media),
         *service_routes(served, metrics=options.metrics),
         *page_routes(served),
     ]

@@ -1,8 +1,9 @@
 """Errors of the server, and every error as an HTTP status with OpenAI's error body (or
-Anthropic's, on the Messages API's routes).
+Anthropic's, on the Messages API's routes, or Ollama's, on its ``/api/`` routes).
 
 OpenAI's shape: ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``;
-Anthropic's: ``{"type": "error", "error": {"type": ..., "message": ...}}``.
+Anthropic's: ``{"type": "error", "error": {"type": ..., "message": ...}}``; Ollama's:
+``{"error": "..."}``.
 What went wrong decides the status: the request (400: a bad request, a prompt past the
 context, a refused decision), this request's computation (500: llama.cpp failed a decode;
 the session is then over), or the service (503: the session ended after a fatal error, an
@@ -47,6 +48,14 @@ class NotFoundError(RequestError):
         super().__init__(message, param, "not_found")
 
 
+class NotServedError(RequestError):
+    """An endpoint this server does not serve (Ollama's model management: pull, push,
+    create, copy, delete, blobs; embeddings), HTTP 501."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, None, "not_implemented")
+
+
 class RequestCancelledError(BmoeError):
     """The request was cancelled before it finished: its client went away, or the server
     is shutting down."""
@@ -75,6 +84,16 @@ class ApiError:
         kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else INVALID_REQUEST)
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
+    def ollama_body(self) -> dict[str, Any]:
+        """``{"error": "..."}``, Ollama's shape."""
+        return {"error": self.message}
+
+    def body_for(self, dialect: str) -> dict[str, Any]:
+        """The body in ``dialect``'s shape (``openai``, ``anthropic`` or ``ollama``)."""
+        if dialect == "anthropic":
+            return self.anthropic_body()
+        return self.ollama_body() if dialect == "ollama" else self.body()
+
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
@@ -94,6 +113,8 @@ def api_error(exc: BaseException) -> ApiError:
     message = str(exc) or type(exc).__name__
     if isinstance(exc, BodyTooLargeError):
         return ApiError(413, message, INVALID_REQUEST, None, exc.code)
+    if isinstance(exc, NotServedError):
+        return ApiError(501, message, INVALID_REQUEST, None, exc.code)
     if isinstance(exc, NotFoundError):
         return ApiError(404, message, INVALID_REQUEST, exc.param, exc.code)
     if isinstance(exc, RequestError):

@@ -5,8 +5,9 @@
 - with keys set (``--api-key``, ``--api-key-file``), every route but ``/health`` and the web
   page's own files needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY``; a missing or
   wrong one is answered 401 in the route's dialect (OpenAI's ``invalid_api_key``, Anthropic's
-  ``authentication_error``). Keys are compared in constant time (``hmac.compare_digest``,
-  each key tried whatever the outcome of the others) and never written anywhere;
+  ``authentication_error``, Ollama's ``{"error": ...}`` on ``/api/``). Keys are compared in
+  constant time (``hmac.compare_digest``, each key tried whatever the outcome of the others)
+  and never written anywhere;
 - a body over ``max_body`` bytes is answered 413 without being read whole: at once when its
   ``Content-Length`` says so, else as soon as what arrived passes the limit (the handler's
   read of the body raises ``BodyTooLargeError``).
@@ -42,7 +43,9 @@ def default_max_body(n_ctx: int) -> int:
 
 def dialect_of(path: str) -> str:
     """Whose error shape a path answers in."""
-    return "anthropic" if path.startswith("/v1/messages") else "openai"
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    return "ollama" if path.startswith("/api/") else "openai"
 
 
 def key_matches(given: str, keys: Sequence[str]) -> bool:
@@ -68,7 +71,7 @@ def presented_keys(headers: Sequence[tuple[bytes, bytes]]) -> list[str]:
 
 
 async def _answer(send: Send, err: ApiError, path: str) -> None:
-    body = err.anthropic_body() if dialect_of(path) == "anthropic" else err.body()
+    body = err.body_for(dialect_of(path))
     raw = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     if err.status == 413:

@@ -30,7 +30,7 @@ from bmoe.serve.worker import Job
 T = TypeVar("T")
 Json = dict[str, Any]
 Handler = Callable[[Request], Awaitable[Response]]
-Dialect = Literal["openai", "anthropic"]
+Dialect = Literal["openai", "anthropic", "ollama"]
 
 
 class Done:
@@ -60,7 +60,7 @@ def as_api_error(exc: BaseException) -> ApiError:
 def error_response(exc: BaseException, dialect: Dialect = "openai") -> JSONResponse:
     """``exc`` in the dialect's error shape, with its status."""
     err = as_api_error(exc)
-    return json_response(err.anthropic_body() if dialect == "anthropic" else err.body(), err.status)
+    return json_response(err.body_for(dialect), err.status)
 
 
 def answering_errors(handler: Handler, dialect: Dialect = "openai") -> Handler:

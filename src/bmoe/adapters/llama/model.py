@@ -202,6 +202,11 @@ class LlamaModel:
         return int(llama_cpp.llama_model_n_layer(self.ptr))
 
     @property
+    def n_params(self) -> int:
+        """The model's parameters, all of them (llama.cpp's count)."""
+        return int(llama_cpp.llama_model_n_params(self.ptr))
+
+    @property
     def n_ctx_train(self) -> int:
         return int(llama_cpp.llama_model_n_ctx_train(self.ptr))
 
