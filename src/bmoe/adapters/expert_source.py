@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 
@@ -23,14 +23,17 @@ from bmoe.domain.streaming import Entry, GraphFault, ReadFault, StreamFault
 from bmoe.ports.expert_source import IExpertSource
 
 
-def streamer_fault(streamer: ExpertStreamer, paths: Sequence[str]) -> StreamFault | None:
-    """The streamer's sticky fault as a domain value."""
+def streamer_fault(
+    streamer: ExpertStreamer, paths: Sequence[str], tensor_at: Callable[[int, int], str] | None = None
+) -> StreamFault | None:
+    """The streamer's sticky fault as a domain value; ``tensor_at(file, offset)`` names the
+    tensor a failed read was in."""
     fault = streamer.fault()
     if fault is None:
         return None
     if fault[0] == "read":
         _, index, offset, err = fault
-        return ReadFault(str(paths[index]), offset, err)
+        return ReadFault(str(paths[index]), offset, err, tensor=tensor_at(index, offset) if tensor_at else "")
     if fault[0] == "graph":
         return GraphFault(fault[1], fault[2])
     return GraphFault(fault[1], "the reference streaming policy failed to serve it")
@@ -40,11 +43,18 @@ class LaneExpertSource(IExpertSource):
     """Borrows an ``ExpertStreamer`` whose projections are set and files open; ``close()``
     closes it."""
 
-    def __init__(self, streamer: ExpertStreamer, paths: Sequence[str], lanes: int) -> None:
+    def __init__(
+        self,
+        streamer: ExpertStreamer,
+        paths: Sequence[str],
+        lanes: int,
+        tensor_at: Callable[[int, int], str] | None = None,
+    ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
         self._streamer = streamer
         self._paths = list(paths)
+        self._tensor_at = tensor_at  # names the tensor of a failed read
         self._free_lanes: queue.SimpleQueue[int] = queue.SimpleQueue()
         for lane in range(lanes):
             self._free_lanes.put(lane)
@@ -115,7 +125,7 @@ class LaneExpertSource(IExpertSource):
             self._streamer.release_entry(entry[0], entry[1])
 
     def fault(self) -> StreamFault | None:
-        return streamer_fault(self._streamer, self._paths)
+        return streamer_fault(self._streamer, self._paths, self._tensor_at)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -294,7 +294,7 @@ class ExpertStreaming:
 
     def fault(self) -> StreamFault | None:
         """The streamer's sticky fault, else a model file replaced or truncated under us."""
-        fault = streamer_fault(self.streamer, [str(p) for p in self.layout.paths])
+        fault = streamer_fault(self.streamer, [str(p) for p in self.layout.paths], self.layout.tensor_at)
         if fault is not None:
             return fault
         changes = self._files.changes()

@@ -41,6 +41,13 @@ class ModelLayout:
     def in_file(self, index: int) -> list[TensorLocation]:
         return [t for t in self.tensors.values() if t.file_index == index]
 
+    def tensor_at(self, index: int, offset: int) -> str:
+        """The name of the tensor whose data holds byte ``offset`` of file ``index`` ("" for none)."""
+        for t in self.tensors.values():
+            if t.file_index == index and t.offset <= offset < t.offset + t.n_bytes:
+                return t.name
+        return ""
+
 
 def shard_paths(first: Path) -> list[Path]:
     """All files of a model given its (first) file."""

@@ -72,7 +72,10 @@ class StreamingControl:
         if config.policy == "reference":
             streamer.configure(settings.for_reference())  # the decisions are the policy's
             self._source = LaneExpertSource(
-                streamer, [str(p) for p in streaming.layout.paths], self.info.lanes
+                streamer,
+                [str(p) for p in streaming.layout.paths],
+                self.info.lanes,
+                streaming.layout.tensor_at,
             )
             routers = None
             if settings.routing.active:

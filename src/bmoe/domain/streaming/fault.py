@@ -13,16 +13,20 @@ from bmoe.errors import ExpertGraphError, ExpertReadError
 class ReadFault:
     """A read of an expert's bytes failed (an I/O error, a short read past the end of a
     truncated file, a file replaced under the session). Sticky: once a source has one,
-    every later read fails with it."""
+    every later read fails with it. ``tensor``: the tensor whose bytes were read, where known."""
 
     path: str
     offset: int
     errno: int
     detail: str = ""
+    tensor: str = ""
 
     def message(self) -> str:
         why = f" ({self.detail})" if self.detail else ""
-        return f"expert read failed: {self.path} at offset {self.offset}: {os.strerror(self.errno)}{why}"
+        where = f" ({self.tensor})" if self.tensor else ""
+        return (
+            f"expert read failed: {self.path} at offset {self.offset}{where}: {os.strerror(self.errno)}{why}"
+        )
 
     def error(self) -> ExpertReadError:
         return ExpertReadError(self.message())
