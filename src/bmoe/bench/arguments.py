@@ -162,6 +162,12 @@ def parser() -> argparse.ArgumentParser:
         "transcript and plain prose streamed with drafts off and on: docs/benchmarks.md)",
     )
     p.add_argument(
+        "--no-routing-check",
+        action="store_true",
+        help="run only the budgets asked for: no 25%% budget added to check that the routing moves "
+        "(python -m bmoe.plan --verify runs so)",
+    )
+    p.add_argument(
         "--find-cache-mb",
         action="store_true",
         help="with --mem-limit-mb: instead of the rounds, find the largest --cache-mb that runs in "

@@ -196,13 +196,14 @@ def build_configs(
     expert_bytes: int,
     prefetch: tuple[int, ...] = (),
     policies: tuple[Policy, ...] = (),
+    routing_check: bool = True,
 ) -> list[BenchConfig]:
     """The configurations in run order: stock ones first, then bmoe resident, then streaming
-    by increasing budget. Streaming always includes the routing probe's budget (25% of the
-    experts), and each budget (in MiB) runs once, then once more per ``prefetch`` depth and
-    per decode routing policy (budgets with a cache only, and not the probe's where only the
-    probe asked for it). An ``auto`` budget runs first among them (``stream-auto``), with the
-    same policies."""
+    by increasing budget. Streaming includes the routing probe's budget (25% of the
+    experts) unless ``routing_check`` is off, and each budget (in MiB) runs once, then once
+    more per ``prefetch`` depth and per decode routing policy (budgets with a cache only, and
+    not the probe's where only the probe asked for it). An ``auto`` budget runs first among
+    them (``stream-auto``), with the same policies."""
     extra = tuple(dict.fromkeys([*(Policy("prefetch", float(k)) for k in prefetch), *policies]))
     out: list[BenchConfig] = []
     labels = {
@@ -222,7 +223,8 @@ def build_configs(
         out += _with_policies(auto, "cache auto", extra)
     if "stream" in kinds:
         asked = {b.resolve_mib(expert_bytes) for b in budgets if not b.auto}
-        mibs = sorted(asked | {Budget(percent=ROUTING_PROBE_PERCENT).resolve_mib(expert_bytes)})
+        probe = {Budget(percent=ROUTING_PROBE_PERCENT).resolve_mib(expert_bytes)} if routing_check else set()
+        mibs = sorted(asked | probe)
         for mib in mibs:
             share = 100 * mib * MIB / expert_bytes if expert_bytes else None
             what = "cache off" if mib == 0 else f"cache {mib} MiB"

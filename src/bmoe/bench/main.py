@@ -183,7 +183,9 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     experts = expert_bytes(model)
-    configs = cf.build_configs(plan.kinds, plan.budgets, experts, plan.prefetch, plan.policies)
+    configs = cf.build_configs(
+        plan.kinds, plan.budgets, experts, plan.prefetch, plan.policies, plan.routing_check
+    )
     if plan.parallel:
         configs = cf.with_parallel(configs, plan.parallel)
     skipped = skipped_configs(

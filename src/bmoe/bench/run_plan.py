@@ -25,6 +25,7 @@ class Plan:
     policies: tuple[cf.Policy, ...] = ()
     parallel: tuple[int, ...] = ()  # sequence counts (--parallel); () : the plain bench
     batch: int | str = PREFILL_BATCH  # the prompt's batch, or AUTO_BATCH (streamed: from the room)
+    routing_check: bool = True  # the 25% budget added (off: --no-routing-check)
 
     @property
     def text_tokens(self) -> int:
@@ -83,6 +84,7 @@ def make_plan(args: argparse.Namespace, n_text_tokens: int | None = None) -> Pla
         policies=policies,
         parallel=parallel,
         batch=batch,
+        routing_check=not getattr(args, "no_routing_check", False),
     )
 
 

@@ -60,16 +60,22 @@ def rows(plan: Plan) -> list[tuple[str, str]]:
             + (" (cycles: below one token's working set)" if plan.cycles else ""),
         ),
     ]
-    hit = f"{plan.hit_rate:.0%} (uniform routing, a floor)"
-    if plan.profile_hit_rate is not None:
-        hit += f"; {plan.profile_hit_rate:.0%} by this model's usage profile"
-    out.append(("expected hit rate", hit))
-    out.append(("read a token", f"{_mib(plan.read_bytes_per_token)}"))
+    d = plan.decode
+    hits = "; ".join(f"{g.rate:.0%} {g.name}" for g in d.guesses)
+    out.append(("expected hit rate", f"{d.expected.hit_rate:.0%} ({d.expected_guess.name}); guesses: {hits}"))
+    out.append(
+        (
+            "read a token",
+            f"{_mib(d.expected.read_bytes)} (from {_mib(d.high.read_bytes)} to {_mib(d.low.read_bytes)})",
+        )
+    )
+    c = plan.costs
     out.append(
         (
             "decode",
-            f"{_rate(plan.decode_tok_s)}, {plan.decode_bound}-bound (disk {_rate(plan.disk_tok_s)}, "
-            f"compute {_rate(plan.compute_tok_s)})",
+            f"{_rate(d.expected.tok_s)}, {plan.decode_bound}-bound (from {_rate(d.low.tok_s)} to "
+            f"{_rate(d.high.tok_s)}; resident step {c.resident_step_s * 1000:.1f} ms, "
+            f"{c.cpu_s_per_mib * 1000:.2f} ms a MiB read beyond the read: {c.cpu_source})",
         )
     )
     for p in plan.prefills:

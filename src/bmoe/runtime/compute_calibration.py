@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -34,7 +36,12 @@ from bmoe.runtime.model_figures import model_figures
 from bmoe.tinymodel.spec import GENERATOR_VERSION
 from bmoe.tinymodel.synthetic import QUANTS, SyntheticShape, write_synthetic
 
+if TYPE_CHECKING:
+    from bmoe.runtime.session import Session
+
 PREFILL_TOKENS = 512
+# prompts timed: 16, 64 and 256 tokens for each of the calibration's experts (its top-8 of 16)
+PROMPT_SIZES = (32, 128, PREFILL_TOKENS)
 DECODE_STEPS = 16
 CALIBRATION_SHAPE = SyntheticShape(
     n_layer=2, n_embd=2048, n_ff_exp=768, n_expert=16, n_expert_used=8, head_dim=128, n_ctx_train=1024
@@ -43,8 +50,12 @@ CALIBRATION_SHAPE = SyntheticShape(
 
 @attrs.frozen
 class Calibrated:
+    """The rates, how they were had, and the prefill's FLOP/s by the tokens each expert of a
+    prompt batch computes on (ascending; empty where llama.cpp could not be timed)."""
+
     rate: ComputeRate
     source: str
+    matmul_curve: tuple[tuple[float, float], ...] = ()
 
 
 def calibration_model(quant: str) -> Path:
@@ -88,24 +99,69 @@ def _measured(quant: str, threads: int) -> Calibrated:
         )
         tokens = np.random.default_rng(0).integers(16, 200, PREFILL_TOKENS).tolist()
         with Session.open(SessionConfig(model_path=path, context=params)) as session:
-            ctx = session.ctx
-            ctx.decode(tokens[:64], 0)  # warm: the weights paged in, the threads started
-            best = float("inf")
-            for _ in range(2):
-                ctx.clear()
-                t0 = time.perf_counter()
-                ctx.decode(tokens, 0)
-                best = min(best, time.perf_counter() - t0)
-            steps = []
-            for i in range(DECODE_STEPS):
-                t0 = time.perf_counter()
-                ctx.decode([tokens[i]], PREFILL_TOKENS + i)
-                steps.append(time.perf_counter() - t0)
+            timed = time_prompts_and_steps(session, tokens)
     except (BmoeError, OSError) as exc:
         return Calibrated(measure_compute(), f"numpy's f32 products (llama.cpp's could not be timed: {exc})")
     weights = figures.active_bytes / max(figures.bytes_per_weight, 1e-9)
-    rate = ComputeRate(
-        matvec_bytes_s=figures.active_bytes / max(float(np.median(steps)), 1e-9),
-        matmul_flops=2.0 * weights * PREFILL_TOKENS / max(best, 1e-9),
+    per_expert = figures.n_expert_used / figures.n_expert  # the share of the tokens an expert gets
+    curve = tuple(
+        (n * per_expert, 2.0 * weights * n / max(sample.seconds, 1e-9))
+        for n, sample in sorted(timed.prompts.items())
     )
-    return Calibrated(rate, f"llama.cpp's {quant.upper()} kernels timed here ({threads} threads)")
+    rate = ComputeRate(
+        matvec_bytes_s=figures.active_bytes / max(timed.step.seconds, 1e-9),
+        matmul_flops=curve[-1][1],
+    )
+    return Calibrated(rate, f"llama.cpp's {quant.upper()} kernels timed here ({threads} threads)", curve)
+
+
+@attrs.frozen
+class Sample:
+    """One timed call: its seconds, and where streamed, its wait for reads and MiB read."""
+
+    seconds: float
+    stall_s: float = 0.0
+    read_mib: float = 0.0
+
+
+@attrs.frozen
+class Timed:
+    """A context's prompts timed (tokens -> the faster of two, each from an empty context)
+    and its decode steps (the median step; the steps' mean stall and MiB)."""
+
+    prompts: dict[int, Sample]
+    step: Sample
+
+
+def time_prompts_and_steps(
+    session: Session, tokens: list[int], sizes: tuple[int, ...] = PROMPT_SIZES
+) -> Timed:
+    """Time ``session``'s prompts of ``sizes`` of ``tokens``, then ``DECODE_STEPS`` decode
+    steps after the whole prompt; a streamed session's stall and reads with each."""
+    ctx, streaming = session.ctx, session.streaming
+
+    def timed(run: Callable[[], object]) -> Sample:
+        before = streaming.counters() if streaming is not None else None
+        t0 = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - t0
+        if streaming is None or before is None:
+            return Sample(seconds)
+        used = streaming.counters() - before
+        return Sample(seconds, used.stall_s, used.bytes_read / (1 << 20))
+
+    ctx.decode(tokens[:64], 0)  # warm: the weights paged in, the threads started
+    prompts: dict[int, Sample] = {}
+    for n in sizes:
+        tries = []
+        for _ in range(2):
+            ctx.clear()
+            tries.append(timed(functools.partial(ctx.decode, tokens[:n], 0)))
+        prompts[n] = min(tries, key=lambda t: t.seconds)
+    steps = [timed(functools.partial(ctx.decode, [tokens[i]], len(tokens) + i)) for i in range(DECODE_STEPS)]
+    step = Sample(
+        float(np.median([s.seconds for s in steps])),
+        float(np.mean([s.stall_s for s in steps])),
+        float(np.mean([s.read_mib for s in steps])),
+    )
+    return Timed(prompts, step)

@@ -20,13 +20,16 @@ from bmoe.adapters.disk_reads import measure_random_reads, measure_scratch
 from bmoe.adapters.gguf_layout import ModelLayout, read_layout
 from bmoe.adapters.gguf_remote import remote_headers
 from bmoe.adapters.memory_room import ProcessMemoryRoom
+from bmoe.adapters.plan_runs_file import read_runs, runs_path, write_runs
 from bmoe.adapters.usage_profile_file import model_key, profile_path, read_profile
 from bmoe.domain.memory_room import MemoryRoom
 from bmoe.domain.plan.figures import MIB, MachineFigures, ModelFigures
 from bmoe.domain.plan.predict import Plan, PlanSettings, make_plan
+from bmoe.domain.plan.verified import VerifiedRun, kept
 from bmoe.domain.streaming.usage_profile import ProfileRejected, UsageProfile
 from bmoe.runtime.compute_calibration import measure_llama
 from bmoe.runtime.model_figures import model_figures
+from bmoe.runtime.stream_calibration import measure_stream_costs
 
 PAGE = 4096
 DISK_SAMPLE_BYTES = 64 * MIB  # read to measure the disk
@@ -35,18 +38,31 @@ DISK_SAMPLE_BYTES = 64 * MIB  # read to measure the disk
 @attrs.frozen
 class MachineOptions:
     """``--mem-limit-mb`` (None: the room as ``--cache-mb auto`` reads it), ``--disk-mib-s``
-    (None: measured)."""
+    (None: measured), ``stream_costs`` (False: the CPU a MiB read costs is not measured:
+    a plan that needs no speed), ``io_threads`` (``--io-threads``: the lanes' depth)."""
 
     mem_limit_mb: int | None = None
     disk_mib_s: float | None = None
+    stream_costs: bool = True  # measure what streaming costs here beyond its reads
+    io_threads: int = 4  # the read lanes: the disk is measured at their depth
 
 
 @attrs.frozen
 class PlannedModel:
-    """A plan and how its model was read (``source``: one line for the user)."""
+    """A plan and how its model was read (``source``: one line for the user); what it was
+    made from beside the figures (``settings``, the usage profile, the runs ``--verify``
+    kept), so the same model can be planned at another budget (``at_budget``)."""
 
     plan: Plan
     source: str
+    settings: PlanSettings = attrs.field(factory=PlanSettings)
+    profile: UsageProfile | None = None
+    verified: tuple[VerifiedRun, ...] = ()
+
+    def at_budget(self, cache_mb: int) -> Plan:
+        """The same model on the same machine with ``--cache-mb cache_mb``."""
+        settings = attrs.evolve(self.settings, cache_mb=cache_mb)
+        return make_plan(self.plan.model, self.plan.machine, settings, self.profile, self.verified)
 
 
 def memory_room(mem_limit_mb: int | None) -> tuple[MemoryRoom, str]:
@@ -95,14 +111,20 @@ def read_machine(
     if options.disk_mib_s is not None:
         disk, disk_source = options.disk_mib_s, "--disk-mib-s"
     elif local is not None:
-        bw = measure_random_reads(local, DISK_SAMPLE_BYTES, block=block)
-        disk, disk_source = bw.mib_s, f"measured on the model file, {block // 1024} KiB reads"
+        bw = measure_random_reads(local, DISK_SAMPLE_BYTES, block=block, n_lanes=options.io_threads)
+        disk, disk_source = (
+            bw.mib_s,
+            f"measured on the model file, {block // 1024} KiB reads on {bw.lanes} lanes",
+        )
     else:
         folder = _existing(goes_to)
-        bw = measure_scratch(folder, block=block)
+        bw = measure_scratch(folder, block=block, n_lanes=options.io_threads)
         disk, disk_source = bw.mib_s, f"measured on a scratch file in {folder}, {block // 1024} KiB reads"
     calibrated = measure_llama(model.bytes_per_weight, physical_cores())
     rate = calibrated.rate
+    stream_costs = (
+        measure_stream_costs(model.bytes_per_weight, physical_cores()) if options.stream_costs else None
+    )
     free = None
     with contextlib.suppress(OSError):
         free = shutil.disk_usage(_existing(goes_to)).free
@@ -116,6 +138,8 @@ def read_machine(
         free_disk_bytes=free,
         room_source=room_source,
         compute_source=calibrated.source,
+        matmul_curve=calibrated.matmul_curve,
+        stream_costs=stream_costs,
     )
 
 
@@ -132,6 +156,28 @@ def usage_profile(layout: ModelLayout, model: ModelFigures) -> UsageProfile | No
         return None
 
 
+def verified_runs(layout: ModelLayout) -> tuple[VerifiedRun, ...]:
+    """What ``bmoe.plan --verify`` measured of this model here (none where its file is
+    missing or unsound: the plan goes on without it)."""
+    try:
+        return read_runs(runs_path(model_key(layout.paths)))
+    except (OSError, ValueError):
+        return ()
+
+
+def keep_verified(path: Path, run: VerifiedRun) -> Path:
+    """Keep ``run`` beside this model's earlier runs here (``FileNotKeptError`` where the
+    disk refuses); the file it went to."""
+    layout = read_layout(path)
+    where = runs_path(model_key(layout.paths))
+    try:
+        earlier = read_runs(where)
+    except ValueError:
+        earlier = ()  # an unsound file is replaced
+    write_runs(where, kept(earlier, run))
+    return where
+
+
 def cache_disk_dir(model: ModelFigures) -> str:
     """The ``--cache-disk`` folder the plan recommends: one per model under bmoe's cache root."""
     stem = Path(model.name).name.removesuffix(".gguf")
@@ -145,9 +191,11 @@ def plan_local(path: Path, settings: PlanSettings, options: MachineOptions) -> P
     model = model_figures(layout, layout.paths[0], str(path))
     machine = read_machine(model, options, local=path, goes_to=path.parent)
     settings = attrs.evolve(settings, cache_disk=settings.cache_disk or cache_disk_dir(model))
-    plan = make_plan(model, machine, settings, usage_profile(layout, model))
+    profile, verified = usage_profile(layout, model), verified_runs(layout)
+    plan = make_plan(model, machine, settings, profile, verified)
     shards = f" ({len(layout.paths)} shards)" if len(layout.paths) > 1 else ""
-    return PlannedModel(plan, f"{path}{shards}: header read, {sum(layout.sizes) / (1 << 30):.2f} GiB on disk")
+    source = f"{path}{shards}: header read, {sum(layout.sizes) / (1 << 30):.2f} GiB on disk"
+    return PlannedModel(plan, source, settings, profile, verified)
 
 
 def plan_hf(spec: str, hf_file: str | None, settings: PlanSettings, options: MachineOptions) -> PlannedModel:
@@ -157,4 +205,4 @@ def plan_hf(spec: str, hf_file: str | None, settings: PlanSettings, options: Mac
         model = model_figures(layout, remote.paths[0], f"{remote.repo}/{remote.names[0]}")
     machine = read_machine(model, options, local=None, goes_to=hf_cache_dir())
     settings = attrs.evolve(settings, cache_disk=settings.cache_disk or cache_disk_dir(model))
-    return PlannedModel(make_plan(model, machine, settings), remote.describe())
+    return PlannedModel(make_plan(model, machine, settings), remote.describe(), settings)

@@ -66,6 +66,22 @@ def to_json(plan: Plan, source: str = "") -> dict[str, Any]:
             "decode_bound": plan.decode_bound,
             "disk_tok_s": finite(plan.disk_tok_s),
             "compute_tok_s": finite(plan.compute_tok_s),
+            "hit_guesses": [{"name": g.name, "hit_rate": round(g.rate, 4)} for g in plan.decode.guesses],
+            "expected_guess": plan.decode.expected_guess.name,
+            "decode_range": {
+                end: {
+                    "hit_rate": round(f.hit_rate, 4),
+                    "read_bytes_per_token": round(f.read_bytes),
+                    "tok_s": finite(f.tok_s),
+                }
+                for end, f in (
+                    ("low", plan.decode.low),
+                    ("expected", plan.decode.expected),
+                    ("high", plan.decode.high),
+                )
+            },
+            "cpu_s_per_mib": plan.costs.cpu_s_per_mib,
+            "cpu_source": plan.costs.cpu_source,
             "prefill": [
                 {
                     "tokens": p.tokens,

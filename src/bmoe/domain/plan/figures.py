@@ -10,6 +10,8 @@ the compute rates a short matmul measured here.
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 
 from bmoe.domain.memory_room import MemoryRoom
@@ -78,6 +80,16 @@ class ModelFigures:
 
 
 @attrs.frozen
+class StreamCosts:
+    """Seconds a MiB read adds beyond its read (``bmoe.runtime.stream_calibration``): to a
+    decode step, to a prompt; ``source``: how they were had."""
+
+    decode_s_per_mib: float
+    prefill_s_per_mib: float
+    source: str
+
+
+@attrs.frozen
 class MachineFigures:
     """This machine as the plan sees it.
 
@@ -98,3 +110,20 @@ class MachineFigures:
     free_disk_bytes: int | None = None
     room_source: str = ""  # "--mem-limit-mb 2048" where the user set it
     compute_source: str = ""  # how the compute rates were had (llama.cpp's kernels timed here)
+    # the prefill's FLOP/s by the tokens each expert of a prompt batch computes on (ascending)
+    matmul_curve: tuple[tuple[float, float], ...] = ()
+    stream_costs: StreamCosts | None = None  # None: not measured here
+
+    def matmul_flops_at(self, tokens_per_expert: float) -> float:
+        """The prefill's FLOP/s where each expert computes on ``tokens_per_expert`` tokens:
+        the measured curve, a straight line between its points, its ends beyond them
+        (``matmul_flops`` where there is no curve)."""
+        curve = self.matmul_curve
+        if not curve:
+            return self.matmul_flops
+        if tokens_per_expert <= curve[0][0]:
+            return curve[0][1]
+        for (t0, f0), (t1, f1) in itertools.pairwise(curve):
+            if tokens_per_expert <= t1:
+                return f0 + (f1 - f0) * (tokens_per_expert - t0) / (t1 - t0)
+        return curve[-1][1]

@@ -6,13 +6,19 @@ The arithmetic is the run's own: the prompt batch is ``choose_prompt_batch`` on 
 ``RunMemory`` a session would read once its dense part and KV cache are in. The speeds are
 bounds, not measurements:
 
-- decode: the disk bound (MiB read a token at the expected hit rate, over the disk's speed)
-  and the compute bound (the weight bytes one token computes with, over the rate a
-  matrix-vector product streams them here); the prediction is the smaller, and names it;
+- decode: a range (``bmoe.domain.plan.decode_range``): a step is the resident step (the
+  weight bytes one token computes with, over the rate a matrix-vector product streams them
+  here) + the MiB read a token over the disk's speed + the CPU those MiB cost the step
+  (measured here by ``bmoe.runtime.stream_calibration``, or by ``--verify``); the MiB read
+  come from each guess of the hit rate (``bmoe.domain.plan.hit_guesses``), so the speed is
+  a range from the lowest guess to the highest, with the expected one named;
 - prefill of P tokens: each prompt batch routes to nearly every expert of every layer, so it
   reads the experts ``ceil(P / batch)`` times over (once, where the cache holds them all),
-  while the compute is ``2 x active weights x P`` FLOPs at the matmul rate measured here;
-  the read-ahead overlaps the two, so the time is the larger.
+  while the compute is ``2 x active weights x P`` FLOPs at the matmul rate llama.cpp's
+  kernels reached here where each expert computes on as many tokens as the plan's batch
+  gives it, plus what a streamed prompt adds a MiB read (the repack, the faults: measured
+  here); the read-ahead overlaps the reads with the compute, so the time is the larger;
+  ``--verify``'s correction multiplies it where one was measured.
 """
 
 from __future__ import annotations
@@ -22,14 +28,11 @@ import math
 import attrs
 
 from bmoe.domain.memory_room import MemoryRoom
+from bmoe.domain.plan.decode_range import DecodeCosts, DecodeRange, decode_range
 from bmoe.domain.plan.figures import MIB, MachineFigures, ModelFigures
-from bmoe.domain.plan.hit_rate import (
-    CurvePoint,
-    entries_per_layer,
-    profile_curve,
-    profile_hit_rate,
-    uniform_hit_rate,
-)
+from bmoe.domain.plan.hit_guesses import PROFILE, hit_guesses
+from bmoe.domain.plan.hit_rate import CurvePoint, profile_curve
+from bmoe.domain.plan.verified import VerifiedRun, nearest, prefill_factor
 from bmoe.domain.streaming.budget import (
     Budget,
     RunMemory,
@@ -99,11 +102,22 @@ class Plan:
     hit_rate: float  # uniform-routing floor
     profile_hit_rate: float | None
     profile_curve: tuple[CurvePoint, ...]
-    read_bytes_per_token: float
-    disk_tok_s: float
-    compute_tok_s: float
+    decode: DecodeRange  # every guess of the hit rate, and the decode at each end and expected
+    costs: DecodeCosts
+    compute_tok_s: float  # the resident step's rate: no streamed decode is faster
     prefills: tuple[Prefill, ...]
     cache_disk: str = ""
+
+    @property
+    def read_bytes_per_token(self) -> float:
+        """MiB read a token at the expected hit rate (in bytes)."""
+        return self.decode.expected.read_bytes
+
+    @property
+    def disk_tok_s(self) -> float:
+        """The disk's bound alone at the expected hit rate."""
+        read = self.read_bytes_per_token
+        return self.costs.disk_mib_s * MIB / read if read > 0 else math.inf
 
     @property
     def cycles(self) -> bool:
@@ -112,11 +126,14 @@ class Plan:
 
     @property
     def decode_tok_s(self) -> float:
-        return min(self.disk_tok_s, self.compute_tok_s)
+        """The expected decode (module docstring)."""
+        return self.decode.expected.tok_s
 
     @property
     def decode_bound(self) -> str:
-        return "disk" if self.disk_tok_s < self.compute_tok_s else "compute"
+        """What takes most of the expected step: the reads (and their CPU) or the compute."""
+        streamed = self.decode.expected.step_s - self.costs.resident_step_s
+        return "disk" if streamed > self.costs.resident_step_s else "compute"
 
     def flags(self) -> list[str]:
         """The recommended command-line flags for a streamed run."""
@@ -173,8 +190,15 @@ def less(room: MemoryRoom, taken: int) -> MemoryRoom:
     return attrs.evolve(room, available_bytes=max(0, room.available_bytes - taken), group_room_bytes=group)
 
 
-def prefill(model: ModelFigures, machine: MachineFigures, tokens: int, batch: int, budget: int) -> Prefill:
-    """One prompt of ``tokens`` (module docstring)."""
+def prefill(
+    model: ModelFigures,
+    machine: MachineFigures,
+    tokens: int,
+    batch: int,
+    budget: int,
+    factor: float | None = None,
+) -> Prefill:
+    """One prompt of ``tokens`` (module docstring; ``factor``: ``--verify``'s correction)."""
     batch = max(1, min(batch, tokens))
     ubatches = math.ceil(tokens / batch)
     touched = 1.0 - (1.0 - model.n_expert_used / max(1, model.n_expert)) ** batch
@@ -182,8 +206,25 @@ def prefill(model: ModelFigures, machine: MachineFigures, tokens: int, batch: in
     read = once if budget >= model.expert_bytes else once * ubatches
     disk = read / MIB / machine.disk_mib_s if machine.disk_mib_s > 0 else math.inf
     weights = model.active_bytes / max(model.bytes_per_weight, 1e-9)
-    compute = 2.0 * weights * tokens / machine.matmul_flops if machine.matmul_flops > 0 else math.inf
-    return Prefill(tokens, max(disk, compute), int(read), "disk" if disk > compute else "compute")
+    flops = machine.matmul_flops_at(batch * model.n_expert_used / max(1, model.n_expert))
+    compute = 2.0 * weights * tokens / flops if flops > 0 else math.inf
+    if machine.stream_costs is not None and budget < model.expert_bytes:
+        compute += read / MIB * machine.stream_costs.prefill_s_per_mib
+    seconds = max(disk, compute) * (factor or 1.0)
+    return Prefill(tokens, seconds, int(read), "disk" if disk > compute else "compute")
+
+
+def decode_costs(model: ModelFigures, machine: MachineFigures, run: VerifiedRun | None) -> DecodeCosts:
+    """What a step costs beside its hit rate: the CPU a MiB read costs as ``--verify``
+    measured it here, else as the streamed calibration did, else nothing counted (said)."""
+    if run is not None:
+        cpu, source = run.cpu_s_per_mib, "measured here (bmoe.plan --verify)"
+    elif machine.stream_costs is not None:
+        cpu, source = machine.stream_costs.decode_s_per_mib, machine.stream_costs.source
+    else:
+        cpu, source = 0.0, "not measured (counted as none)"
+    resident = model.active_bytes / machine.matvec_bytes_s if machine.matvec_bytes_s > 0 else 0.0
+    return DecodeCosts(model.token_cycle_bytes, machine.disk_mib_s, resident, cpu, source)
 
 
 def make_plan(
@@ -191,9 +232,11 @@ def make_plan(
     machine: MachineFigures,
     settings: PlanSettings,
     profile: UsageProfile | None = None,
+    verified: tuple[VerifiedRun, ...] = (),
 ) -> Plan:
     """The plan for ``model`` on ``machine`` (``profile``: this model's usage profile, where
-    one exists: its hit rate at the budget and at ``CURVE_SHARES`` of the experts)."""
+    one exists: its hit rate at the budget and at ``CURVE_SHARES`` of the experts;
+    ``verified``: what ``bmoe.plan --verify`` measured of it here)."""
     n_ctx = settings.context(model)
     kv = model.kv_bytes(n_ctx)
     per_token = model.compute_per_token(n_ctx)
@@ -222,17 +265,14 @@ def make_plan(
     budget = resolve_budget(config, memory=memory, token_cycle_bytes=model.token_cycle_bytes)
     streamed = model.dense_bytes + kv + kept + model.token_cycle_bytes
     prompts = settings.prompt_tokens
-    hit = uniform_hit_rate(budget.bytes, model.expert_bytes, model.n_expert, model.n_expert_used)
-    profile_hit: float | None = None
+    guesses, expected = hit_guesses(model, budget.bytes, profile, verified)
+    share = budget.bytes / model.expert_bytes if model.expert_bytes > 0 else 0.0
+    costs = decode_costs(model, machine, nearest(verified, share))
+    profile_hit = next((g.rate for g in guesses if g.name == PROFILE), None)
     curve: tuple[CurvePoint, ...] = ()
     if profile is not None:
-        held = entries_per_layer(budget.bytes, model.expert_bytes, model.n_expert)
-        profile_hit = 0.0 if held < model.n_expert_used else profile_hit_rate(profile, held, model.moe_layers)
         curve = tuple(profile_curve(profile, model.expert_bytes, model.moe_layers, CURVE_SHARES))
-    best = hit if profile_hit is None else max(hit, profile_hit)
-    per_token_read = model.token_cycle_bytes * (1.0 - best)
-    disk_tok_s = machine.disk_mib_s * MIB / per_token_read if per_token_read > 0 else math.inf
-    compute_tok_s = machine.matvec_bytes_s / model.active_bytes if model.active_bytes > 0 else math.inf
+    compute_tok_s = 1.0 / costs.resident_step_s if costs.resident_step_s > 0 else math.inf
     return Plan(
         model=model,
         machine=machine,
@@ -246,12 +286,15 @@ def make_plan(
         streamed_needs_bytes=streamed,
         streamed_fits=streamed <= room,
         budget=budget,
-        hit_rate=hit,
+        hit_rate=guesses[0].rate,
         profile_hit_rate=profile_hit,
         profile_curve=curve,
-        read_bytes_per_token=per_token_read,
-        disk_tok_s=disk_tok_s,
+        decode=decode_range(costs, guesses, expected),
+        costs=costs,
         compute_tok_s=compute_tok_s,
-        prefills=tuple(prefill(model, machine, p, batch.tokens, budget.bytes) for p in prompts),
+        prefills=tuple(
+            prefill(model, machine, p, batch.tokens, budget.bytes, prefill_factor(verified, p))
+            for p in prompts
+        ),
         cache_disk=settings.cache_disk,
     )
