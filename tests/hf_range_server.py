@@ -1,10 +1,13 @@
 """A local stand-in for the Hugging Face Hub's file API, for the ``-hf`` planning gates:
 ``GET /api/models/{repo}`` lists the files, ``GET /{repo}/resolve/main/{file}`` serves one
-with HTTP range requests (206, ``Content-Range``), counting every byte it sends per file.
-``mode`` makes it misbehave: ``no-range`` answers 200 with the whole file."""
+with HTTP range requests (206, ``Content-Range``), counting every byte it sends per file;
+``HEAD`` on it answers the headers ``huggingface_hub``'s ``hf_hub_download`` reads (commit,
+ETag, size), so downloads run against it too. ``mode`` makes it misbehave: ``no-range``
+answers 200 with the whole file; ``cut`` sends half of a whole file, then closes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -36,6 +39,19 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: object) -> None:
             pass
 
+        def do_HEAD(self) -> None:
+            path = urllib.parse.unquote(self.path)
+            repo, sep, name = path.lstrip("/").partition("/resolve/main/")
+            data = hub.content(repo, name) if sep else None
+            if data is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", "0" * 40)
+            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+
         def do_GET(self) -> None:
             path = urllib.parse.unquote(self.path)
             if path.startswith("/api/models/"):
@@ -59,7 +75,7 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self._send(f"{repo}/{name}", data)
+                self._send(f"{repo}/{name}", data[: len(data) // 2] if hub.mode == "cut" else data)
                 return
             start = int(match.group(1))
             if start >= len(data):

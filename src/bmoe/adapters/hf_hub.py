@@ -6,10 +6,18 @@ The files land in the user's Hugging Face cache (``HF_HOME``, ``HF_HUB_CACHE``),
 when the Hub cannot be reached) the repository's cached snapshot answers: its files are
 listed from the cache and nothing is fetched. Which file a spec names is
 ``bmoe.domain.hf_models``'s rule; the Hub's failures become ``ModelFetchError`` here.
+
+The download is ``huggingface_hub``'s own writer: a file grows under ``<blob>.incomplete``
+and is renamed into place when whole, so a download cut or out of space leaves nothing
+under the model's name (the next run resumes or starts again). Before downloading, the
+room the missing files need is checked against the cache's disk; a download that runs out
+of space anyway says how much room the model needs.
 """
 
 from __future__ import annotations
 
+import errno
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +67,70 @@ def fetch_model(spec: str, hf_file: str | None = None) -> Path:
     parsed = HfSpec.parse(spec)
     offline = bool(hub.constants.HF_HUB_OFFLINE)
     names = [hf_file] if hf_file else pick_files(parsed, _files(hub, parsed.repo, offline))
+    need = 0 if offline else _room_needed(hub, parsed.repo, names)
     paths = []
     for name in names:
         try:
             paths.append(hub.hf_hub_download(parsed.repo, name, local_files_only=offline))
         except Exception as exc:
+            if _out_of_space(exc):
+                raise ModelFetchError(
+                    f"{parsed.repo}: out of space getting {name} into {_cache(hub)}: the model needs "
+                    f"{_gib(need)} there, {_gib(_free(hub))} is free now; nothing is kept under its name "
+                    "(make room, or set HF_HOME to a larger disk, and run again)"
+                ) from None
             where = "in the cache (offline)" if offline else "on the Hub"
             raise ModelFetchError(f"{parsed.repo}: cannot get {name} {where}: {exc}") from None
     return Path(paths[0])
+
+
+def _cache(hub: Any) -> Path:
+    return Path(hub.constants.HF_HUB_CACHE)
+
+
+def _free(hub: Any) -> int:
+    """Free bytes on the disk of the Hub's cache (its nearest folder that exists)."""
+    folder = _cache(hub)
+    for place in (folder, *folder.parents):
+        try:
+            return shutil.disk_usage(place).free
+        except OSError:
+            continue
+    return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _room_needed(hub: Any, repo: str, names: list[str]) -> int:
+    """The bytes the files of ``names`` not in the cache yet need (0 where the Hub does not
+    say); ``ModelFetchError`` before anything is downloaded where the cache's disk has less."""
+    need = 0
+    for name in names:
+        if isinstance(hub.try_to_load_from_cache(repo, name), str):
+            continue
+        try:
+            need += int(hub.get_hf_file_metadata(hub.hf_hub_url(repo, name)).size or 0)
+        except Exception:
+            return 0  # the download itself says what is wrong
+    free = _free(hub)
+    if need > free:
+        raise ModelFetchError(
+            f"{repo}: the model needs {_gib(need)} in {_cache(hub)}, which has {_gib(free)} free "
+            "(make room, or set HF_HOME to a larger disk)"
+        )
+    return need
+
+
+def _out_of_space(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is a disk that is full."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def fetch_mmproj(spec: str) -> Path | None:
