@@ -1,5 +1,5 @@
-"""Mutated bodies on the chat completions, Responses and Messages routes: each answer is a
-success or a 4xx in the route's error shape, never a 5xx for a bad body, never a hang. One
+"""Mutated bodies on the chat completions, Responses, Messages and Ollama routes: each answer
+is a success or a 4xx in the route's error shape, never a 5xx for a bad body, never a hang. One
 body in five has a pathological schema (``test_dead_end_schemas.PATHOLOGICAL``: a schema
 that is itself, a required recursion, an empty enum, contradictions...) where the route
 takes one (a response format, a tool's parameters). After every body a valid greedy request
@@ -68,6 +68,34 @@ CHAT = {
     "temperature": 0.0,
 }
 
+OLLAMA_OPTIONS = {"temperature": 0, "num_predict": 3, "stop": ["\n\n"], "top_k": 40, "repeat_penalty": 1.1}
+OLLAMA_CHAT = {  # "model": the served model's name, set when the server is up
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+        },
+        {"role": "tool", "content": "rain", "tool_name": "get_weather"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL_SCHEMA}}],
+    "format": TOOL_SCHEMA,
+    "options": OLLAMA_OPTIONS,
+    "think": False,
+    "keep_alive": "5m",
+    "stream": False,
+}
+OLLAMA_GENERATE = {
+    "prompt": "Weather?",
+    "system": "Be brief.",
+    "format": "json",
+    "options": OLLAMA_OPTIONS,
+    "keep_alive": 0,
+    "stream": False,
+}
+UNTIMED = ("created_at", "total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
+
 
 def _set(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
     node: Any = body
@@ -93,6 +121,8 @@ SCHEMA_SLOTS: dict[str, list[tuple[tuple[Any, ...], dict[tuple[Any, ...], Any]]]
         (("tools", 0, "parameters"), {}),
     ],
     "messages": [(("tools", 0, "input_schema"), {})],
+    "ollama_chat": [(("format",), {}), (("tools", 0, "function", "parameters"), {})],
+    "ollama_generate": [(("format",), {})],
 }
 
 
@@ -175,6 +205,8 @@ def infinite(body: dict[str, Any], rng: random.Random, at: tuple[Any, ...] | Non
 
 
 def _shape_ok(route: str, body: Any) -> bool:
+    if route.startswith("/api/"):
+        return isinstance(body.get("error"), str)
     if route.startswith("/v1/messages"):
         return body.get("type") == "error" and isinstance(body.get("error", {}).get("message"), str)
     error = body.get("error")
@@ -189,19 +221,23 @@ def _shape_ok(route: str, body: Any) -> bool:
         ("/v1/responses/input_tokens", RESPONSES),
         ("/v1/messages", MESSAGES),
         ("/v1/messages/count_tokens", MESSAGES),
+        ("/api/chat", OLLAMA_CHAT),
+        ("/api/generate", OLLAMA_GENERATE),
     ],
 )
 def test_mutated_bodies_get_a_4xx_in_the_routes_shape_or_an_answer_and_never_end_the_session(
     tiny_model_path: TinyModelPath, route: str, base: dict[str, Any]
 ) -> None:
     rng = random.Random(route)
-    kind = route.split("/")[2]
+    kind = f"ollama_{route.split('/')[2]}" if route.startswith("/api/") else route.split("/")[2]
     with (
         serving(tiny_model_path("qwen3moe"), "-c", "512", "--max-tokens", "3") as s,
         httpx.Client(timeout=30.0) as http,
     ):
         root = s.url.removesuffix("/v1")
         url = root + route
+        if route.startswith("/api/"):  # Ollama's routes answer the served model's name only
+            base = {"model": s.served.model_id, **base}
         before = http.post(url, json=base)
         assert before.status_code == 200, before.text
         tokens = greedy(http, root)
@@ -227,7 +263,7 @@ def test_mutated_bodies_get_a_4xx_in_the_routes_shape_or_an_answer_and_never_end
         assert http.get(f"{root}/health").status_code == 200
         after = http.post(url, json=base)
     assert statuses.get(400, 0) > MUTANTS // 4  # the storm was mostly bad bodies
-    strip = ("id", "created_at", "created", "system_fingerprint")
+    strip = ("id", "created", "system_fingerprint", *UNTIMED)
     first, last = before.json(), after.json()
     for key in strip:
         first.pop(key, None)
