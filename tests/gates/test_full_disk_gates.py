@@ -15,6 +15,7 @@ The mounts need root; where they are not permitted the tests skip, saying so.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -30,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
-from disk_faults import read_only, small_tmpfs
+from disk_faults import fault_env, read_only, small_tmpfs
 
 TinyModelPath = Callable[..., Path]
 QWEN3 = Path(__file__).parents[1] / "data" / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"
@@ -64,7 +65,7 @@ class Server:
 
 
 @contextmanager
-def server(model: Path, *flags: str) -> Iterator[Server]:
+def server(model: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[Server]:
     args = [sys.executable, "-m", "bmoe.serve", "-m", str(model), "-c", "2048", "--port", "0"]
     args += [
         "--chat-template-file",
@@ -76,7 +77,7 @@ def server(model: Path, *flags: str) -> Iterator[Server]:
         "1",
         *flags,
     ]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     started = threading.Event()
     found: list[str] = []
@@ -200,3 +201,35 @@ def test_a_read_only_cache_disk_starts_with_one_warning_and_serves(
         assert f"--cache-disk {disk}" in warnings[0] and "EROFS" in warnings[0], warnings
         assert "without the disk tier" in warnings[0]
         assert not s.said("Traceback"), s.lines
+
+
+def test_a_usage_profile_the_disk_cannot_keep_costs_one_warning_and_no_request(
+    tiny_model_path: TinyModelPath, tmp_path: Path, fresh_answers: list[list[str]]
+) -> None:
+    profiles = tmp_path / "profiles"
+    env = fault_env(profiles, "write", errno.ENOSPC)
+    env["BMOE_PROFILE_DIR"] = str(profiles)
+    with server(tiny_model_path("qwen3moe"), "--cache-ram", "0", "--profile", "auto", env=env) as s:
+        answers = [s.chat(prompt(i)) for i in range(2)]
+        assert s.stop() == 0
+        assert [tokens for _, tokens in answers] == fresh_answers[:2], answers
+        warnings = s.said(WARNING)
+        assert len(warnings) == 1 and str(profiles) in warnings[0] and "usage profile" in warnings[0], s.lines
+        assert not s.said("Traceback"), s.lines
+    assert not list(profiles.glob("*.json"))
+
+
+def test_a_state_file_that_cannot_be_read_is_a_miss_and_the_answer_a_fresh_servers(
+    tiny_model_path: TinyModelPath, tmp_path: Path, fresh_answers: list[list[str]]
+) -> None:
+    disk = tmp_path / "states"
+    kept = ("--cache-disk", str(disk), "--cache-ram", "0")
+    with server(tiny_model_path("qwen3moe"), *kept) as s:
+        assert s.chat(prompt(0)) == (200, fresh_answers[0])
+        assert s.stop() == 0
+    assert len(list(disk.rglob("*.state"))) == 1
+    with server(tiny_model_path("qwen3moe"), *kept, env=fault_env(disk, "read", errno.EIO)) as s:
+        assert s.chat(prompt(0)) == (200, fresh_answers[0])  # its state unreadable: prefilled again
+        assert s.stop() == 0
+        refused = s.said("refused")
+        assert len(refused) == 1 and ".state" in refused[0] and "Input/output error" in refused[0], s.lines

@@ -13,6 +13,7 @@ again later (``bmoe.adapters.file_writes.CacheWrites``), saying when writes work
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from bmoe.adapters.file_writes import CacheWrites
@@ -57,7 +58,12 @@ class ProfileKeeper:
         self._requests = 0
         self._saved: tuple[int, ...] = (0,) * (self.n_layer * self.n_expert)  # all 0 until a merge
         self._broken = False  # writing failed once, not for the disk's sake: stop trying
-        self.writes = CacheWrites(self.notes.append)  # the disk's faults: warn once, back off
+        self.writes = CacheWrites(self._warn)  # the disk's faults: warn once, back off
+
+    def _warn(self, line: str) -> None:
+        """A line about the disk: in ``notes``, and on stderr when it happens (mid-run)."""
+        self.notes.append(line)
+        print(line, file=sys.stderr, flush=True)
 
     def warm(self, share: float) -> WarmSet | None:
         """Read the profile and queue its warm set (nothing without a trusted profile or a
