@@ -14,6 +14,7 @@ from bmoe.adapters.state_files import DEFAULT_CACHE_DISK_MIB
 from bmoe.domain.cpu_features import AmxMode, check_amx_mode
 from bmoe.domain.decide import DecideConfig
 from bmoe.domain.drafting import DraftPolicy
+from bmoe.domain.media.image_keep import DEFAULT_IMAGE_CACHE_MIB
 from bmoe.domain.placement import Placement, check_placement
 from bmoe.domain.slots import DEFAULT_SIMILARITY
 from bmoe.domain.streaming import StreamConfig
@@ -70,6 +71,9 @@ class SessionConfig:
       by the language model (streamed or not, as the rest); ``image_min_tokens`` /
       ``image_max_tokens`` bound an image's tokens for encoders of dynamic resolution
       (-1: the file's own). None: text only, an image is refused by name.
+      ``image_cache_mb``: the most the encoder keeps of the images it has seen (their
+      embeddings and pictures, ``--image-cache-mb``), so that a conversation's earlier
+      images are not encoded again; a streamed run sets that much memory aside.
     """
 
     model_path: Path
@@ -94,6 +98,7 @@ class SessionConfig:
     mmproj: Path | None = None
     image_min_tokens: int = -1
     image_max_tokens: int = -1
+    image_cache_mb: int = DEFAULT_IMAGE_CACHE_MIB
 
     @classmethod
     def from_hf(cls, spec: str, hf_file: str | None = None, **fields: Any) -> SessionConfig:
@@ -117,3 +122,5 @@ class SessionConfig:
             raise ConfigError(f"cache_ram_mb takes MiB, 0 (off) or -1 (no limit), not {self.cache_ram_mb}")
         if self.cache_disk_mb < 0:
             raise ConfigError(f"cache_disk_mb takes MiB (>= 0), not {self.cache_disk_mb}")
+        if self.image_cache_mb < 0:
+            raise ConfigError(f"image_cache_mb takes MiB (>= 0), not {self.image_cache_mb}")

@@ -41,6 +41,7 @@ from bmoe.runtime.prompt_sizing import size_prompt_batch
 from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
+from bmoe.runtime.vision import image_cache_bytes
 from bmoe.service.session_engine import OnBegin, OnProgress, SessionEngine
 
 Hook = Callable[[CCallback | None, int], CCallback | None]
@@ -105,7 +106,10 @@ def open_context(
             repack=config.repack,
             refuse=load.amx.refused,
             kept_compute_bytes=None if batch is None else decode_compute_bytes(per_token, context.n_ubatch),
-            prompt_states_bytes=memory_tier_bytes(config.cache_ram_mb, ctx.kv_bytes),
+            # set aside: the prompt cache's memory tier and the vision encoder's keep
+            prompt_states_bytes=(
+                memory_tier_bytes(config.cache_ram_mb, ctx.kv_bytes) + image_cache_bytes(config)
+            ),
         )
         if on_load is not None:
             on_load("setting up expert streaming", 1.0)

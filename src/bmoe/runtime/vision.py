@@ -15,6 +15,8 @@ from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.media.positions import PositionLedger
 from bmoe.runtime.session_config import SessionConfig
 
+MIB = 1 << 20
+
 
 def open_encoder(model: LlamaModel, config: SessionConfig) -> VisionEncoder | None:
     """The encoder ``config.mmproj`` holds, loaded for ``model`` (None: text only). Raises
@@ -27,7 +29,14 @@ def open_encoder(model: LlamaModel, config: SessionConfig) -> VisionEncoder | No
         n_threads=config.context.n_threads,
         image_min_tokens=config.image_min_tokens,
         image_max_tokens=config.image_max_tokens,
+        cache_bytes=config.image_cache_mb * MIB,
     )
+
+
+def image_cache_bytes(config: SessionConfig) -> int:
+    """What the vision encoder may keep (``--image-cache-mb``; 0 without one): a streamed
+    run sets it aside as it does the prompt cache's memory tier."""
+    return config.image_cache_mb * MIB if config.mmproj is not None else 0
 
 
 def batch_backend(
