@@ -104,3 +104,60 @@ def test_a_turn_whose_kv_holds_the_image_encodes_nothing(fixture: VisionFixture)
         other = s.generate(GenerateRequest(ASK, n_predict=2, images=(Image(PICTURE_B),)), history=[])
         assert (encoder.decoded, encoder.encoded) == (2, 2)  # a new picture: decoded, encoded
         assert other.text is not None
+
+
+@pytest.mark.parametrize("size", [(64, 48), (200, 33), (31, 97), (1000, 700)])
+def test_a_placeholder_counts_the_rows_and_positions_the_pictures_own_chunk_has(
+    fixture: VisionFixture, size: tuple[int, int]
+) -> None:
+    """The encoder tokenizes every picture as mtmd's placeholder of its size: the same
+    tokens, rows and positions as mtmd's own chunk of the picture's pixels."""
+    import ctypes
+
+    from test_image_gates import png
+
+    from bmoe.adapters.llama import LlamaModel
+    from bmoe.adapters.llama.vision import VisionEncoder
+
+    picture = png(7, size)
+    text = f"Look: {MEDIA_MARKER} and {MEDIA_MARKER}."
+    with LlamaModel(fixture.model) as model:
+        encoder = VisionEncoder(model, fixture.mmproj, n_threads=2)
+        try:
+            ours = encoder.tokenize(text, [Image(picture), Image(PICTURE_B)])
+            lib, pixels = encoder._lib, [encoder._decode(Image(p)) for p in (picture, PICTURE_B)]
+            bitmaps = [encoder._bitmap(p.nx, p.ny, p.digest, p) for p in pixels]  # real pixels
+            chunks = lib.mtmd_input_chunks_init()
+            data = text.encode()
+            inp = lib.mtmd_input_text(text=data, text_len=len(data), add_special=False, parse_special=True)
+            array = (lib.mtmd_bitmap_p_ctypes * 2)(*bitmaps)
+            assert lib.mtmd_tokenize(encoder.ctx, chunks, ctypes.byref(inp), array, 2) == 0
+            theirs: list[int] = []
+            placed = 0
+            for i in range(lib.mtmd_input_chunks_size(chunks)):
+                chunk = lib.mtmd_input_chunks_get(chunks, i)
+                if lib.mtmd_input_chunk_get_type(chunk) == lib.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                    n = ctypes.c_size_t()
+                    ptr = lib.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                    theirs += ptr[: n.value]
+                    continue
+                rows = ours.images[placed]
+                placed += 1
+                n_tokens = lib.mtmd_input_chunk_get_n_tokens(chunk)
+                image = lib.mtmd_input_chunk_get_tokens_image(chunk)
+                assert (n_tokens, lib.mtmd_input_chunk_get_n_pos(chunk)) == (rows.n_tokens, rows.n_pos)
+                if encoder.mrope:
+                    mine = encoder.positions(rows.key, 7)
+                    for j in range(n_tokens):
+                        p = lib.mtmd_image_tokens_get_decoder_pos(image, 7, j)
+                        assert tuple(mine[:, j]) == (p.t, p.y, p.x, p.z)
+                assert encoder.non_causal(rows.key) == bool(
+                    lib.mtmd_decode_use_non_causal(encoder.ctx, chunk)
+                )
+                theirs += rows.ids
+            lib.mtmd_input_chunks_free(chunks)
+            for bitmap in bitmaps:
+                lib.mtmd_bitmap_free(bitmap)
+            assert placed == 2 and ours.tokens[-len(theirs) :] == theirs  # after a BOS, if any
+        finally:
+            encoder.close()
