@@ -99,12 +99,17 @@ def _messages_tools(schema: Any) -> dict[str, Any]:
     }
 
 
+def _ollama_format(schema: Any) -> dict[str, Any]:
+    return {"messages": GREEDY, "format": schema, "options": {"temperature": 0, "num_predict": 24}}
+
+
 ROUTES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "chat response_format": ("/v1/chat/completions", _chat_format),
     "chat tools": ("/v1/chat/completions", _chat_tools),
     "responses text.format": ("/v1/responses", _responses_format),
     "responses tools": ("/v1/responses", _responses_tools),
     "messages tools": ("/v1/messages", _messages_tools),
+    "ollama format": ("/api/chat", _ollama_format),
 }
 
 
@@ -119,7 +124,10 @@ def greedy(http: httpx.Client, base: str) -> list[str]:
 def _error_ok(route: str, answer: httpx.Response) -> str:
     """The error's message, after checking the route's shape and that it says no more than it should."""
     body = answer.json()
-    if route == "/v1/messages":
+    if route.startswith("/api/"):  # Ollama's shape: {"error": "..."}
+        message = body["error"]
+        assert isinstance(message, str), body
+    elif route == "/v1/messages":
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
         message = body["error"]["message"]
     else:
@@ -136,7 +144,7 @@ def fresh_tokens(tiny_model_path: TinyModelPath) -> list[str]:
         return greedy(http, running.url.removesuffix("/v1"))
 
 
-FLAGS = ("-c", "1024", "--chat-template-file", str(QWEN3), "--max-tokens", "24")
+FLAGS = ("-c", "1024", "--chat-template-file", str(QWEN3), "--max-tokens", "24", "--alias", "m")
 
 
 @pytest.fixture(scope="module", params=["-np 1", "-np 2"])
@@ -175,10 +183,14 @@ def _storm(server: Running, fresh: list[str], route_name: str) -> dict[str, tupl
 def _stream_error_ok(route: str, text: str) -> None:
     """A stream that ended with the route's error event says only a short message."""
     for line in text.splitlines():
-        if not line.startswith("data:") or line.strip() == "data: [DONE]":
+        if route.startswith("/api/"):  # Ollama's: one JSON object a line, an error {"error": "..."}
+            event = json.loads(line)
+            error = {"message": event["error"]} if "error" in event else None
+        elif not line.startswith("data:") or line.strip() == "data: [DONE]":
             continue
-        event = json.loads(line.removeprefix("data:").strip())
-        error = event.get("error") if isinstance(event, dict) else None
+        else:
+            event = json.loads(line.removeprefix("data:").strip())
+            error = event.get("error") if isinstance(event, dict) else None
         if isinstance(error, dict):
             message = error.get("message", "")
             assert len(message) < 400 and not any(word in message for word in DUMP), message
