@@ -29,11 +29,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import threading
 import types
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Concatenate, Literal, ParamSpec, TypeVar
 
 import attrs
 import llama_cpp
@@ -54,6 +55,21 @@ HELD_IMAGES = 1024  # images whose rows and positions are remembered (least rece
 PIN_TURNS = 16  # prompts tokenized whose pictures stay kept until fed (a slot's each, and more)
 
 Kept = Literal["embeddings", "picture"]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _locked(method: Callable[Concatenate[VisionEncoder, P], R]) -> Callable[Concatenate[VisionEncoder, P], R]:
+    """One caller at a time: a prompt is counted (``/v1/responses/input_tokens``) on the
+    server's thread while the worker feeds another's images, and mtmd's context and the
+    encoder's tables are not for two threads at once."""
+
+    def call(self: VisionEncoder, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    call.__doc__ = method.__doc__
+    return call
 
 
 @functools.cache
@@ -146,6 +162,7 @@ class VisionEncoder:
         self.model = model
         self.mmproj = mmproj
         self._lib = lib
+        self._lock = threading.RLock()
         self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
         self._held: OrderedDict[tuple[int, ...], _Held] = OrderedDict()
         self._fresh: dict[bytes, Pixels] = {}  # the last prompt's new pictures, by digest: not decoded twice
@@ -178,6 +195,7 @@ class VisionEncoder:
             raise ValueError("the vision encoder is closed")
         return self._ctx
 
+    @_locked
     def close(self) -> None:
         for held in self._held.values():
             held.free()
@@ -188,6 +206,7 @@ class VisionEncoder:
 
     # -- prompts ---------------------------------------------------------------------------
 
+    @_locked
     def tokenize(self, text: str, images: Sequence[Image]) -> Prompt:
         """``text`` with one ``MEDIA_MARKER`` per image, as token ids (specials parsed, one
         leading BOS where the model wants it) and image rows. Raises ``ImageError`` for a
@@ -330,6 +349,7 @@ class VisionEncoder:
 
     # -- images ----------------------------------------------------------------------------
 
+    @_locked
     def rows_at(self, tokens: Sequence[int], start: int) -> ImageRows:
         """The image whose rows begin at ``tokens[start]`` (the longest the encoder holds);
         ``ImageError`` where it holds none (a prompt must be tokenized by this encoder)."""
@@ -347,6 +367,7 @@ class VisionEncoder:
             raise ImageError("an image the prompt places is no longer held: send it again", "images")
         return found
 
+    @_locked
     def embeddings(self, key: tuple[int, ...]) -> npt.NDArray[np.float32]:
         """The image's rows as the text model's input, ``[n_tokens, n_embd]``: kept, else
         encoded from the picture kept (and kept for next time, room permitting)."""
@@ -366,6 +387,7 @@ class VisionEncoder:
             raise ImageError("the picture kept is not the image the prompt places: send it again", "images")
         return made[0]
 
+    @_locked
     def positions(self, key: tuple[int, ...], pos_0: int) -> npt.NDArray[np.int32]:
         """The image's rows' positions from ``pos_0``: ``[1, n]``, or M-RoPE's ``[4, n]``
         (sections t, y, x, z: the order llama.cpp's mtmd helper lays them in)."""
@@ -380,6 +402,7 @@ class VisionEncoder:
             out[:, i] = (p.t, p.y, p.x, p.z)
         return out
 
+    @_locked
     def non_causal(self, key: tuple[int, ...]) -> bool:
         """Whether the image's rows are decoded attending both ways (mtmd's say)."""
         return bool(self._lib.mtmd_decode_use_non_causal(self.ctx, self._held_at(key).chunk))
