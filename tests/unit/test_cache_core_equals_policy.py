@@ -2,9 +2,12 @@
 decision: a hypothesis state machine drives both with the same random requests (prefill
 batches, and decode requests of a few ids, whose hits fill the protected segment), budget
 changes, evict-alls and reads ahead (prefetch) over random per-layer entry sizes, with k
-given or taken from the decode requests, under both evictions (SLRU, and LFU with a short
-half-life so the counts halve often), and compares every plan, every counter, the eviction
-order, the protected segment and every use count after each step.
+given or taken from the decode requests, under every eviction (SLRU, LFU with a short
+half-life so the counts halve often, plain LRU, and adaptive with a window of one or two
+tokens and margins from none to large, so the rule in charge switches often), and compares
+every plan, every counter, the eviction order, the protected segment and every use count
+after each step, and under adaptive the rule in charge, the count of switches (so every
+switch, at the step it happens), each ghost's hits and each ghost's eviction order.
 
 The machine also plays the read lanes: every entry read ahead (a prefetch, or a usage
 profile's warm-up) is in flight until a ``complete`` step lands it, in any order, or a
@@ -44,18 +47,33 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         budget_entries=st.integers(0, 40),
         unit=st.sampled_from([1, 7, 7680]),
         k=st.sampled_from([0, 0, 1, 2, 3]),
-        eviction=st.sampled_from(["slru", "lfu", "lfu"]),
+        eviction=st.sampled_from(["slru", "lfu", "lfu", "lru", "adaptive", "adaptive"]),
         half_life=st.sampled_from([1, 2, 5, 64]),
+        window_tokens=st.sampled_from([1, 2]),
+        margin_permille=st.sampled_from([0, 10, 200]),
     )
     def start(
-        self, sizes: list[int], budget_entries: int, unit: int, k: int, eviction: Eviction, half_life: int
+        self,
+        sizes: list[int],
+        budget_entries: int,
+        unit: int,
+        k: int,
+        eviction: Eviction,
+        half_life: int,
+        window_tokens: int,
+        margin_permille: int,
     ) -> None:
         if not any(sizes):
             sizes = [*sizes[:-1], 5]
         self.sizes = sizes
         budget = budget_entries * unit
-        self.policy = ExpertCachePolicy(budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life)
-        self.core = ExpertCacheCore(budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life)
+        chooser = {"window_tokens": window_tokens, "margin_permille": margin_permille}
+        self.policy = ExpertCachePolicy(
+            budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life, **chooser
+        )
+        self.core = ExpertCacheCore(
+            budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life, **chooser
+        )
         self.in_flight: list[Entry] = []  # read ahead, not landed yet, in issue order
 
     @rule(
@@ -202,6 +220,15 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             for e in range(N_EXPERT)
         )
         self.policy.check_valid()
+        assert self.core.rule == self.policy.rule
+        if self.policy.ghosts is None or self.policy.chooser is None:
+            assert self.core.ghost_hits() == (0, {})
+            return
+        assert self.core.switches == self.policy.chooser.switches
+        assert self.core.ghost_hits() == (self.policy.ghosts.wanted, self.policy.ghosts.hits)
+        for name, ghost in self.policy.ghosts.caches.items():
+            assert isinstance(ghost, ExpertCachePolicy)
+            assert self.core.ghost_resident(name) == ghost.resident()
 
 
 CoreAgainstPolicy.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=60, deadline=None)

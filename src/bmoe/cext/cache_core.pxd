@@ -38,7 +38,22 @@
 # each ``half_life`` decode tokens (``ticks`` counts decode requests up to ``half_life`` times
 # the MoE layers). Every place that evicts from the head instead evicts, one at a time, the
 # resident entry with the fewest uses that it may evict, the first in the list's order among
-# equals (``core_lfu_victim``). The list and its segments are kept as under SLRU.
+# equals (``core_lfu_victim``). The list and its segments are kept as under SLRU. So that a
+# victim costs O(log n), not a walk of the list, every resident entry sits (while ``counting``)
+# in a binary min-heap keyed by (uses, segment, ``label``): a label grows at each segment's
+# ends as entries are linked there (probation's cold end takes ``--p_lo``, its most recent end
+# ``++p_hi``, the protected segment's ``++k_hi``), so within a segment the labels follow the
+# list's order, and the heap's least key is the policy's victim, ties and all.
+#
+# The rule in charge (``rule``, the policy's ``rule``): ``RULE_LRU`` (the protected cap is 0:
+# a plain LRU), ``RULE_SLRU``, ``RULE_LFU``; ``counting`` keeps the use counts (lfu, adaptive).
+# Adaptive (``ghost[r]`` set, the policy's ``eviction="adaptive"``): one ghost core per rule,
+# ids only, sharing the live core's entry sizes, fed every request after the live core's own
+# decisions (``core_plan``: the same wanted ids, counts, tokens and decode flag; no reads
+# ahead), budget changes and evict-alls; the chooser (``bmoe.domain.streaming.rule_chooser``)
+# sums the ghosts' hits over windows of ``window_requests`` decode requests and hands the
+# victim choice to the rule that leads the one in charge by more than ``margin_permille``
+# thousandths of the window's wanted entries (ties keep it; the first rule among others).
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free
@@ -48,6 +63,13 @@ from libc.string cimport memset
 cdef enum:
     AHEAD_PREFETCH = 1
     AHEAD_WARM = 2
+
+# the eviction rules, in ``bmoe.domain.streaming.ghost_caches.RULES``' order
+cdef enum:
+    RULE_LRU = 0
+    RULE_SLRU = 1
+    RULE_LFU = 2
+    N_RULES = 3
 
 
 cdef struct core_t:
@@ -99,11 +121,30 @@ cdef struct core_t:
     int64_t prefetch_wasted
     int64_t warm_issued            # read ahead by a usage profile's warm-up: not a prefetch
     int64_t passed                 # layer calls the layer, held whole, served without a request
-    # eviction by frequency
-    uint8_t lfu                    # 0: SLRU (evict from the head); 1: fewest uses first
+    # the rule in charge, and eviction by frequency
+    uint8_t rule                   # RULE_LRU, RULE_SLRU (evict from the head), RULE_LFU (fewest uses)
+    uint8_t counting               # keep the use counts (lfu, adaptive)
     int32_t half_life              # decode tokens between halvings of every count
     int64_t ticks                  # decode requests since the last halving
     uint32_t * uses                # [n_layer * n_expert]: decayed use counts
+    int32_t * heap                 # the resident entries, a min-heap by (uses, kept, label)
+    int32_t * hpos                 # [n_layer * n_expert]: the entry's place in heap, -1: none
+    int64_t * label                # [n_layer * n_expert]: its order within its segment
+    int32_t n_heap
+    int64_t p_lo
+    int64_t p_hi
+    int64_t k_hi
+    # adaptive: the ghosts (NULL: a fixed rule) and the chooser
+    core_t * ghost[N_RULES]
+    uint8_t shares_sizes           # a ghost: entry_bytes is the live core's (not freed)
+    int64_t window_requests        # decode requests a window (window tokens x MoE layers)
+    int32_t margin_permille
+    int64_t win_seen
+    int64_t win_wanted
+    int64_t win_hits[N_RULES]
+    int64_t switches
+    int64_t ghost_wanted           # entries every request fed to the ghosts wanted
+    int64_t ghost_hits[N_RULES]    # ... and each ghost's hits on them
 
 
 cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
@@ -132,6 +173,9 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
     c.protected = <uint8_t *> calloc(n_expert, 1)
     c.kept = <uint8_t *> calloc(n, 1)
     c.uses = <uint32_t *> calloc(n, sizeof(uint32_t))
+    c.heap = <int32_t *> calloc(n, sizeof(int32_t))
+    c.hpos = <int32_t *> calloc(n, sizeof(int32_t))
+    c.label = <int64_t *> calloc(n, sizeof(int64_t))
     c.half_life = 64
     c.protect_layer = -1
     c.kept_head = -1
@@ -139,21 +183,28 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
             or c.evicted_once == NULL or c.wanted == NULL or c.order == NULL
             or c.plan_hits == NULL or c.plan_loads == NULL or c.plan_evictions == NULL
             or c.plan_adopted == NULL or c.prefetched == NULL or c.protected == NULL
-            or c.count == NULL or c.hot == NULL or c.kept == NULL or c.uses == NULL):
+            or c.count == NULL or c.hot == NULL or c.kept == NULL or c.uses == NULL
+            or c.heap == NULL or c.hpos == NULL or c.label == NULL):
         core_free(c)
         return NULL
     for i in range(n):
         c.prev[i] = -1
         c.next[i] = -1
+        c.hpos[i] = -1
     c.head = -1
     c.tail = -1
     return c
 
 
 cdef inline void core_free(core_t * c) noexcept nogil:
+    cdef int r
     if c == NULL:
         return
-    free(c.entry_bytes)
+    for r in range(N_RULES):
+        core_free(c.ghost[r])
+        c.ghost[r] = NULL
+    if not c.shares_sizes:
+        free(c.entry_bytes)
     free(c.prev)
     free(c.next)
     free(c.resident)
@@ -170,7 +221,107 @@ cdef inline void core_free(core_t * c) noexcept nogil:
     free(c.protected)
     free(c.kept)
     free(c.uses)
+    free(c.heap)
+    free(c.hpos)
+    free(c.label)
     free(c)
+
+
+cdef inline bint heap_less(core_t * c, int32_t a, int32_t b) noexcept nogil:
+    """Entry ``a`` goes before ``b``: fewer uses; among equals probation first; then the list's
+    order within the segment (the label)."""
+    if c.uses[a] != c.uses[b]:
+        return c.uses[a] < c.uses[b]
+    if c.kept[a] != c.kept[b]:
+        return c.kept[a] < c.kept[b]
+    return c.label[a] < c.label[b]
+
+
+cdef inline void heap_set(core_t * c, int32_t at, int32_t i) noexcept nogil:
+    c.heap[at] = i
+    c.hpos[i] = at
+
+
+cdef inline void heap_sink(core_t * c, int32_t i) noexcept nogil:
+    """Move entry ``i`` down below the entries of its subtree that go before it."""
+    cdef int32_t at = c.hpos[i], child
+    while True:
+        child = 2 * at + 1
+        if child >= c.n_heap:
+            break
+        if child + 1 < c.n_heap and heap_less(c, c.heap[child + 1], c.heap[child]):
+            child += 1
+        if not heap_less(c, c.heap[child], i):
+            break
+        heap_set(c, at, c.heap[child])
+        at = child
+    heap_set(c, at, i)
+
+
+cdef inline void heap_fix(core_t * c, int32_t i) noexcept nogil:
+    """Restore the heap's order around entry ``i`` (in the heap) after its key changed."""
+    cdef int32_t at = c.hpos[i], up
+    while at > 0:
+        up = (at - 1) >> 1
+        if not heap_less(c, i, c.heap[up]):
+            break
+        heap_set(c, at, c.heap[up])
+        at = up
+    heap_set(c, at, i)
+    heap_sink(c, i)
+
+
+cdef inline void heap_push(core_t * c, int32_t i) noexcept nogil:
+    heap_set(c, c.n_heap, i)
+    c.n_heap += 1
+    heap_fix(c, i)
+
+
+cdef inline void heap_remove(core_t * c, int32_t i) noexcept nogil:
+    cdef int32_t at = c.hpos[i], last
+    if at < 0:
+        return
+    c.n_heap -= 1
+    last = c.heap[c.n_heap]
+    c.hpos[i] = -1
+    if last != i:
+        heap_set(c, at, last)
+        heap_fix(c, last)
+
+
+cdef inline void heap_keyed(core_t * c, int32_t i) noexcept nogil:
+    """Entry ``i``'s key changed (or it became resident): fix its place (counting only)."""
+    if not c.counting:
+        return
+    if c.hpos[i] >= 0:
+        heap_fix(c, i)
+    else:
+        heap_push(c, i)
+
+
+cdef inline void heap_rebuild(core_t * c) noexcept nogil:
+    """Every resident entry in the heap, labelled in the list's order (after the counts
+    were halved, or where counting starts)."""
+    cdef int32_t i = c.head, at
+    cdef int64_t n = 0
+    while c.n_heap > 0:
+        c.n_heap -= 1
+        c.hpos[c.heap[c.n_heap]] = -1
+    if not c.counting:
+        return
+    while i >= 0:
+        c.label[i] = n
+        n += 1
+        heap_set(c, c.n_heap, i)
+        c.n_heap += 1
+        i = c.next[i]
+    c.p_lo = -1
+    c.p_hi = n
+    c.k_hi = n
+    at = c.n_heap // 2 - 1
+    while at >= 0:
+        heap_sink(c, c.heap[at])
+        at -= 1
 
 
 cdef inline void lru_unlink(core_t * c, int32_t i) noexcept nogil:
@@ -189,6 +340,10 @@ cdef inline void lru_unlink(core_t * c, int32_t i) noexcept nogil:
 
 
 cdef inline void lru_prepend(core_t * c, int32_t i) noexcept nogil:
+    """Link unlinked probation entry ``i`` at the list's head (probation's cold end)."""
+    c.p_lo -= 1
+    c.label[i] = c.p_lo
+    heap_keyed(c, i)
     c.next[i] = c.head
     c.prev[i] = -1
     if c.head >= 0:
@@ -220,6 +375,9 @@ cdef inline void lru_insert_before(core_t * c, int32_t i, int32_t at) noexcept n
 
 cdef inline void probation_mru(core_t * c, int32_t i) noexcept nogil:
     """Link unlinked probation entry ``i`` at probation's most recent end."""
+    c.p_hi += 1
+    c.label[i] = c.p_hi
+    heap_keyed(c, i)
     if c.kept_head >= 0:
         lru_insert_before(c, i, c.kept_head)
     else:
@@ -228,6 +386,9 @@ cdef inline void probation_mru(core_t * c, int32_t i) noexcept nogil:
 
 cdef inline void kept_mru(core_t * c, int32_t i) noexcept nogil:
     """Link unlinked protected entry ``i`` at the protected segment's most recent end."""
+    c.k_hi += 1
+    c.label[i] = c.k_hi
+    heap_keyed(c, i)
     lru_append(c, i)
     if c.kept_head < 0:
         c.kept_head = i
@@ -257,6 +418,8 @@ cdef inline int64_t core_kept_cap(core_t * c) noexcept nogil:
     cdef int l
     cdef int64_t cycle = 0
     cdef int64_t k = c.n_expert_used if c.n_expert_used > 0 else c.k_seen
+    if c.rule == RULE_LRU:
+        return 0
     for l in range(c.n_layer):
         cycle += c.entry_bytes[l]
     cycle *= k
@@ -272,10 +435,14 @@ cdef inline void core_fit_kept(core_t * c, int64_t cap) noexcept nogil:
         c.kept[i] = 0
         c.kept_bytes -= c.entry_bytes[i // c.n_expert]
         c.kept_head = c.next[i]
+        c.p_hi += 1
+        c.label[i] = c.p_hi
+        heap_keyed(c, i)
 
 
 cdef inline void core_evict(core_t * c, int32_t i) noexcept nogil:
     """Evict entry ``i`` and append it to the plan's evictions."""
+    heap_remove(c, i)
     lru_unlink(c, i)
     if c.kept[i]:
         c.kept[i] = 0
@@ -301,14 +468,23 @@ cdef inline bint core_keeps(core_t * c, int32_t i, int keep_layer, bint keep_pro
 
 cdef inline int32_t core_lfu_victim(core_t * c, int keep_layer, bint keep_protected) noexcept nogil:
     """The resident entry with the fewest uses that may be evicted, the first in the list's
-    order among equals; -1 when there is none."""
-    cdef int32_t i = c.head, best = -1
-    while i >= 0:
-        if not core_keeps(c, i, keep_layer, keep_protected) and (best < 0 or c.uses[i] < c.uses[best]):
+    order among equals; -1 when there is none. The heap's least entries that may not be
+    evicted are taken out, set aside at the far end of the heap's array (``n_heap`` plus
+    those set aside never exceed the entries) and put back after, the lowest address first
+    (each push writes at most where the one it puts back was)."""
+    cdef int32_t best = -1, n_out = 0, i
+    cdef int32_t last = c.n_layer * c.n_expert - 1
+    while c.n_heap > 0:
+        i = c.heap[0]
+        if not core_keeps(c, i, keep_layer, keep_protected):
             best = i
-            if c.uses[i] == 0:
-                break  # none can have fewer
-        i = c.next[i]
+            break
+        heap_remove(c, i)
+        c.heap[last - n_out] = i
+        n_out += 1
+    while n_out > 0:
+        n_out -= 1
+        heap_push(c, c.heap[last - n_out])
     return best
 
 
@@ -325,6 +501,7 @@ cdef inline void core_age(core_t * c) noexcept nogil:
     c.ticks = 0
     for i in range(<int64_t> c.n_layer * c.n_expert):
         c.uses[i] >>= 1
+    heap_rebuild(c)  # halving made equals of unequal counts: the order within them changed
 
 
 cdef inline void core_evict_until(core_t * c, int64_t incoming, int keep_layer) noexcept nogil:
@@ -332,7 +509,7 @@ cdef inline void core_evict_until(core_t * c, int64_t incoming, int keep_layer) 
     ``keep_layer``, until it fits."""
     cdef int32_t i = c.head
     cdef int32_t nxt
-    if c.lfu:
+    if c.rule == RULE_LFU:
         while c.resident_bytes + incoming > c.budget_bytes:
             i = core_lfu_victim(c, keep_layer, False)
             if i < 0:
@@ -405,7 +582,7 @@ cdef inline void core_mark_hot(core_t * c, int layer, int n_tokens) noexcept nog
         c.hot[c.order[best]] = 1
 
 
-cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1) noexcept nogil:
+cdef inline int core_plan_one(core_t * c, int layer, int n_tokens, int as_decode) noexcept nogil:
     """Decide the request of ``n_tokens`` tokens for ``layer``; returns the number of loads,
     or -1 when the layer has no routed experts (nothing changed). ``as_decode``: 1 for a
     decode step of several sequences (one token each: it counts as decode, every expert
@@ -423,9 +600,12 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
     for w in range(c.n_expert):  # the request's entries are in use until the next request
         c.protected[w] = c.wanted[w]
     c.protect_layer = layer
-    if c.lfu:
+    if c.counting:
         for w in range(c.n_wanted):
-            c.uses[layer * c.n_expert + c.order[w]] += 1
+            idx = layer * c.n_expert + c.order[w]
+            c.uses[idx] += 1
+            if c.hpos[idx] >= 0:
+                heap_fix(c, idx)
     if decode:
         if n_tokens <= 1 and c.n_wanted > c.k_seen:  # one token's top-k, not a step's union
             c.k_seen = c.n_wanted
@@ -453,7 +633,7 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
             c.n_loads += 1
     c.hits += c.n_hits
     if c.n_loads == 0:
-        if decode and c.lfu:
+        if decode and c.counting:
             core_age(c)
         return 0
     core_evict_until(c, c.n_loads * size, layer)
@@ -469,7 +649,7 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
     c.resident_bytes += c.n_loads * size
     c.misses += c.n_loads
     c.bytes_read += c.n_loads * size
-    if decode and c.lfu:
+    if decode and c.counting:
         core_age(c)  # after the request's decisions, as the policy's
     return c.n_loads
 
@@ -498,6 +678,10 @@ cdef inline bint core_pass_layer(core_t * c, int layer) noexcept nogil:
 cdef inline void core_set_budget(core_t * c, int64_t budget_bytes) noexcept nogil:
     """Change the budget; evicts from the head down to it (the plan holds the evictions), then
     fits the protected segment to its cap."""
+    cdef int r
+    for r in range(N_RULES):
+        if c.ghost[r] != NULL:
+            core_set_budget(c.ghost[r], budget_bytes)
     core_begin(c)
     c.budget_bytes = budget_bytes
     core_evict_until(c, 0, -1)
@@ -506,6 +690,10 @@ cdef inline void core_set_budget(core_t * c, int64_t budget_bytes) noexcept nogi
 
 cdef inline void core_evict_all(core_t * c) noexcept nogil:
     """Evict every resident entry from the head (the plan holds the evictions)."""
+    cdef int r
+    for r in range(N_RULES):
+        if c.ghost[r] != NULL:
+            core_evict_all(c.ghost[r])
     core_begin(c)
     while c.head >= 0:
         core_evict(c, c.head)
@@ -529,12 +717,12 @@ cdef inline int core_prefetch(core_t * c, int layer, bint hot, bint warm=False) 
                 core_touch(c, idx)
             continue
         i = c.head
-        while c.lfu and c.resident_bytes + size > c.budget_bytes:
+        while c.rule == RULE_LFU and c.resident_bytes + size > c.budget_bytes:
             i = core_lfu_victim(c, layer, True)
             if i < 0:
                 break
             core_evict(c, i)
-        while not c.lfu and i >= 0 and c.resident_bytes + size > c.budget_bytes:
+        while c.rule != RULE_LFU and i >= 0 and c.resident_bytes + size > c.budget_bytes:
             nxt = c.next[i]
             if not core_keeps(c, i, layer, True):
                 core_evict(c, i)
@@ -559,3 +747,97 @@ cdef inline int core_prefetch(core_t * c, int layer, bint hot, bint warm=False) 
     c.bytes_read += c.n_loads * size
     return c.n_loads
 
+
+
+cdef inline void core_feed_ghost(core_t * g, core_t * c, int layer, int n_tokens, int as_decode) noexcept nogil:
+    """Request of ghost ``g`` the ids the live core ``c`` just planned (their first-seen order
+    and counts), as the same kind of request."""
+    cdef int w
+    cdef int32_t e
+    core_begin(g)
+    for w in range(c.n_wanted):
+        e = c.order[w]
+        g.wanted[e] = 1
+        g.count[e] = c.count[e]
+        g.order[w] = e
+    g.n_wanted = c.n_wanted
+    core_plan_one(g, layer, n_tokens, as_decode)
+
+
+cdef inline void core_choose(core_t * c) noexcept nogil:
+    """A window has ended: hand the victim choice to the rule whose ghost hit most in it when
+    it leads the rule in charge by more than the margin (as ``RuleChooser.observe``)."""
+    cdef int r, leader = c.rule
+    for r in range(N_RULES):
+        if c.win_hits[r] > c.win_hits[leader]:
+            leader = r
+    if leader != c.rule and (c.win_hits[leader] - c.win_hits[c.rule]) * 1000 > <int64_t> c.margin_permille * c.win_wanted:
+        c.rule = leader
+        c.switches += 1
+        core_fit_kept(c, core_kept_cap(c))
+    c.win_seen = 0
+    c.win_wanted = 0
+    for r in range(N_RULES):
+        c.win_hits[r] = 0
+
+
+cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1) noexcept nogil:
+    """Decide the request (``core_plan_one``); adaptive, then feed it to the ghosts and, for a
+    decode request, to the chooser's window. Returns the number of loads, or -1 (nothing
+    changed) when the layer has no routed experts."""
+    cdef int r
+    cdef int n_loads = core_plan_one(c, layer, n_tokens, as_decode)
+    cdef bint decode = n_tokens <= 1 if as_decode < 0 else as_decode != 0
+    if n_loads < 0 or c.ghost[0] == NULL:
+        return n_loads
+    for r in range(N_RULES):
+        core_feed_ghost(c.ghost[r], c, layer, n_tokens, as_decode)
+        c.ghost_hits[r] += c.ghost[r].n_hits
+    c.ghost_wanted += c.n_wanted
+    if decode:
+        c.win_seen += 1
+        c.win_wanted += c.n_wanted
+        for r in range(N_RULES):
+            c.win_hits[r] += c.ghost[r].n_hits
+        if c.win_seen >= c.window_requests:
+            core_choose(c)
+    return n_loads
+
+
+cdef inline int core_set_rule(core_t * c, int eviction, int half_life, int window_tokens,
+                              int margin_permille) noexcept nogil:
+    """Set the eviction at setup (before any request): ``eviction`` a ``RULE_*``, or -1 for
+    adaptive (one ghost per rule, sharing this core's entry sizes, budget and ``k``; the
+    chooser's window of ``window_tokens`` decode tokens, its ``margin_permille``). Returns 0,
+    or -1 when out of memory (then the rule is fixed: the first)."""
+    cdef int r, l, n_moe = 0
+    cdef core_t * g
+    for r in range(N_RULES):
+        core_free(c.ghost[r])
+        c.ghost[r] = NULL
+    c.half_life = half_life
+    c.rule = RULE_LFU if eviction < 0 else eviction
+    c.counting = eviction < 0 or eviction == RULE_LFU
+    heap_rebuild(c)
+    if eviction >= 0:
+        return 0
+    for l in range(c.n_layer):
+        if c.entry_bytes[l] > 0:
+            n_moe += 1
+    c.window_requests = <int64_t> window_tokens * (n_moe if n_moe > 0 else 1)
+    c.margin_permille = margin_permille
+    for r in range(N_RULES):
+        g = core_new(c.n_layer, c.n_expert)
+        if g == NULL:
+            core_set_rule(c, RULE_LFU, half_life, window_tokens, margin_permille)
+            return -1
+        free(g.entry_bytes)
+        g.entry_bytes = c.entry_bytes
+        g.shares_sizes = 1
+        g.budget_bytes = c.budget_bytes
+        g.n_expert_used = c.n_expert_used
+        g.half_life = half_life
+        g.rule = r
+        g.counting = r == RULE_LFU
+        c.ghost[r] = g
+    return 0

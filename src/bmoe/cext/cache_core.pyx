@@ -15,20 +15,30 @@ from bmoe.cext.cache_core cimport (
     core_plan,
     core_prefetch,
     core_set_budget,
+    core_set_rule,
     core_t,
     core_want,
+    RULE_LFU,
+    RULE_LRU,
+    RULE_SLRU,
 )
+from bmoe.domain.streaming.rule_chooser import MARGIN_PERMILLE, WINDOW_TOKENS
+
+RULES = ("lru", "slru", "lfu")
+EVICTION_CODES = {"lru": RULE_LRU, "slru": RULE_SLRU, "lfu": RULE_LFU, "adaptive": -1}
 
 
 cdef class ExpertCacheCore:
     """``entry_bytes[layer]``: one entry's size per layer (0: no routed experts);
     ``n_expert_used``: experts per token for the protected segment's cap (0: from the decode
-    requests), ``eviction`` and ``half_life``, as the domain policy's."""
+    requests), ``eviction`` and ``half_life``, as the domain policy's; adaptive's chooser
+    ``window_tokens`` and ``margin_permille`` (``bmoe.domain.streaming.rule_chooser``)."""
 
     cdef core_t * c
 
     def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert, int n_expert_used=0, *,
-                  str eviction="slru", int half_life=64):
+                  str eviction="slru", int half_life=64, int window_tokens=WINDOW_TOKENS,
+                  int margin_permille=MARGIN_PERMILLE):
         cdef int layer
         if budget_bytes < 0 or n_expert <= 0 or len(entry_bytes) == 0:
             raise ValueError("need budget >= 0, n_expert > 0 and at least one layer")
@@ -36,8 +46,10 @@ cdef class ExpertCacheCore:
             raise ValueError("n_expert_used must be >= 0 (0: from the decode requests)")
         if any(b < 0 for b in entry_bytes):
             raise ValueError("entry sizes must be >= 0")
-        if eviction not in ("slru", "lfu") or half_life < 1:
-            raise ValueError("eviction is slru or lfu, half_life >= 1")
+        if eviction not in EVICTION_CODES or half_life < 1:
+            raise ValueError(f"eviction is one of {', '.join(EVICTION_CODES)}, half_life >= 1")
+        if window_tokens < 1 or margin_permille < 0:
+            raise ValueError("the window must be >= 1 token and the margin >= 0")
         self.c = core_new(len(entry_bytes), n_expert)
         if self.c == NULL:
             raise MemoryError()
@@ -45,8 +57,8 @@ cdef class ExpertCacheCore:
             self.c.entry_bytes[layer] = size
         self.c.budget_bytes = budget_bytes
         self.c.n_expert_used = n_expert_used
-        self.c.lfu = eviction == "lfu"
-        self.c.half_life = half_life
+        if core_set_rule(self.c, EVICTION_CODES[eviction], half_life, window_tokens, margin_permille) != 0:
+            raise MemoryError()
 
     def __dealloc__(self):
         core_free(self.c)
@@ -143,6 +155,33 @@ cdef class ExpertCacheCore:
     def uses(self, int layer, int expert):
         """The entry's decayed use count (0 under SLRU)."""
         return self.c.uses[layer * self.c.n_expert + expert]
+
+    @property
+    def rule(self):
+        """The eviction rule in charge (adaptive: the chooser's)."""
+        return RULES[self.c.rule]
+
+    @property
+    def switches(self):
+        """How many times the chooser handed the cache to another rule."""
+        return self.c.switches
+
+    def ghost_hits(self):
+        """``(wanted, {rule: hits})``: the entries fed to the ghosts and each one's hits (adaptive;
+        ``(0, {})`` otherwise)."""
+        if self.c.ghost[0] == NULL:
+            return 0, {}
+        return self.c.ghost_wanted, {RULES[r]: self.c.ghost_hits[r] for r in range(3)}
+
+    def ghost_resident(self, str rule):
+        """The ghost of ``rule``'s entries in its eviction order (adaptive)."""
+        cdef core_t * g = self.c.ghost[RULES.index(rule)]
+        out = []
+        cdef int32_t i = g.head if g != NULL else -1
+        while i >= 0:
+            out.append((i // g.n_expert, i % g.n_expert))
+            i = g.next[i]
+        return out
 
     @property
     def kept_bytes(self):

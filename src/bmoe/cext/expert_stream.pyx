@@ -70,8 +70,12 @@ from bmoe.cext.cache_core cimport (
     core_plan,
     core_prefetch,
     core_set_budget,
+    core_set_rule,
     core_t,
     core_want,
+    RULE_LFU,
+    RULE_LRU,
+    RULE_SLRU,
 )
 from bmoe.cext.ggml cimport (
     GGML_MAX_SRC,
@@ -148,6 +152,11 @@ CAPTURE_OTHER = USE_OTHER
 
 # EngineOptions.page_release's names, as the C side holds them (stream_t.defer_release)
 PAGE_RELEASES = ("inline", "ahead", "all")
+# the eviction rules by their ``RULE_*`` code, and ``--cache-policy``'s values as ``core_set_rule``
+# takes them (-1: adaptive, with the domain chooser's window and margin)
+RULES = ("lru", "slru", "lfu")
+EVICTION_CODES = {"lru": RULE_LRU, "slru": RULE_SLRU, "lfu": RULE_LFU, "adaptive": -1}
+from bmoe.domain.streaming.rule_chooser import MARGIN_PERMILLE, WINDOW_TOKENS
 
 
 cdef class ExpertStreamer:
@@ -448,8 +457,8 @@ cdef class ExpertStreamer:
             raise ValueError(f"page_release is one of {', '.join(PAGE_RELEASES)}")
         if lane_delay_us < 0:
             raise ValueError("lane_delay_us must be >= 0")
-        if settings.eviction not in ("slru", "lfu") or half_life < 1:
-            raise ValueError("eviction is slru or lfu, half_life >= 1")
+        if settings.eviction not in EVICTION_CODES or half_life < 1:
+            raise ValueError(f"eviction is one of {', '.join(EVICTION_CODES)}, half_life >= 1")
         if prefetch_k < 0:
             raise ValueError("prefetch depth must be >= 0")
         if spec_max < 1 or route_ahead < 0 or drop_cold < 0:
@@ -468,8 +477,9 @@ cdef class ExpertStreamer:
         self.s.lane_delay_us = lane_delay_us
         self.s.r.use_worker = 1 if engine.rank_worker else 0
         # the cache's eviction rule (the reference policy's cache has its own, the same)
-        self.s.core.lfu = settings.eviction == "lfu"
-        self.s.core.half_life = half_life
+        if core_set_rule(self.s.core, EVICTION_CODES[settings.eviction], half_life, WINDOW_TOKENS,
+                         MARGIN_PERMILLE) != 0:
+            raise MemoryError("no memory for the adaptive cache's ghosts")
         # reads ahead
         self.s.prefetch_k = prefetch_k
         self.s.prefill_ahead = 1 if settings.prefill_ahead else 0
@@ -496,7 +506,7 @@ cdef class ExpertStreamer:
         kernel refuses a move; its ``rank_worker`` is off where the thread could not start."""
         cdef routing_t * r = &self.s.r
         return {
-            "eviction": "lfu" if self.s.core.lfu else "slru",
+            "eviction": self.eviction,
             "half_life": self.s.core.half_life,
             "prefetch_k": self.s.prefetch_k,
             "prefill_ahead": self.s.prefill_ahead != 0,
@@ -528,7 +538,15 @@ cdef class ExpertStreamer:
 
     @property
     def eviction(self) -> str:
-        return "lfu" if self.s.core.lfu else "slru"
+        """The eviction configured (``adaptive`` where ghosts run; ``rule``: the one in charge)."""
+        if self.s.core.ghost[0] != NULL:
+            return "adaptive"
+        return RULES[self.s.core.rule]
+
+    @property
+    def rule(self) -> str:
+        """The eviction rule in charge now (adaptive: the chooser's)."""
+        return RULES[self.s.core.rule]
 
     def set_budget(self, int64_t budget_bytes):
         """Change the byte budget between decodes; evicts LRU-first down to it (waiting for
@@ -631,6 +649,12 @@ cdef class ExpertStreamer:
             "prefetch_hits": c.prefetch_hits,
             "prefetch_wasted": c.prefetch_wasted,
             "warm_issued": c.warm_issued,
+            "cache_rule": RULES[c.rule],
+            "rule_switches": c.switches,
+            "ghost_wanted": c.ghost_wanted,
+            "ghost_lru_hits": c.ghost_hits[RULE_LRU],
+            "ghost_slru_hits": c.ghost_hits[RULE_SLRU],
+            "ghost_lfu_hits": c.ghost_hits[RULE_LFU],
             "resident_bytes": c.resident_bytes,
             "budget_bytes": c.budget_bytes,
             "odirect": s.odirect != 0,

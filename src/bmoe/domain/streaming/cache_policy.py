@@ -61,7 +61,10 @@ before their layer comes.
 
 **Eviction by frequency** (``eviction="lfu"``, ``--cache-policy lfu``): the list, its
 segments and every rule above stay as they are; only the choice of what to evict changes:
-the smallest decayed use count first (``bmoe.domain.streaming.use_counts``).
+the smallest decayed use count first (``bmoe.domain.streaming.use_counts``). ``"lru"``: the
+protected segment's cap is 0 (a plain LRU). ``"adaptive"``: ghost caches of those three
+rules (``ghost_caches``) are fed every request, and the rule chooser (``rule_chooser``)
+hands the victim choice (``rule``) to the one whose ghost hits most on the routing met.
 
 **A layer held whole** (``holds_layer``: every expert resident, none waiting for its first
 use after a read ahead) needs nothing from a call: ``pass_layer`` counts the call in
@@ -78,6 +81,8 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from bmoe.domain.streaming.cache_plans import CacheCounters, Entry, LayerPlan, PrefetchPlan
+from bmoe.domain.streaming.ghost_caches import GhostCaches, Rule
+from bmoe.domain.streaming.rule_chooser import MARGIN_PERMILLE, WINDOW_TOKENS, RuleChooser
 from bmoe.domain.streaming.use_counts import DEFAULT_HALF_LIFE, UseCounts
 
 __all__ = [
@@ -92,8 +97,8 @@ __all__ = [
     "PrefetchPlan",
 ]
 
-Eviction = Literal["slru", "lfu"]
-EVICTIONS: tuple[Eviction, ...] = ("slru", "lfu")
+Eviction = Literal["slru", "lfu", "lru", "adaptive"]
+EVICTIONS: tuple[Eviction, ...] = ("slru", "lfu", "lru", "adaptive")
 DEFAULT_EVICTION: Eviction = "lfu"
 """What streaming uses unless told (``StreamConfig.eviction``, ``--cache-policy``): the rule
 that missed least on every routing replayed (docs/benchmarks.md). The policy class itself
@@ -105,7 +110,9 @@ class ExpertCachePolicy:
     ``n_expert_used``: experts per token (the protected segment's cap leaves one token's
     worth of room), 0 to take it from the decode requests; ``eviction``: what goes first
     (``"slru"``: the list's head; ``"lfu"``: the smallest decayed use count, counts halved
-    every ``half_life`` decode tokens)."""
+    every ``half_life`` decode tokens; ``"lru"``: the head, no protected segment;
+    ``"adaptive"``: the rule whose ghost hits most, ``rule`` the one in charge, chosen over
+    windows of ``window_tokens`` decode tokens by ``margin_permille``: ``rule_chooser``)."""
 
     def __init__(
         self,
@@ -116,6 +123,8 @@ class ExpertCachePolicy:
         *,
         eviction: Eviction = "slru",
         half_life: int = DEFAULT_HALF_LIFE,
+        window_tokens: int = WINDOW_TOKENS,
+        margin_permille: int = MARGIN_PERMILLE,
     ) -> None:
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
@@ -127,7 +136,20 @@ class ExpertCachePolicy:
             raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
         self.eviction = eviction
         self.half_life = half_life
-        self._uses = UseCounts(half_life, sum(1 for size in entry_bytes if size > 0))  # lfu's
+        n_moe = sum(1 for size in entry_bytes if size > 0)
+        self._uses = UseCounts(half_life, n_moe)  # lfu's (and adaptive's: lfu may take charge)
+        self._counting = eviction in ("lfu", "adaptive")
+        self.ghosts: GhostCaches | None = None
+        self.chooser: RuleChooser | None = None
+        self.rule: Rule = "slru" if eviction == "slru" else "lfu" if eviction == "lfu" else "lru"
+        if eviction == "adaptive":
+            self.ghosts = GhostCaches(
+                lambda rule: ExpertCachePolicy(
+                    budget_bytes, entry_bytes, n_expert, n_expert_used, eviction=rule, half_life=half_life
+                )
+            )
+            self.chooser = RuleChooser(n_moe, window_tokens=window_tokens, margin_permille=margin_permille)
+            self.rule = self.chooser.rule
         self.budget_bytes = budget_bytes
         self.entry_bytes = tuple(entry_bytes)
         self.n_expert = n_expert
@@ -183,7 +205,7 @@ class ExpertCachePolicy:
         """The protected segment's byte cap: the budget less one token cycle (``k`` entries
         of every MoE layer), never below 0."""
         k = self.n_expert_used or self._k_seen
-        return max(0, self.budget_bytes - k * sum(self.entry_bytes))
+        return 0 if self.rule == "lru" else max(0, self.budget_bytes - k * sum(self.entry_bytes))
 
     def set_budget(self, budget_bytes: int) -> tuple[Entry, ...]:
         """Change the budget; evicts (eviction order) down to it and returns what it evicted."""
@@ -192,10 +214,14 @@ class ExpertCachePolicy:
         self.budget_bytes = budget_bytes
         evicted = self._evict_until(0, keep=frozenset())
         self._fit_kept(self.kept_cap())
+        if self.ghosts is not None:
+            self.ghosts.set_budget(budget_bytes)
         return evicted
 
     def evict_all(self) -> tuple[Entry, ...]:
         """Evict every resident entry in eviction order and return them."""
+        if self.ghosts is not None:
+            self.ghosts.evict_all()
         return self._evict_until(0, keep=frozenset(), everything=True)
 
     def share(self, layer: int) -> int:
@@ -222,7 +248,7 @@ class ExpertCachePolicy:
             counts = Counter(routed)
             ranked = sorted(range(len(ids)), key=lambda i: (-counts[ids[i]], i))
             hot = {wanted[i] for i in ranked[: self.share(layer)]}
-        if self.eviction == "lfu":
+        if self._counting:
             self._uses.add(wanted)
         hits = tuple(e for e in wanted if self.is_resident(e))
         loads = tuple(e for e in wanted if not self.is_resident(e))
@@ -259,8 +285,13 @@ class ExpertCachePolicy:
         c.misses += len(loads)
         c.bytes_read += len(loads) * size
         c.prefetch_hits += len(prefetch_hits)
-        if decode and self.eviction == "lfu":
+        if decode and self._counting:
             self._uses.tick()
+        if self.ghosts is not None and self.chooser is not None:  # adaptive
+            n_wanted, ghost_hits = self.ghosts.request(layer, routed, n_tokens, decode)
+            if decode and self.chooser.observe(n_wanted, ghost_hits):
+                self.rule = self.chooser.rule  # another victim choice from the next eviction on
+                self._fit_kept(self.kept_cap())
         return LayerPlan(
             layer=layer,
             hits=hits,
@@ -363,7 +394,7 @@ class ExpertCachePolicy:
         ``keep``: from the list's head (slru, or everything), or the smallest use count
         first, the list's order among equals (lfu)."""
         evicted: list[Entry] = []
-        if self.eviction == "lfu" and not everything:
+        if self.rule == "lfu" and not everything:
             while self.resident_bytes + incoming > self.budget_bytes:
                 victim = self._uses.fewest(self.resident(), keep)
                 if victim is None:
