@@ -39,25 +39,8 @@ An entry holds all projections of one expert of one layer; its size is the layer
 (``entry_bytes[layer]``): real Q4_K_M/Q5_K_M files store some layers' expert projections at
 a higher precision than others.
 
-Reads ahead (``prefetch(layer, experts)``): each expert not resident is read in the
-background and enters probation at the *cold* end (the next eviction's first candidate),
-after making room from the head of the eviction order without evicting the entries the last
-request is computing with, nor any entry of this prefetch's own list (resident or just
-issued); when no room can be made the rest is not issued. A prefetched entry that a later
-request routes to is a hit, *adopted* (the caller waits for its read if it is still in
-flight); one evicted unused is counted as wasted. A usage profile's warm-up
-(``prefetch(..., warm=True)``) reads ahead the same way but is not a guess: the first request
-that routes to a warmed entry counts it as a plain hit (promoted by a decode hit as any entry
-used before, not a prefetch hit), yet it is *adopted* all the same, because its read may still
-be in flight. The rule the engine keeps: **an entry read ahead (prefetched or warmed) is
-usable only once its read has completed; the first request that routes to it lists it in
-``adopted`` and its caller waits for that read, exactly as for its own loads.** Guesses
-(the previous token's routing, the stale gate's prediction) enter cold: a wrong one is the
-first to go. A *committed* routing (``hot=True``: route-ahead, whose layer will use exactly
-these experts) is kept instead: its
-resident entries are touched (most recent in their segment, in the list's order) and its
-reads enter at probation's most recent end, so the layers in between do not evict them
-before their layer comes.
+Reads ahead (``prefetch``: guesses, committed routings, a usage profile's warm-up) follow
+their own rules (``bmoe.domain.streaming.cache_reads_ahead``).
 
 **Eviction by frequency** (``eviction="lfu"``, ``--cache-policy lfu``): the list, its
 segments and every rule above stay as they are; only the choice of what to evict changes:
@@ -81,8 +64,9 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from bmoe.domain.streaming.cache_plans import CacheCounters, Entry, LayerPlan, PrefetchPlan
+from bmoe.domain.streaming.cache_reads_ahead import plan_reads_ahead
 from bmoe.domain.streaming.ghost_caches import GhostCaches, Rule
-from bmoe.domain.streaming.rule_chooser import MARGIN_PERMILLE, WINDOW_TOKENS, RuleChooser
+from bmoe.domain.streaming.rule_chooser import RuleChooser
 from bmoe.domain.streaming.use_counts import DEFAULT_HALF_LIFE, UseCounts
 
 __all__ = [
@@ -99,10 +83,11 @@ __all__ = [
 
 Eviction = Literal["slru", "lfu", "lru", "adaptive"]
 EVICTIONS: tuple[Eviction, ...] = ("slru", "lfu", "lru", "adaptive")
-DEFAULT_EVICTION: Eviction = "lfu"
-"""What streaming uses unless told (``StreamConfig.eviction``, ``--cache-policy``): the rule
-that missed least on every routing replayed (docs/benchmarks.md). The policy class itself
-defaults to SLRU, the rule its docstring starts from."""
+DEFAULT_EVICTION: Eviction = "adaptive"
+"""What streaming uses unless told (``StreamConfig.eviction``, ``--cache-policy``): within
+0.3 points of the best fixed rule on every routing regime replayed, and above each fixed
+rule where the routing changes (``python -m bmoe.bench.replay``, docs/benchmarks.md). The
+policy class itself defaults to SLRU, the rule its docstring starts from."""
 
 
 class ExpertCachePolicy:
@@ -123,8 +108,8 @@ class ExpertCachePolicy:
         *,
         eviction: Eviction = "slru",
         half_life: int = DEFAULT_HALF_LIFE,
-        window_tokens: int = WINDOW_TOKENS,
-        margin_permille: int = MARGIN_PERMILLE,
+        window_tokens: int | None = None,
+        margin_permille: int | None = None,
     ) -> None:
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
@@ -303,38 +288,10 @@ class ExpertCachePolicy:
     def prefetch(
         self, layer: int, experts: Iterable[int], *, hot: bool = False, warm: bool = False
     ) -> PrefetchPlan:
-        """Plan reads ahead of need for ``layer`` (see the module docstring); ``hot`` for a
-        committed routing; ``warm`` for a usage profile's warm-up, counted in
-        ``warm_issued`` and not as a prefetch (a request that routes to one is a plain hit,
-        adopted all the same: its read may still be in flight).
-        Raises ``ValueError`` like ``request`` (the state is then unchanged)."""
-        ids = self._checked_ids(layer, experts)
-        size = self.entry_bytes[layer]
-        evictions: list[Entry] = []
-        issued: list[Entry] = []
-        keep = self._protected | {(layer, e) for e in ids}
-        for entry in ((layer, e) for e in ids):
-            if self.is_resident(entry):
-                if hot:
-                    self._touch(entry)
-                continue
-            evictions += self._evict_until(size, keep)
-            if self.resident_bytes + size > self.budget_bytes:
-                break  # no room without evicting what is in use: issue no more
-            if entry in self._evicted_once:
-                self.counters.rereads += 1
-            self._probation[entry] = None
-            if not hot:
-                self._probation.move_to_end(entry, last=False)  # the cold end
-            self.resident_bytes += size
-            (self._warmed if warm else self._prefetched).add(entry)
-            issued.append(entry)
-        if warm:
-            self.counters.warm_issued += len(issued)
-        else:
-            self.counters.prefetch_issued += len(issued)
-        self.counters.bytes_read += len(issued) * size
-        return PrefetchPlan(layer=layer, evictions=tuple(evictions), issued=tuple(issued))
+        """Plan reads ahead of need for ``layer`` (``cache_reads_ahead``): ``hot`` for a
+        committed routing, ``warm`` for a usage profile's warm-up. Raises ``ValueError``
+        like ``request`` (the state is then unchanged)."""
+        return plan_reads_ahead(self, layer, experts, hot=hot, warm=warm)
 
     def _checked_ids(self, layer: int, experts: Iterable[int]) -> list[int]:
         if not 0 <= layer < len(self.entry_bytes) or self.entry_bytes[layer] == 0:
