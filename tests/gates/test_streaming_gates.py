@@ -14,6 +14,7 @@ import pytest
 import bmoe.adapters.expert_streaming as expert_streaming_adapter
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.adapters.llama.context import FlashAttn
+import bmoe.domain.streaming.rule_chooser as rule_chooser
 from bmoe.cext import expert_stream
 from bmoe.cext.route_recorder import RouteRecorder
 from bmoe.domain.generation import GenerateRequest
@@ -158,7 +159,7 @@ def test_every_page_release_mode_keeps_the_output_exact(
 
 
 @pytest.mark.parametrize("pass_layers", [False, True])
-@pytest.mark.parametrize("eviction", ["lfu", "slru"])
+@pytest.mark.parametrize("eviction", ["lfu", "slru", "lru", "adaptive"])
 @pytest.mark.parametrize("budget_entries", [0, 3, 1000])
 def test_the_reference_policy_and_the_fast_path_agree_on_everything(
     model_path: Path, budget_entries: int, eviction: Eviction, pass_layers: bool
@@ -197,6 +198,50 @@ def test_the_reference_policy_and_the_fast_path_agree_on_everything(
     assert fast[5] == ref[5]
     assert fast[6] is not None and ref[6] is not None
     assert same_counters(fast[6].prefill, ref[6].prefill) and same_counters(fast[6].decode, ref[6].decode)
+
+
+def adaptive_switches(model_path: Path, budget_entries: int) -> int:
+    """Run ``--cache-policy adaptive`` (the window and margin as set) cold (a first request)
+    and warm (a second, on what the first left), fast path and reference policy: asserts
+    the resident model's output bit for bit in both and that they agree on every decision,
+    every switch and every ghost's hits; returns the chooser's switches."""
+    warm_request = GenerateRequest("Warm the cache up with something else", n_predict=16)
+    cold_tokens = run(SessionConfig(model_path=model_path, context=PARAMS), warm_request).tokens
+    tokens, logits = resident(model_path)
+    runs = {}
+    for policy in ("fast", "reference"):
+        with streamed(
+            model_path, cache_mb=None, budget_entries=budget_entries, policy=policy, eviction="adaptive"
+        ) as s:
+            assert s.streaming.streaming.streamer.eviction == "adaptive"
+            assert s.generate(warm_request).tokens == cold_tokens
+            assert s.generate(REQUEST).tokens == tokens and np.array_equal(s.last_logits(), logits)
+            runs[policy] = (s.streaming.counters(), s.streaming.resident_entries())
+    fast, ref = runs["fast"], runs["reference"]
+    assert same_counters(fast[0], ref[0]) and fast[1] == ref[1]
+    assert fast[0].ghost_wanted > 0 and fast[0].cache_rule in ("lru", "slru", "lfu")
+    return fast[0].rule_switches
+
+
+@pytest.mark.parametrize("budget_entries", [3, 12, 24])
+def test_the_adaptive_cache_switching_rules_streams_the_resident_output(
+    model_path: Path, budget_entries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cache-policy adaptive`` with a window of one token and no margin, so the rule in
+    charge changes as often as the ghosts' lead does: streamed == resident, cold and warm,
+    and the fast path follows the reference decision for decision (``adaptive_switches``)."""
+    monkeypatch.setattr(rule_chooser, "WINDOW_TOKENS", 1)
+    monkeypatch.setattr(rule_chooser, "MARGIN_PERMILLE", 0)
+    adaptive_switches(model_path, budget_entries)
+
+
+def test_the_adaptive_gate_is_not_vacuous_the_chooser_switches(
+    tiny_model_path: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the gate's window and margin the rule in charge does change on a fixture."""
+    monkeypatch.setattr(rule_chooser, "WINDOW_TOKENS", 1)
+    monkeypatch.setattr(rule_chooser, "MARGIN_PERMILLE", 0)
+    assert adaptive_switches(tiny_model_path("qwen3moe"), 12) > 0
 
 
 def test_a_cache_of_every_expert_decodes_without_stopping_the_graph(model_path: Path) -> None:

@@ -193,6 +193,8 @@ def test_an_event_during_a_decode_reports_the_request_and_the_cache() -> None:
         "resident_bytes": 2 * MIB,
         "resident_experts": 2,
         "hit_pct": 75.0,
+        "rule": None,  # not reported by this snapshot
+        "ghost_hit_pct": None,  # no ghosts (not adaptive)
         "bytes_read": 0,
         "n_layer": 3,
         "n_expert": 4,
@@ -357,3 +359,20 @@ def test_with_a_disk_tier_the_event_says_what_went_there_and_came_back(tmp_path:
     )
     assert body["prompt_cache"]["entries"] == 0
     assert body["prompt_cache"]["disk"] == {"entries": 1, "written": 1, "read_back": 1, "refused": 0}
+
+
+def test_the_cache_names_the_rule_in_charge_and_the_ghosts_hit_rates() -> None:
+    """--cache-policy adaptive: which rule evicts now, and what each ghost cache hit."""
+    feed = MetricsFeed("tiny", streaming=True)
+    snap = ExpertSnapshot(
+        3,
+        4,
+        (1, 2),
+        b"\x00" * 12,
+        (0,) * 12,
+        StreamCounters(
+            cache_rule="lru", ghost_wanted=8, ghost_lru_hits=6, ghost_slru_hits=4, ghost_lfu_hits=2
+        ),
+    )
+    cache = feed.event(MonitorView(0), snap, now=1.0)["cache"]
+    assert (cache["rule"], cache["ghost_hit_pct"]) == ("lru", {"lru": 75.0, "slru": 50.0, "lfu": 25.0})

@@ -29,6 +29,7 @@ def test_a_difference_subtracts_every_count_and_keeps_the_sizes() -> None:
             "resident_bytes": 10,
             "budget_bytes": 10,
             "rank_worker": 10,  # a state, kept from the later snapshot
+            "cache_rule": 10,  # the rule in charge: a state too
             "predict_layers": ((4, 2), (1, 1)),
             "stall_layers": (0.25, 0.25),
         }.get(name, 6)
@@ -143,3 +144,23 @@ def test_the_engine_reports_every_counter_under_its_field_name() -> None:
     counters = StreamCounters.of(reported)
     assert counters.budget_bytes == reported["budget_bytes"] and counters.stall_layers == (0.0, 0.0)
     assert StreamCounters.of({"hits": 3, "topk_stops": 9}) == StreamCounters(hits=3)
+
+
+def test_the_cache_line_names_the_rule_in_charge_and_the_ghosts_hit_rates() -> None:
+    before = StreamCounters(cache_rule="lfu", rule_switches=1, ghost_wanted=100, ghost_lru_hits=50)
+    after = StreamCounters(
+        hits=9, misses=3, cache_rule="lru", rule_switches=3,
+        ghost_wanted=300, ghost_lru_hits=150, ghost_slru_hits=100, ghost_lfu_hits=80,
+    )  # fmt: skip
+    report = StreamReport(prefill=before, decode=after - before, decode_steps=2, decode_wall_s=0.2)
+    result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
+    assert stream_lines(result)[1].endswith(
+        "; evicting by lru (adaptive, 2 switches; ghosts hit lru 50.0%, slru 50.0%, lfu 40.0%)"
+    )
+    fixed = StreamReport(
+        prefill=StreamCounters(),
+        decode=StreamCounters(hits=1, cache_rule="slru"),
+        decode_steps=1,
+        decode_wall_s=0.1,
+    )
+    assert stream_lines(attrs.evolve(result, stream=fixed))[1].endswith("; evicting by slru")

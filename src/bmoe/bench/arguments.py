@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
         "these decode routing policies, comma separated: prefetch=K, predict, predict-auto, "
         "predict-spec=N, predict-depth=N, route-ahead=N, drop=F, substitute=L (e.g. "
         "predict,route-ahead=2,drop=0.75; docs/read-ahead.md), or the cache's eviction: lfu, "
-        "lfu-half=N (--cache-policy lfu --cache-half-life N; default: none)",
+        "lfu-half=N (--cache-policy lfu --cache-half-life N), slru, lru, adaptive (default: none)",
     )
     p.add_argument(
         "--parallel",

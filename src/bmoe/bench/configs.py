@@ -100,11 +100,13 @@ POLICY_FLAGS: dict[str, tuple[str, type | None, str, Mapping[str, object]]] = {
     "slru": ("", None, "--cache-policy slru", {"eviction": "slru"}),
     "lfu": ("", None, "--cache-policy lfu", {"eviction": "lfu"}),
     "lfu-half": ("half_life", int, "--cache-policy lfu --cache-half-life", {"eviction": "lfu"}),
+    "lru": ("", None, "--cache-policy lru", {"eviction": "lru"}),
+    "adaptive": ("", None, "--cache-policy adaptive", {"eviction": "adaptive"}),
 }
 """The decode routing policies the bench can run beside each cache budget: name ->
 (``StreamConfig`` field, value type (None: a switch), the CLI flag, the other fields the
 policy needs set; a switch without a field only sets those)."""
-CACHE_RULES = frozenset({"slru", "lfu", "lfu-half"})
+CACHE_RULES = frozenset({"slru", "lfu", "lfu-half", "lru", "adaptive"})
 """The entries of ``POLICY_FLAGS`` that choose the cache's eviction, not a routing policy: they
 run with several sequences too."""
 

@@ -177,6 +177,7 @@ cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
     c.hpos = <int32_t *> calloc(n, sizeof(int32_t))
     c.label = <int64_t *> calloc(n, sizeof(int64_t))
     c.half_life = 64
+    c.rule = RULE_SLRU  # until ``core_set_rule``
     c.protect_layer = -1
     c.kept_head = -1
     if (c.entry_bytes == NULL or c.prev == NULL or c.next == NULL or c.resident == NULL

@@ -22,7 +22,7 @@ from bmoe.cext.cache_core cimport (
     RULE_LRU,
     RULE_SLRU,
 )
-from bmoe.domain.streaming.rule_chooser import MARGIN_PERMILLE, WINDOW_TOKENS
+import bmoe.domain.streaming.rule_chooser as rule_chooser
 
 RULES = ("lru", "slru", "lfu")
 EVICTION_CODES = {"lru": RULE_LRU, "slru": RULE_SLRU, "lfu": RULE_LFU, "adaptive": -1}
@@ -37,8 +37,7 @@ cdef class ExpertCacheCore:
     cdef core_t * c
 
     def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert, int n_expert_used=0, *,
-                  str eviction="slru", int half_life=64, int window_tokens=WINDOW_TOKENS,
-                  int margin_permille=MARGIN_PERMILLE):
+                  str eviction="slru", int half_life=64, window_tokens=None, margin_permille=None):
         cdef int layer
         if budget_bytes < 0 or n_expert <= 0 or len(entry_bytes) == 0:
             raise ValueError("need budget >= 0, n_expert > 0 and at least one layer")
@@ -48,6 +47,8 @@ cdef class ExpertCacheCore:
             raise ValueError("entry sizes must be >= 0")
         if eviction not in EVICTION_CODES or half_life < 1:
             raise ValueError(f"eviction is one of {', '.join(EVICTION_CODES)}, half_life >= 1")
+        window_tokens = rule_chooser.WINDOW_TOKENS if window_tokens is None else window_tokens
+        margin_permille = rule_chooser.MARGIN_PERMILLE if margin_permille is None else margin_permille
         if window_tokens < 1 or margin_permille < 0:
             raise ValueError("the window must be >= 1 token and the margin >= 0")
         self.c = core_new(len(entry_bytes), n_expert)

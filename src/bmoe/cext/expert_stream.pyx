@@ -156,7 +156,7 @@ PAGE_RELEASES = ("inline", "ahead", "all")
 # takes them (-1: adaptive, with the domain chooser's window and margin)
 RULES = ("lru", "slru", "lfu")
 EVICTION_CODES = {"lru": RULE_LRU, "slru": RULE_SLRU, "lfu": RULE_LFU, "adaptive": -1}
-from bmoe.domain.streaming.rule_chooser import MARGIN_PERMILLE, WINDOW_TOKENS
+import bmoe.domain.streaming.rule_chooser as rule_chooser  # its window and margin, read at configure
 
 
 cdef class ExpertStreamer:
@@ -477,8 +477,8 @@ cdef class ExpertStreamer:
         self.s.lane_delay_us = lane_delay_us
         self.s.r.use_worker = 1 if engine.rank_worker else 0
         # the cache's eviction rule (the reference policy's cache has its own, the same)
-        if core_set_rule(self.s.core, EVICTION_CODES[settings.eviction], half_life, WINDOW_TOKENS,
-                         MARGIN_PERMILLE) != 0:
+        if core_set_rule(self.s.core, EVICTION_CODES[settings.eviction], half_life,
+                         rule_chooser.WINDOW_TOKENS, rule_chooser.MARGIN_PERMILLE) != 0:
             raise MemoryError("no memory for the adaptive cache's ghosts")
         # reads ahead
         self.s.prefetch_k = prefetch_k

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bmoe.domain.generation import RunResult
-from bmoe.domain.streaming import MIB, Budget, StreamReport
+from bmoe.domain.streaming import MIB, Budget, StreamCounters, StreamReport
 from bmoe.domain.streaming.prefill_memory import PromptBatch
 from bmoe.domain.streaming.step_account import StepAccount
 
@@ -88,6 +88,7 @@ def stream_lines(result: RunResult) -> list[str]:
             f"; {d.evict_waits} evictions waited for their read to end "
             f"({1000 * report.per_token(d.evict_wait_s):.2f} ms/token)"
         )
+    tail += _rule_text(d)
     lines = [
         f"moe-stream: {total:.1f} MiB read ({report.read_mib_tok:.2f} MiB/token), "
         f"decode {per_tok:.4f} s/token (compute {report.compute_s_tok:.4f} + cache mgmt "
@@ -109,6 +110,18 @@ def stream_lines(result: RunResult) -> list[str]:
         )
     lines.extend(routing_lines(report))
     return lines
+
+
+def _rule_text(d: StreamCounters) -> str:
+    """The eviction rule in charge at the end and, under ``--cache-policy adaptive``, the
+    chooser's switches in decode and each ghost cache's decode hit rate."""
+    if not d.cache_rule:
+        return ""
+    ghosts = d.ghost_pcts()
+    if not ghosts:
+        return f"; evicting by {d.cache_rule}"
+    rates = ", ".join(f"{rule} {pct:.1f}%" for rule, pct in ghosts.items())
+    return f"; evicting by {d.cache_rule} (adaptive, {d.rule_switches} switches; ghosts hit {rates})"
 
 
 def kernel_line(report: StreamReport) -> str:

@@ -228,8 +228,10 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         "--cache-policy",
         choices=EVICTIONS,
         default=DEFAULT_EVICTION,
-        help=f"what the expert cache evicts first: slru (the segmented LRU's least recent) or lfu (the "
-        f"fewest recent uses, halved every --cache-half-life decode tokens); lossless either way "
+        help=f"what the expert cache evicts first: slru (the segmented LRU's least recent), lfu (the "
+        f"fewest recent uses, halved every --cache-half-life decode tokens), lru (the least recent, "
+        f"no protected segment) or adaptive (whichever of the three hit most on the last decode "
+        f"tokens, judged by ghost caches beside the cache); lossless either way "
         f"(default {DEFAULT_EVICTION}; docs/streaming.md)",
     )
     m.add_argument(
@@ -237,7 +239,7 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_HALF_LIFE,
         metavar="N",
-        help=f"with --cache-policy lfu: the decode tokens after which a use counts half "
+        help=f"with --cache-policy lfu or adaptive: the decode tokens after which a use counts half "
         f"(default {DEFAULT_HALF_LIFE})",
     )
     m.add_argument(

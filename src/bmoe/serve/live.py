@@ -142,6 +142,9 @@ def cache_body(
         "resident_bytes": c.resident_bytes,
         "resident_experts": sum(1 for layer in snap.layers for f in snap.resident_row(layer) if f),
         "hit_pct": round(100.0 * c.hits / requests, 2) if requests else None,
+        # the eviction rule in charge; --cache-policy adaptive: each ghost cache's hit % so far
+        "rule": c.cache_rule or None,
+        "ghost_hit_pct": {rule: round(pct, 2) for rule, pct in c.ghost_pcts().items()} or None,
         "bytes_read": c.bytes_read,
         "n_layer": snap.n_layer,
         "n_expert": snap.n_expert,

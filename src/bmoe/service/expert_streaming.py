@@ -219,10 +219,25 @@ class PolicyStreaming:
             prefetch_wasted=c.prefetch_wasted,
             warm_issued=c.warm_issued,
             passed=c.passed,
+            **self._rule_counters(),
             rank_s=self.rank_s,
             issue_s=self.issue_s,
             **self._routing_counters(),
         )
+
+    def _rule_counters(self) -> dict[str, Any]:
+        """The rule in charge and, adaptive, the chooser's switches and the ghosts' hits."""
+        ghosts, chooser = self.policy.ghosts, self.policy.chooser
+        if ghosts is None or chooser is None:
+            return {"cache_rule": self.policy.rule}
+        return {
+            "cache_rule": self.policy.rule,
+            "rule_switches": chooser.switches,
+            "ghost_wanted": ghosts.wanted,
+            "ghost_lru_hits": ghosts.hits["lru"],
+            "ghost_slru_hits": ghosts.hits["slru"],
+            "ghost_lfu_hits": ghosts.hits["lfu"],
+        }
 
     def _routing_counters(self) -> dict[str, Any]:
         """The decode routing fields of ``StreamCounters``, as the fast path fills them

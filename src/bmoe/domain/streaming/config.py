@@ -38,9 +38,12 @@ class StreamConfig:
       its cache with the experts earlier sessions routed most (up to ``profile_share`` of
       the budget, read in the background) and merges what it routes into the file.
     - ``eviction``: what the expert cache evicts first (``--cache-policy``): ``"slru"`` (the
-      segmented LRU's least recent) or ``"lfu"`` (the fewest recent uses, counts halved every
+      segmented LRU's least recent), ``"lfu"`` (the fewest recent uses, counts halved every
       ``half_life`` decode tokens, ``--cache-half-life``; the list's order among equals),
-      :mod:`bmoe.domain.streaming.cache_policy`. Lossless either way: only what is read changes.
+      ``"lru"`` (no protected segment) or ``"adaptive"`` (the default: whichever of the three
+      its ghost caches found hitting most on the last decode tokens,
+      :mod:`bmoe.domain.streaming.rule_chooser`), :mod:`bmoe.domain.streaming.cache_policy`.
+      Lossless either way: only what is read changes.
     - ``pass_layers``: a call of a layer the cache holds whole (every expert resident) is
       passed: no request, and llama.cpp's graph does not stop at the layer's routing for the
       callback (``ExpertCachePolicy.pass_layer``; never under the decode routing policies and

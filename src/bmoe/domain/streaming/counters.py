@@ -18,7 +18,8 @@ def _layer_delta(
     return tuple((a0 - b0, a1 - b1) for (a0, a1), (b0, b1) in zip(after, before, strict=True))
 
 
-_SIZES = ("resident_bytes", "budget_bytes", "rank_worker")  # states: a difference keeps the later one
+# states: a difference keeps the later one
+_SIZES = ("resident_bytes", "budget_bytes", "rank_worker", "cache_rule")
 _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages went back
     "io_s": 0.0,
     "mgmt_s": 0.0,
@@ -70,6 +71,14 @@ class StreamCounters:
     prefetch_wasted: int = 0
     warm_issued: int = 0  # read ahead by a usage profile's warm-up (not prefetches: their hits are hits)
     passed: int = 0  # layer calls passed: the layer held whole (no request, no graph stop)
+    # the eviction rule in charge ("" where not reported) and, under --cache-policy adaptive,
+    # the chooser's switches and the ghost caches' hits on the entries requested of them
+    cache_rule: str = ""
+    rule_switches: int = 0
+    ghost_wanted: int = 0
+    ghost_lru_hits: int = 0
+    ghost_slru_hits: int = 0
+    ghost_lfu_hits: int = 0
     release_s: float = 0.0  # moving or giving evicted pages back, on the eval thread (inside mgmt_s)
     release_lanes_s: float = 0.0  # ... on the worker lanes
     releases_deferred: int = 0  # evictions whose pages were given back off the read path
@@ -152,6 +161,13 @@ class StreamCounters:
     @property
     def read_mib(self) -> float:
         return self.bytes_read / MIB
+
+    def ghost_pcts(self) -> dict[str, float]:
+        """Each ghost cache's hit rate in percent (adaptive); empty where none ran."""
+        if self.ghost_wanted <= 0:
+            return {}
+        hits = {"lru": self.ghost_lru_hits, "slru": self.ghost_slru_hits, "lfu": self.ghost_lfu_hits}
+        return {rule: 100.0 * n / self.ghost_wanted for rule, n in hits.items()}
 
 
 @attrs.frozen

@@ -41,9 +41,13 @@ class RuleChooser:
         n_moe: int,
         *,
         first: Rule = FIRST_RULE,
-        window_tokens: int = WINDOW_TOKENS,
-        margin_permille: int = MARGIN_PERMILLE,
+        window_tokens: int | None = None,
+        margin_permille: int | None = None,
     ) -> None:
+        """``window_tokens``, ``margin_permille``: None for this module's ``WINDOW_TOKENS`` and
+        ``MARGIN_PERMILLE`` (read when the chooser is made)."""
+        window_tokens = WINDOW_TOKENS if window_tokens is None else window_tokens
+        margin_permille = MARGIN_PERMILLE if margin_permille is None else margin_permille
         if window_tokens < 1 or margin_permille < 0:
             raise ValueError("the window must be >= 1 token and the margin >= 0")
         if first not in RULES:

@@ -10,8 +10,9 @@ apart (``runtime.streaming.StreamingControl``).
 Setup-only (this value; ``configure`` applies them between the streamer's setup and its first
 decode, after the routers where the routing policies evaluate them):
 
-- ``eviction``: what the cache evicts first, ``slru`` or ``lfu`` (``--cache-policy``); with
-  ``lfu`` the counts halve every ``half_life`` decode tokens (``--cache-half-life``);
+- ``eviction``: what the cache evicts first, ``slru``, ``lfu``, ``lru`` or ``adaptive``
+  (``--cache-policy``); with ``lfu`` and ``adaptive`` the counts halve every ``half_life``
+  decode tokens (``--cache-half-life``);
 - ``prefetch_k``: in decode, read the next K MoE layers' experts ahead as the previous token
   routed them, 0 off (``--prefetch``);
 - ``prefill_ahead``: in a prefill batch that routes to half a layer's experts, read the whole
