@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import bmoe.adapters.expert_streaming as expert_streaming_adapter
+import bmoe.domain.streaming.rule_chooser as rule_chooser
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.adapters.llama.context import FlashAttn
-import bmoe.domain.streaming.rule_chooser as rule_chooser
 from bmoe.cext import expert_stream
 from bmoe.cext.route_recorder import RouteRecorder
 from bmoe.domain.generation import GenerateRequest
