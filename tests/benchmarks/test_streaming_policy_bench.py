@@ -23,6 +23,7 @@ import pytest
 from bmoe.cext.cache_core import ExpertCacheCore
 from bmoe.cext.expert_stream import ExpertStreamer, advise_hugepages
 from bmoe.domain.streaming import ExpertCachePolicy
+from bmoe.domain.streaming.cache_policy import Eviction
 
 N_LAYER, N_EXPERT, TOP_K, N_TOKENS = 48, 128, 8, 64
 # Q4_K_M-like: most layers' expert entries one size, every fourth layer stored at a higher precision
@@ -73,13 +74,16 @@ def test_domain_policy_per_token(benchmark: Any) -> None:
     benchmark.extra_info["hit_rate"] = hit_rate(policy)
 
 
-def test_c_core_per_token(benchmark: Any) -> None:
+@pytest.mark.parametrize("eviction", ["slru", "lfu", "lru", "adaptive"])
+def test_c_core_per_token(benchmark: Any, eviction: Eviction) -> None:
+    """The C core's decisions per token under each rule (adaptive: with its three ghosts)."""
+
     def run() -> int:
-        core = ExpertCacheCore(BUDGET, ENTRY_BYTES, N_EXPERT)
+        core = ExpertCacheCore(BUDGET, ENTRY_BYTES, N_EXPERT, eviction=eviction)
         return core.request_many(TRACE)
 
     loads = benchmark(run)
-    policy = ExpertCachePolicy(BUDGET, ENTRY_BYTES, N_EXPERT)
+    policy = ExpertCachePolicy(BUDGET, ENTRY_BYTES, N_EXPERT, eviction=eviction)
     for row in TRACE:
         policy.request(int(row[0]), row[1:].tolist())
     assert loads == policy.counters.misses  # the same decisions as the reference
