@@ -121,7 +121,8 @@ def _rule_text(d: StreamCounters) -> str:
     if not ghosts:
         return f"; evicting by {d.cache_rule}"
     rates = ", ".join(f"{rule} {pct:.1f}%" for rule, pct in ghosts.items())
-    return f"; evicting by {d.cache_rule} (adaptive, {d.rule_switches} switches; ghosts hit {rates})"
+    switches = f"{d.rule_switches} switch" + ("" if d.rule_switches == 1 else "es")
+    return f"; evicting by {d.cache_rule} (adaptive, {switches}; ghosts hit {rates})"
 
 
 def kernel_line(report: StreamReport) -> str:
