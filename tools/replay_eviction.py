@@ -14,8 +14,9 @@ exact), so the same routing can be replayed under every rule.
 Each decode token's MoE layers are requested in order through the C cache core
 (``ExpertCacheCore``, which the equivalence tests hold equal to ``ExpertCachePolicy`` decision
 for decision), every entry the same size, the budget a share of all the (layer, expert)
-entries: SLRU (``--cache-policy slru``), LFU at each ``--half-lives`` (``--cache-policy lfu
---cache-half-life N``), and Belady's MIN (evict the entry used again furthest ahead: the bound
+entries: LRU and SLRU (``--cache-policy lru``, ``slru``), LFU at each ``--half-lives``
+(``--cache-policy lfu --cache-half-life N``), adaptive (``--cache-policy adaptive``, the
+default: half-life 64), and Belady's MIN (evict the entry used again furthest ahead: the bound
 for any rule without foresight). Prints the hit rates as a Markdown table.
 
 ``--sequences``: the trained model's held-out windows decoded N at a time instead (a step's
@@ -194,15 +195,17 @@ def main() -> None:
         f"routing: {n_tok} decode tokens, {n_layer} MoE layers x {n_expert} experts, top-{k}", file=sys.stderr
     )
     half_lives = [int(h) for h in args.half_lives.split(",") if h.strip()]
-    head = ["budget", "SLRU", *(f"LFU, half-life {h}" for h in half_lives)]
+    head = ["budget", "LRU", "SLRU", *(f"LFU, half-life {h}" for h in half_lives), "adaptive (the default)"]
     if not args.no_belady:
         head.append("Belady's MIN")
     print("| " + " | ".join(head) + " |")
     print("| --- |" + " ---: |" * (len(head) - 1))
     for share in (float(s) for s in args.shares.split(",") if s.strip()):
         entries = max(1, round(n_layer * n_expert * share / 100))
-        cells = [f"{share:g}% ({entries} entries)", f"{100 * replay(routed, n_expert, entries, 'slru'):.1f}"]
+        cells = [f"{share:g}% ({entries} entries)"]
+        cells += [f"{100 * replay(routed, n_expert, entries, rule):.1f}" for rule in ("lru", "slru")]
         cells += [f"{100 * replay(routed, n_expert, entries, 'lfu', h):.1f}" for h in half_lives]
+        cells.append(f"{100 * replay(routed, n_expert, entries, 'adaptive'):.1f}")
         if not args.no_belady:
             cells.append(f"{100 * belady(routed, entries):.1f}")
         print("| " + " | ".join(cells) + " |", flush=True)
