@@ -154,7 +154,7 @@ cdef class ExpertCacheCore:
         return out
 
     def uses(self, int layer, int expert):
-        """The entry's decayed use count (0 under SLRU)."""
+        """The entry's decayed use count (lfu and adaptive; 0 under the others)."""
         return self.c.uses[layer * self.c.n_expert + expert]
 
     @property

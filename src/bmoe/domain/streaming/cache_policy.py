@@ -341,7 +341,7 @@ class ExpertCachePolicy:
         self._warmed.discard(entry)
 
     def uses(self, layer: int, expert: int) -> int:
-        """The entry's decayed use count (``lfu``; 0 under ``slru``)."""
+        """The entry's decayed use count (``lfu`` and ``adaptive``; 0 under the others)."""
         return self._uses[(layer, expert)]
 
     def _evict_until(
