@@ -72,7 +72,7 @@ def test_a_16_gib_laptop_streams_it_with_an_auto_cache_and_says_which_bound() ->
     assert plan.decode.low.tok_s <= plan.decode_tok_s <= plan.decode.high.tok_s
     assert plan.decode_bound == "disk"
     flags = plan.flags()
-    assert flags[:3] == ["--moe-stream", "--cache-mb", str(plan.budget.bytes // MIB)]
+    assert flags[:3] == ["--moe-stream", "--cache-mb", "auto"] and plan.cache_mb == plan.budget.bytes // MIB
     assert flags[flags.index("-c") + 1] == "24576" and "-b" in flags
     assert [p.tokens for p in plan.prefills] == [2048, 20000]
     assert plan.prefills[1].seconds > plan.prefills[0].seconds
@@ -96,8 +96,9 @@ def test_a_model_that_does_not_fit_even_streamed_says_what_would() -> None:
 
 def test_a_machine_with_room_for_everything_fits_resident_and_caps_the_cache_flag() -> None:
     plan = make_plan(attrs.evolve(MODEL), machine(64), PlanSettings(n_parallel=2, cache_disk="/tmp/states"))
-    assert plan.resident_fits and plan.hit_rate == 1.0
-    flags = plan.flags()
+    assert plan.resident_fits and plan.hit_rate == 1.0 and plan.flags()[2] == "auto"
+    asked = PlanSettings(cache_mb=64 * 1024, n_parallel=2, cache_disk="/tmp/states")
+    flags = make_plan(MODEL, machine(64), asked).flags()
     assert int(flags[2]) == MODEL.expert_bytes // MIB
     assert flags[-4:] == ["-np", "2", "--cache-disk", "/tmp/states"]
 

@@ -1,6 +1,6 @@
 """``python -m bmoe.plan --verify``: the plan checked on this machine.
 
-The plan's own flags (its ``--cache-mb``, ``-b``; ``--mem-limit-mb`` as a memory group and
+The plan's own flags (its ``--cache-mb``, ``-c``, ``-b``; ``--mem-limit-mb`` as a memory group and
 ``--disk-mib-s`` as a disk throttle where they were given) run a short teacher-forced decode
 (``DECODE_TOKENS`` after ``WARMUP_TOKENS``) and, with ``--prompt-tokens N`` given, a prefill of
 N tokens first: ``python -m bmoe.bench`` does it, in a process of its own, the page cache
@@ -56,20 +56,33 @@ class Measured:
     prefill_s: float
 
 
-def plan_cache_mb(plan: Plan) -> int:
-    """The ``--cache-mb`` of the plan's flags."""
+def plan_cache(plan: Plan) -> str:
+    """The ``--cache-mb`` of the plan's flags: ``auto`` or MiB."""
     flags = plan.flags()
-    return int(flags[flags.index("--cache-mb") + 1])
+    return flags[flags.index("--cache-mb") + 1]
+
+
+def knee_budgets(plan: Plan) -> list[str]:
+    """The plan's own budget, then ``KNEE_SHARES`` of its MiB below it."""
+    smaller = [str(max(1, round(plan.cache_mb * s))) for s in KNEE_SHARES if s < 1.0]
+    return list(dict.fromkeys([plan_cache(plan), *smaller]))
 
 
 def bench_command(
-    model: Path, plan: Plan, budgets: Sequence[int], options: VerifyOptions, out: Path
+    model: Path, plan: Plan, budgets: Sequence[str], options: VerifyOptions, out: Path
 ) -> list[str]:
     """The bench run that measures ``budgets`` with the plan's flags."""
     cmd = [sys.executable, "-m", "bmoe.bench", "-m", str(model), "--configs", "stream"]
-    cmd += ["--budgets", ",".join(str(b) for b in budgets), "--no-routing-check", "--rounds", "1"]
+    cmd += ["--budgets", ",".join(budgets), "--no-routing-check", "--rounds", "1"]
     cmd += ["--warmup", str(WARMUP_TOKENS), "--tokens", str(DECODE_TOKENS), "--probe-mib", "0"]
-    cmd += ["--prompt-tokens", str(options.prompt_tokens), "-b", str(plan.prompt_batch)]
+    cmd += [
+        "--prompt-tokens",
+        str(options.prompt_tokens),
+        "-b",
+        str(plan.prompt_batch),
+        "--ctx",
+        str(plan.n_ctx),
+    ]
     cmd += ["--no-chart", "--out", str(out)]
     if options.mem_limit_mb:
         cmd += ["--mem-limit-mb", str(options.mem_limit_mb)]
@@ -78,10 +91,11 @@ def bench_command(
     return cmd
 
 
-def measured(summaries: Sequence[Mapping[str, Any]], cache_mb: int) -> Measured | None:
-    """The bench's figures of the budget ``cache_mb`` (None where it did not run)."""
+def measured(summaries: Sequence[Mapping[str, Any]], budget: str) -> Measured | None:
+    """The bench's figures of the budget ``budget`` (``auto`` or MiB; None where it did not
+    run)."""
     for s in summaries:
-        if s.get("kind") == "stream" and s.get("cache_mib") == cache_mb and s.get("tok_s"):
+        if s.get("key") == f"stream-{budget}" and s.get("tok_s"):
             return Measured(
                 tok_s=float(s["tok_s"]),
                 read_mib_token=float(s.get("mib_per_tok") or 0.0),
@@ -120,7 +134,7 @@ def comparison(plan: Plan, got: Measured, prompt_tokens: int) -> list[str]:
 
 
 def knee(results: Mapping[int, Measured]) -> int | None:
-    """The smallest budget whose decode is within ``KNEE_WITHIN`` of the best measured."""
+    """The smallest budget (MiB) whose decode is within ``KNEE_WITHIN`` of the best measured."""
     if not results:
         return None
     best = max(m.tok_s for m in results.values())
@@ -157,8 +171,8 @@ def verified_run(plan: Plan, got: Measured, options: VerifyOptions) -> VerifiedR
 def verify(planned: PlannedModel, model: Path, options: VerifyOptions) -> int:
     """Run the check (module docstring); 0 where the plan's budget ran, else 1."""
     plan = planned.plan
-    own = plan_cache_mb(plan)
-    budgets = sorted({max(1, round(own * s)) for s in KNEE_SHARES} if options.knee else {own}, reverse=True)
+    own = plan_cache(plan)
+    budgets = knee_budgets(plan) if options.knee else [own]
     with scratch_folder("bmoe-verify-", "the verify run's bench report") as scratch:
         out = options.out or scratch
         cmd = bench_command(model, plan, budgets, options, out)
@@ -176,15 +190,11 @@ def verify(planned: PlannedModel, model: Path, options: VerifyOptions) -> int:
             print(f"--cache-mb {budget}: did not run (see the bench's lines above)")
             continue
         print(f"--cache-mb {budget}:")
-        print(
-            "\n".join(
-                comparison(planned.at_budget(budget) if budget != own else plan, got, options.prompt_tokens)
-            )
-        )
-    if options.knee and (best := knee(results)) is not None:
-        print(
-            f"knee: --cache-mb {best}, the smallest cache within {KNEE_WITHIN:.0%} of the best decode"
-        )
+        at = plan if budget == own else planned.at_budget(int(budget))
+        print("\n".join(comparison(at, got, options.prompt_tokens)))
+    sized = {int(b) if b != "auto" else plan.cache_mb: m for b, m in results.items()}
+    if options.knee and (best := knee(sized)) is not None:
+        print(f"knee: --cache-mb {best}, the smallest cache within {KNEE_WITHIN:.0%} of the best decode")
     if own not in results:
         return 1
     try:

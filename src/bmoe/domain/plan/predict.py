@@ -125,6 +125,11 @@ class Plan:
         return self.budget.bytes < self.model.token_cycle_bytes
 
     @property
+    def cache_mb(self) -> int:
+        """The budget in MiB, no more than every expert."""
+        return min(self.budget.bytes // MIB, -(-self.model.expert_bytes // MIB))
+
+    @property
     def decode_tok_s(self) -> float:
         """The expected decode (module docstring)."""
         return self.decode.expected.tok_s
@@ -136,9 +141,13 @@ class Plan:
         return "disk" if streamed > self.costs.resident_step_s else "compute"
 
     def flags(self) -> list[str]:
-        """The recommended command-line flags for a streamed run."""
-        cache_mb = min(self.budget.bytes // MIB, -(-self.model.expert_bytes // MIB))  # no more than all
-        out = ["--moe-stream", "--cache-mb", str(cache_mb), "-c", str(self.n_ctx)]
+        """The recommended command-line flags for a streamed run. An auto budget is
+        recommended as ``auto``, not as its figure: the run holds an auto budget to the room
+        after each long prompt (llama.cpp keeps the prompt's work buffer), which a fixed
+        ``--cache-mb`` of the same figure does not (in 2 and 4 GiB groups that figure was
+        OOM-killed after a 2,048-token prompt); a budget asked for is capped at every expert."""
+        cache = "auto" if self.budget.auto else str(self.cache_mb)
+        out = ["--moe-stream", "--cache-mb", cache, "-c", str(self.n_ctx)]
         out += ["-b", str(self.prompt_batch)]
         if self.n_parallel > 1:
             out += ["-np", str(self.n_parallel)]
