@@ -13,7 +13,7 @@ from bmoe.domain.plan.figures import MIB, StreamCosts
 from bmoe.domain.plan.hit_guesses import FLOOR, MEASURED, PROFILE, hit_guesses
 from bmoe.domain.plan.predict import PlanSettings, make_plan
 from bmoe.domain.plan.published_routing import QWEN3_235B, family_curve
-from bmoe.domain.plan.verified import VerifiedRun, hit_rate_at, kept, nearest, prefill_factor
+from bmoe.domain.plan.verified import VerifiedRun, hit_rate_at, kept, nearest, prefill_run
 from bmoe.domain.streaming.usage_profile import UsageProfile
 
 
@@ -107,7 +107,8 @@ def test_the_nearest_run_serves_and_one_run_a_share_and_place_is_kept() -> None:
     assert kept([RUN, other], newer) == (other, newer)
     elsewhere = attrs.evolve(RUN, where="no memory limit")
     assert kept([RUN], elsewhere) == (RUN, elsewhere)
-    assert prefill_factor([RUN, other], 2000) == 2.0 and prefill_factor([other], 2000) == 2.0
+    assert prefill_run([RUN, other], 0.25, 2000) is RUN and prefill_run([other], 0.25, 2000) is other
+    assert prefill_run([attrs.evolve(RUN, prefill_s=0.0)], 0.25, 2048) is None
 
 
 def test_the_next_plan_predicts_from_what_verify_measured() -> None:
@@ -116,4 +117,38 @@ def test_the_next_plan_predicts_from_what_verify_measured() -> None:
     after = make_plan(MODEL, machine(14), settings, verified=(RUN,))
     assert after.decode.expected_guess.name == MEASURED and after.decode.expected.hit_rate == 0.6
     assert after.costs.cpu_s_per_mib == pytest.approx(RUN.cpu_s_per_mib)
-    assert after.prefills[0].seconds == pytest.approx(2.0 * before.prefills[0].seconds)
+    assert after.prefills[0].seconds == pytest.approx(RUN.prefill_s)  # the same prompt: as measured
+    assert before.prefills[0].seconds != pytest.approx(RUN.prefill_s)
+    longer = make_plan(MODEL, machine(14), attrs.evolve(settings, prompt_tokens=(4096,)), verified=(RUN,))
+    assert longer.prefills[0].seconds > RUN.prefill_s  # carried by the ratio of today's figures
+
+
+def test_a_prompt_s_attention_scores_grow_with_its_square_and_with_smaller_batches_less() -> None:
+    heads = attrs.evolve(MODEL, n_head=32, head_dim=128, n_attn_layers=16)
+    whole = heads.attention_flops(2048, 2048)
+    assert whole == 4 * 32 * 128 * 16 * 2048 * 2048  # 1.1 TFLOP: the figure its docstring quotes
+    assert heads.attention_flops(1024, 1024) == whole / 4
+    batched = heads.attention_flops(2048, 512)  # each batch against the cells so far
+    assert batched == 4 * 32 * 128 * 16 * 512 * (512 + 1024 + 1536 + 2048)
+    assert MODEL.attention_flops(2048, 2048) == 0.0  # head width unknown: no term
+
+
+def test_the_attention_rate_is_what_the_longer_prompt_took_beyond_its_share() -> None:
+    from bmoe.runtime.compute_calibration import ATTENTION_TOKENS, PREFILL_TOKENS, attention_rate
+
+    heads = attrs.evolve(MODEL, n_head=32, head_dim=128, n_attn_layers=2)
+    rate, per_token = 50e9, 0.001
+    seconds = {
+        n: per_token * n + heads.attention_flops(n, n) / rate for n in (PREFILL_TOKENS, ATTENTION_TOKENS)
+    }
+    assert attention_rate(heads, seconds) == pytest.approx(rate)
+    linear = {n: per_token * n for n in (PREFILL_TOKENS, ATTENTION_TOKENS)}
+    assert attention_rate(heads, linear) == 0.0  # nothing beyond the share: not measured
+
+
+def test_a_measured_attention_rate_lengthens_the_prefill_of_a_long_prompt() -> None:
+    heads = attrs.evolve(MODEL, n_head=32, head_dim=128, n_attn_layers=48)
+    settings = PlanSettings(prompt_tokens=(2048,))
+    plain = make_plan(heads, machine(14), settings)
+    slow = make_plan(heads, attrs.evolve(machine(14), attention_flops_s=50e9), settings)
+    assert slow.prefills[0].seconds > plain.prefills[0].seconds

@@ -31,6 +31,7 @@ from bmoe.adapters.compute_rate import ComputeRate, measure_compute
 from bmoe.adapters.file_writes import replacing
 from bmoe.adapters.gguf_layout import read_layout
 from bmoe.adapters.llama import ContextParams
+from bmoe.domain.plan.figures import ModelFigures
 from bmoe.errors import BmoeError
 from bmoe.runtime.model_figures import model_figures
 from bmoe.tinymodel.spec import GENERATOR_VERSION
@@ -40,8 +41,11 @@ if TYPE_CHECKING:
     from bmoe.runtime.session import Session
 
 PREFILL_TOKENS = 512
-# prompts timed: 16, 64 and 256 tokens for each of the calibration's experts (its top-8 of 16)
-PROMPT_SIZES = (32, 128, PREFILL_TOKENS)
+# prompts timed: 16, 64 and 256 tokens for each of the calibration's experts (its top-8 of 16),
+# and one of twice the last in one batch, whose attention scores (quadratic in the prompt) take
+# a larger share: the two longest give the attention's rate
+ATTENTION_TOKENS = 2 * PREFILL_TOKENS
+PROMPT_SIZES = (32, 128, PREFILL_TOKENS, ATTENTION_TOKENS)
 DECODE_STEPS = 16
 CALIBRATION_SHAPE = SyntheticShape(
     n_layer=2, n_embd=2048, n_ff_exp=768, n_expert=16, n_expert_used=8, head_dim=128, n_ctx_train=1024
@@ -56,6 +60,7 @@ class Calibrated:
     rate: ComputeRate
     source: str
     matmul_curve: tuple[tuple[float, float], ...] = ()
+    attention_flops_s: float = 0.0  # the attention scores' rate (0: not measured)
 
 
 def calibration_model(quant: str) -> Path:
@@ -92,27 +97,46 @@ def _measured(quant: str, threads: int) -> Calibrated:
         layout = read_layout(path)
         figures = model_figures(layout, layout.paths[0], str(path))
         params = ContextParams(
-            n_ctx=PREFILL_TOKENS + DECODE_STEPS + 8,
-            n_batch=PREFILL_TOKENS,
-            n_ubatch=PREFILL_TOKENS,
+            n_ctx=ATTENTION_TOKENS + DECODE_STEPS + 8,
+            n_batch=ATTENTION_TOKENS,
+            n_ubatch=ATTENTION_TOKENS,
             n_threads=threads,
         )
-        tokens = np.random.default_rng(0).integers(16, 200, PREFILL_TOKENS).tolist()
+        tokens = np.random.default_rng(0).integers(16, 200, ATTENTION_TOKENS).tolist()
         with Session.open(SessionConfig(model_path=path, context=params)) as session:
             timed = time_prompts_and_steps(session, tokens)
     except (BmoeError, OSError) as exc:
         return Calibrated(measure_compute(), f"numpy's f32 products (llama.cpp's could not be timed: {exc})")
+    seconds = {n: sample.seconds for n, sample in timed.prompts.items()}
+    attention = attention_rate(figures, seconds)
     weights = figures.active_bytes / max(figures.bytes_per_weight, 1e-9)
     per_expert = figures.n_expert_used / figures.n_expert  # the share of the tokens an expert gets
+
+    def weights_s(n: int) -> float:  # the prompt's time less its attention scores'
+        scores = figures.attention_flops(n, n) / attention if attention > 0 else 0.0
+        return max(seconds[n] - scores, 1e-9)
+
     curve = tuple(
-        (n * per_expert, 2.0 * weights * n / max(sample.seconds, 1e-9))
-        for n, sample in sorted(timed.prompts.items())
+        (n * per_expert, 2.0 * weights * n / weights_s(n)) for n in sorted(seconds) if n <= PREFILL_TOKENS
     )
     rate = ComputeRate(
         matvec_bytes_s=figures.active_bytes / max(timed.step.seconds, 1e-9),
         matmul_flops=curve[-1][1],
     )
-    return Calibrated(rate, f"llama.cpp's {quant.upper()} kernels timed here ({threads} threads)", curve)
+    source = f"llama.cpp's {quant.upper()} kernels timed here ({threads} threads)"
+    return Calibrated(rate, source, curve, attention)
+
+
+def attention_rate(figures: ModelFigures, seconds: dict[int, float]) -> float:
+    """The attention scores' FLOP/s from the two longest prompts (each in one batch): a
+    prompt's time is linear in its tokens for the weights and quadratic for the scores, so
+    what the longer took beyond ``ratio`` times the shorter is the scores' difference
+    (0 where the difference is lost in the noise)."""
+    short, long = PREFILL_TOKENS, ATTENTION_TOKENS
+    ratio = long / short
+    flops = figures.attention_flops(long, long) - ratio * figures.attention_flops(short, short)
+    extra = seconds[long] - ratio * seconds[short]
+    return flops / extra if flops > 0 and extra > 0 else 0.0
 
 
 @attrs.frozen

@@ -96,6 +96,8 @@ def model_figures(layout: ModelLayout, first: Path, name: str) -> ModelFigures:
         n_embd=n_embd,
         n_vocab=embd.shape[1] if embd is not None and len(embd.shape) == 2 else 0,
         n_head=n_head,
+        head_dim=key,
+        n_attn_layers=_attention_layers(layout, n_layer),
         n_ff_exp=v.get("expert_feed_forward_length", down.shape[0] if down is not None else 0),
         n_ctx_train=v.get("context_length", 0),
         bytes_per_weight=expert_bytes / max(1, weights),

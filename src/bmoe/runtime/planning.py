@@ -139,6 +139,7 @@ def read_machine(
         room_source=room_source,
         compute_source=calibrated.source,
         matmul_curve=calibrated.matmul_curve,
+        attention_flops_s=calibrated.attention_flops_s,
         stream_costs=stream_costs,
     )
 

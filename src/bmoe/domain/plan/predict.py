@@ -17,7 +17,9 @@ bounds, not measurements:
   while the compute is ``2 x active weights x P`` FLOPs at the matmul rate llama.cpp's
   kernels reached here where each expert computes on as many tokens as the plan's batch
   gives it, plus what a streamed prompt adds a MiB read (the repack, the faults: measured
-  here); the read-ahead overlaps the reads with the compute, so the time is the larger;
+  here), plus the attention scores (quadratic in the prompt: each batch's queries against
+  every KV cell so far) at the rate they ran here; the read-ahead overlaps the reads with the
+  compute, so the time is the larger, and at most their sum (none overlapping): a range;
   ``--verify``'s correction multiplies it where one was measured.
 """
 
@@ -32,7 +34,7 @@ from bmoe.domain.plan.decode_range import DecodeCosts, DecodeRange, decode_range
 from bmoe.domain.plan.figures import MIB, MachineFigures, ModelFigures
 from bmoe.domain.plan.hit_guesses import PROFILE, hit_guesses
 from bmoe.domain.plan.hit_rate import CurvePoint, profile_curve
-from bmoe.domain.plan.verified import VerifiedRun, nearest, prefill_factor
+from bmoe.domain.plan.verified import VerifiedRun, nearest, prefill_run
 from bmoe.domain.streaming.budget import (
     Budget,
     RunMemory,
@@ -77,10 +79,14 @@ class PlanSettings:
 
 @attrs.frozen
 class Prefill:
+    """One prompt: ``seconds`` with the reads overlapping the compute (read ahead), the
+    larger of the two; ``slowest_s`` with none overlapping, their sum: the range's ends."""
+
     tokens: int
     seconds: float
     read_bytes: int
     bound: str  # "disk" or "compute"
+    slowest_s: float = 0.0
 
 
 @attrs.frozen
@@ -217,10 +223,32 @@ def prefill(
     weights = model.active_bytes / max(model.bytes_per_weight, 1e-9)
     flops = machine.matmul_flops_at(batch * model.n_expert_used / max(1, model.n_expert))
     compute = 2.0 * weights * tokens / flops if flops > 0 else math.inf
+    if machine.attention_flops_s > 0:
+        compute += model.attention_flops(tokens, batch) / machine.attention_flops_s
     if machine.stream_costs is not None and budget < model.expert_bytes:
         compute += read / MIB * machine.stream_costs.prefill_s_per_mib
-    seconds = max(disk, compute) * (factor or 1.0)
-    return Prefill(tokens, seconds, int(read), "disk" if disk > compute else "compute")
+    scale = factor or 1.0
+    bound = "disk" if disk > compute else "compute"
+    return Prefill(tokens, max(disk, compute) * scale, int(read), bound, (disk + compute) * scale)
+
+
+def prefill_scale(
+    model: ModelFigures,
+    machine: MachineFigures,
+    batch: int,
+    budget: int,
+    tokens: int,
+    verified: tuple[VerifiedRun, ...],
+) -> float | None:
+    """``--verify``'s measured prefill over this plan's own figure for that prompt (module
+    ``verified``): the factor that makes a prompt of ``tokens`` what the run measured,
+    carried by today's arithmetic; None where no prefill was measured."""
+    share = budget / model.expert_bytes if model.expert_bytes > 0 else 0.0
+    run = prefill_run(verified, share, tokens)
+    if run is None:
+        return None
+    raw = prefill(model, machine, run.prefill_tokens, batch, budget).seconds
+    return run.prefill_s / raw if raw > 0 else None
 
 
 def decode_costs(model: ModelFigures, machine: MachineFigures, run: VerifiedRun | None) -> DecodeCosts:
@@ -302,7 +330,14 @@ def make_plan(
         costs=costs,
         compute_tok_s=compute_tok_s,
         prefills=tuple(
-            prefill(model, machine, p, batch.tokens, budget.bytes, prefill_factor(verified, p))
+            prefill(
+                model,
+                machine,
+                p,
+                batch.tokens,
+                budget.bytes,
+                prefill_scale(model, machine, batch.tokens, budget.bytes, p, verified),
+            )
             for p in prompts
         ),
         cache_disk=settings.cache_disk,

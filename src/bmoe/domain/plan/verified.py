@@ -11,7 +11,10 @@ it predicted). From the two the next plan takes:
   hits about twice as often until it saturates), never above 1;
 - **the CPU a MiB read costs a step**: what the measured step was beyond the plan's resident
   step and its reads at the disk's speed, per MiB read;
-- **the prefill's correction**: measured over predicted, for the prompt nearest in length.
+- **the prefill**: the measured time, carried to another prompt length by the ratio of the
+  plan's own arithmetic at the two lengths, today's calibration at both (a prompt's compute
+  rate timed again varies by a third from one plan to the next: a correction factor on
+  today's figure would carry that noise, a ratio of two of today's figures cancels it).
 
 Where several runs were kept, the one whose cache share is nearest the plan's serves.
 """
@@ -80,12 +83,15 @@ def hit_rate_at(run: VerifiedRun, share: float, reference: Callable[[float], flo
     return max(0.0, min(1.0, run.hit_rate * at_share / at_run))
 
 
-def prefill_factor(runs: Sequence[VerifiedRun], tokens: int) -> float | None:
-    """The correction of the run whose prompt is nearest ``tokens`` in length."""
-    measured = [r for r in runs if r.prefill_factor is not None]
+def prefill_run(runs: Sequence[VerifiedRun], share: float, tokens: int) -> VerifiedRun | None:
+    """The run with a measured prefill nearest in cache share, then in prompt length."""
+    measured = [r for r in runs if r.prefill_s > 0 and r.prefill_tokens > 0]
     if not measured:
         return None
-    return min(reversed(measured), key=lambda r: abs(r.prefill_tokens - tokens)).prefill_factor
+    return min(
+        reversed(measured),
+        key=lambda r: (round(abs(r.cache_share - share), 2), abs(r.prefill_tokens - tokens)),
+    )
 
 
 def kept(runs: Sequence[VerifiedRun], new: VerifiedRun) -> tuple[VerifiedRun, ...]:
