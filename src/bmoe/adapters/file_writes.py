@@ -69,6 +69,18 @@ def not_kept(exc: OSError, folder: Path, what: str) -> FileNotKeptError:
     )
 
 
+@contextlib.contextmanager
+def faults_named(folder: Path, what: str) -> Iterator[None]:
+    """For the block: a disk fault (``is_disk_fault``) becomes ``not_kept``'s typed error
+    naming ``folder`` and ``what``; any other error passes as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if is_disk_fault(exc):
+            raise not_kept(exc, folder, what) from exc
+        raise
+
+
 def flush_folder(folder: Path) -> None:
     """``fsync`` a folder, so that a rename in it survives a power cut."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -126,19 +138,16 @@ def replacing(path: Path, what: str, *, mode: int = 0o644) -> Iterator[Path]:
     folder = make_folder(path.parent, what)
     tmp: Path | None = None
     try:
-        fd, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=folder)
-        os.close(fd)
-        tmp = Path(name)
-        yield tmp
-        _flush_path(tmp)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-        tmp = None
-        flush_folder(folder)
-    except OSError as exc:
-        if is_disk_fault(exc):
-            raise not_kept(exc, folder, what) from exc
-        raise
+        with faults_named(folder, what):
+            fd, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=folder)
+            os.close(fd)
+            tmp = Path(name)
+            yield tmp
+            _flush_path(tmp)
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+            tmp = None
+            flush_folder(folder)
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
@@ -158,30 +167,27 @@ def staged_folder(
     parent = make_folder(final.parent, what)
     staging: Path | None = None
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{final.name}.", dir=parent))
-        yield staging
-        for item in staging.rglob("*"):
-            if item.is_file():
-                _flush_path(item)
-        staging.chmod(0o755)  # mkdtemp makes it private; the published folder is readable like any cache
-        flush_folder(staging)
-        if final.exists() and replace_if is not None and replace_if(final):
-            stale = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{final.name}.stale.", dir=parent))
-            with contextlib.suppress(FileNotFoundError):  # another process moved it first
-                os.rename(final, stale / "old")
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.rename(staging, final)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise  # else another process published first: the caller checks ``final``
-        if not staging.exists():
-            staging = None
-            flush_folder(parent)
-    except OSError as exc:
-        if is_disk_fault(exc):
-            raise not_kept(exc, parent, what) from exc
-        raise
+        with faults_named(parent, what):
+            staging = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{final.name}.", dir=parent))
+            yield staging
+            for item in staging.rglob("*"):
+                if item.is_file():
+                    _flush_path(item)
+            staging.chmod(0o755)  # mkdtemp makes it private; the published folder is readable like any cache
+            flush_folder(staging)
+            if final.exists() and replace_if is not None and replace_if(final):
+                stale = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{final.name}.stale.", dir=parent))
+                with contextlib.suppress(FileNotFoundError):  # another process moved it first
+                    os.rename(final, stale / "old")
+                shutil.rmtree(stale, ignore_errors=True)
+            try:
+                os.rename(staging, final)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise  # else another process published first: the caller checks ``final``
+            if not staging.exists():
+                staging = None
+                flush_folder(parent)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -191,18 +197,11 @@ def staged_folder(
 def scratch_folder(prefix: str, what: str) -> Iterator[Path]:
     """A private folder under the system's temporary folder, removed when the block ends
     (files that are never kept: a model's header read for a plan)."""
-    try:
+    with faults_named(Path(tempfile.gettempdir()), what):
         folder = Path(tempfile.mkdtemp(prefix=prefix))
-    except OSError as exc:
-        if is_disk_fault(exc):
-            raise not_kept(exc, Path(tempfile.gettempdir()), what) from exc
-        raise
     try:
-        yield folder
-    except OSError as exc:
-        if is_disk_fault(exc):
-            raise not_kept(exc, folder, what) from exc
-        raise
+        with faults_named(folder, what):
+            yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -214,12 +213,8 @@ def exclusive_lock(path: Path, what: str) -> Iterator[None]:
     path = Path(path)
     lock_path = path.with_name(path.name + ".lock")
     make_folder(path.parent, what)
-    try:
+    with faults_named(path.parent, what):
         fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as exc:
-        if is_disk_fault(exc):
-            raise not_kept(exc, path.parent, what) from exc
-        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
