@@ -80,17 +80,14 @@ RUN = VerifiedRun(
     resident_step_s=0.1,
     prefill_tokens=2048,
     prefill_s=60.0,
-    prefill_predicted_s=30.0,
     where="--mem-limit-mb 4096",
 )
 
 
-def test_a_verified_run_gives_the_cpu_a_mib_read_costs_and_the_prefill_s_correction() -> None:
+def test_a_verified_run_gives_the_cpu_a_mib_read_costs() -> None:
     # 2 s a step = 0.1 resident + 1.0 reading 400 MiB at 400 MiB/s + 0.9 s over 400 MiB
     assert RUN.cpu_s_per_mib == pytest.approx(0.9 / 400)
-    assert RUN.prefill_factor == 2.0
     assert attrs.evolve(RUN, tok_s=10.0).cpu_s_per_mib == 0.0  # never below nothing
-    assert attrs.evolve(RUN, prefill_s=0.0).prefill_factor is None
 
 
 def test_a_verified_hit_rate_is_carried_to_another_share_by_the_reference() -> None:

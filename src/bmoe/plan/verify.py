@@ -25,7 +25,7 @@ import attrs
 
 from bmoe.adapters.file_writes import scratch_folder
 from bmoe.domain.plan.figures import MIB
-from bmoe.domain.plan.predict import Plan, prefill
+from bmoe.domain.plan.predict import Plan
 from bmoe.domain.plan.verified import VerifiedRun
 from bmoe.errors import FileNotKeptError
 from bmoe.runtime.planning import PlannedModel, keep_verified
@@ -144,12 +144,7 @@ def knee(results: Mapping[int, Measured]) -> int | None:
 
 def verified_run(plan: Plan, got: Measured, options: VerifyOptions) -> VerifiedRun:
     """What to keep of the plan's own budget's run: the figures measured and the ones the
-    plan used (its prefill predicted without an earlier correction)."""
-    raw = 0.0
-    if options.prompt_tokens and got.prefill_s > 0:
-        raw = prefill(
-            plan.model, plan.machine, options.prompt_tokens, plan.prompt_batch, plan.budget.bytes
-        ).seconds
+    plan used."""
     where = f"--mem-limit-mb {options.mem_limit_mb}" if options.mem_limit_mb else "no memory limit"
     where += (
         f", the disk held to {options.disk_mib_s:g} MiB/s" if options.disk_mib_s else ", the disk as it is"
@@ -164,7 +159,6 @@ def verified_run(plan: Plan, got: Measured, options: VerifyOptions) -> VerifiedR
         resident_step_s=plan.costs.resident_step_s,
         prefill_tokens=options.prompt_tokens if got.prefill_s > 0 else 0,
         prefill_s=got.prefill_s,
-        prefill_predicted_s=raw,
         where=where,
     )
 

@@ -34,7 +34,7 @@ KEPT_RUNS = 16  # runs kept a model, the newest
 class VerifiedRun:
     """One verify run: the cache's share of the experts, and what it measured (``hit_rate``,
     ``read_mib_token``, ``tok_s``; ``prefill_tokens``/``prefill_s``, 0 where none ran), and
-    what the plan had used (``disk_mib_s``, ``resident_step_s``, ``prefill_predicted_s``).
+    what the plan had used (``disk_mib_s``, ``resident_step_s``).
     ``where``: the memory limit and the disk as the run had them, for the user."""
 
     cache_share: float
@@ -45,7 +45,6 @@ class VerifiedRun:
     resident_step_s: float
     prefill_tokens: int = 0
     prefill_s: float = 0.0
-    prefill_predicted_s: float = 0.0
     where: str = ""
 
     @property
@@ -56,13 +55,6 @@ class VerifiedRun:
             return 0.0
         reads = self.read_mib_token / self.disk_mib_s if self.disk_mib_s > 0 else 0.0
         return max(0.0, 1.0 / self.tok_s - self.resident_step_s - reads) / self.read_mib_token
-
-    @property
-    def prefill_factor(self) -> float | None:
-        """Measured over predicted prefill time; None where no prefill was measured."""
-        if self.prefill_s <= 0 or self.prefill_predicted_s <= 0:
-            return None
-        return self.prefill_s / self.prefill_predicted_s
 
 
 def nearest(runs: Sequence[VerifiedRun], share: float) -> VerifiedRun | None:
