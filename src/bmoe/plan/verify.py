@@ -149,7 +149,7 @@ def verified_run(plan: Plan, got: Measured, options: VerifyOptions) -> VerifiedR
     where += (
         f", the disk held to {options.disk_mib_s:g} MiB/s" if options.disk_mib_s else ", the disk as it is"
     )
-    share = plan.budget.bytes / plan.model.expert_bytes if plan.model.expert_bytes > 0 else 0.0
+    share = plan.model.cache_share(plan.budget.bytes)
     return VerifiedRun(
         cache_share=share,
         hit_rate=got.hit_rate,

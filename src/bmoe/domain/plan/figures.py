@@ -75,6 +75,11 @@ class ModelFigures:
         table, of which a token reads one row) and one token's working set."""
         return self.dense_bytes + self.token_cycle_bytes
 
+    def cache_share(self, budget_bytes: int) -> float:
+        """The share of every routed expert a cache of ``budget_bytes`` holds (0 where the
+        experts' size is unknown)."""
+        return budget_bytes / self.expert_bytes if self.expert_bytes > 0 else 0.0
+
     def kv_bytes(self, n_ctx: int) -> int:
         return self.kv_bytes_per_token * n_ctx
 

@@ -33,7 +33,7 @@ def hit_guesses(
     verified: Sequence[VerifiedRun] = (),
 ) -> tuple[tuple[HitGuess, ...], HitGuess]:
     """The guesses at ``budget_bytes`` and the expected one (module docstring)."""
-    share = budget_bytes / model.expert_bytes if model.expert_bytes > 0 else 0.0
+    share = model.cache_share(budget_bytes)
     floor = HitGuess(
         FLOOR, uniform_hit_rate(budget_bytes, model.expert_bytes, model.n_expert, model.n_expert_used)
     )

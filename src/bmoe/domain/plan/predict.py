@@ -243,7 +243,7 @@ def prefill_scale(
     """``--verify``'s measured prefill over this plan's own figure for that prompt (module
     ``verified``): the factor that makes a prompt of ``tokens`` what the run measured,
     carried by today's arithmetic; None where no prefill was measured."""
-    share = budget / model.expert_bytes if model.expert_bytes > 0 else 0.0
+    share = model.cache_share(budget)
     run = prefill_run(verified, share, tokens)
     if run is None:
         return None
@@ -303,7 +303,7 @@ def make_plan(
     streamed = model.dense_bytes + kv + kept + model.token_cycle_bytes
     prompts = settings.prompt_tokens
     guesses, expected = hit_guesses(model, budget.bytes, profile, verified)
-    share = budget.bytes / model.expert_bytes if model.expert_bytes > 0 else 0.0
+    share = model.cache_share(budget.bytes)
     costs = decode_costs(model, machine, nearest(verified, share))
     profile_hit = next((g.rate for g in guesses if g.name == PROFILE), None)
     curve: tuple[CurvePoint, ...] = ()
