@@ -32,6 +32,7 @@ from bmoe.adapters.file_writes import replacing
 from bmoe.adapters.gguf_layout import read_layout
 from bmoe.adapters.llama import ContextParams
 from bmoe.domain.plan.figures import ModelFigures
+from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import BmoeError
 from bmoe.runtime.model_figures import model_figures
 from bmoe.tinymodel.spec import GENERATOR_VERSION
@@ -89,22 +90,11 @@ def measure_llama(bytes_per_weight: float, threads: int) -> Calibrated:
 
 @functools.cache
 def _measured(quant: str, threads: int) -> Calibrated:
-    from bmoe.runtime.session import Session
-    from bmoe.runtime.session_config import SessionConfig
-
     try:
         path = calibration_model(quant)
         layout = read_layout(path)
         figures = model_figures(layout, layout.paths[0], str(path))
-        params = ContextParams(
-            n_ctx=ATTENTION_TOKENS + DECODE_STEPS + 8,
-            n_batch=ATTENTION_TOKENS,
-            n_ubatch=ATTENTION_TOKENS,
-            n_threads=threads,
-        )
-        tokens = np.random.default_rng(0).integers(16, 200, ATTENTION_TOKENS).tolist()
-        with Session.open(SessionConfig(model_path=path, context=params)) as session:
-            timed = time_prompts_and_steps(session, tokens)
+        timed = time_calibration(quant, threads, PROMPT_SIZES)
     except (BmoeError, OSError) as exc:
         return Calibrated(measure_compute(), f"numpy's f32 products (llama.cpp's could not be timed: {exc})")
     seconds = {n: sample.seconds for n, sample in timed.prompts.items()}
@@ -137,6 +127,27 @@ def attention_rate(figures: ModelFigures, seconds: dict[int, float]) -> float:
     flops = figures.attention_flops(long, long) - ratio * figures.attention_flops(short, short)
     extra = seconds[long] - ratio * seconds[short]
     return flops / extra if flops > 0 and extra > 0 else 0.0
+
+
+def time_calibration(
+    quant: str, threads: int, sizes: tuple[int, ...], stream: StreamConfig | None = None
+) -> Timed:
+    """The calibration model of ``quant`` opened (``stream``: streamed so; resident by
+    default) with a context for its longest prompt, its prompts of ``sizes`` and its decode
+    steps timed (``time_prompts_and_steps``)."""
+    from bmoe.runtime.session import Session
+    from bmoe.runtime.session_config import SessionConfig
+
+    longest = max(sizes)
+    params = ContextParams(
+        n_ctx=longest + DECODE_STEPS + 8, n_batch=longest, n_ubatch=longest, n_threads=threads
+    )
+    tokens = np.random.default_rng(0).integers(16, 200, longest).tolist()
+    config = SessionConfig(
+        model_path=calibration_model(quant), context=params, stream=stream or StreamConfig()
+    )
+    with Session.open(config) as session:
+        return time_prompts_and_steps(session, tokens, sizes)
 
 
 @attrs.frozen

@@ -19,42 +19,21 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
-from bmoe.adapters.llama import ContextParams
 from bmoe.domain.plan.figures import StreamCosts
 from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import BmoeError
 from bmoe.runtime.compute_calibration import (
-    DECODE_STEPS,
     PREFILL_TOKENS,
     Sample,
-    Timed,
-    calibration_model,
     calibration_quant,
-    time_prompts_and_steps,
+    time_calibration,
 )
-from bmoe.runtime.session import Session
-from bmoe.runtime.session_config import SessionConfig
 
 
 def measure_stream_costs(bytes_per_weight: float, threads: int) -> StreamCosts | None:
     """The costs (module docstring) with the calibration model nearest the plan's
     quantization; None where they could not be measured."""
     return _measured(calibration_quant(bytes_per_weight), threads)
-
-
-def _timed(quant: str, threads: int, stream: StreamConfig) -> Timed:
-    path = calibration_model(quant)
-    params = ContextParams(
-        n_ctx=PREFILL_TOKENS + DECODE_STEPS + 8,
-        n_batch=PREFILL_TOKENS,
-        n_ubatch=PREFILL_TOKENS,
-        n_threads=threads,
-    )
-    tokens = np.random.default_rng(0).integers(16, 200, PREFILL_TOKENS).tolist()
-    with Session.open(SessionConfig(model_path=path, context=params, stream=stream)) as session:
-        return time_prompts_and_steps(session, tokens, sizes=(PREFILL_TOKENS,))
 
 
 def _added_per_mib(streamed: Sample, resident: Sample) -> float:
@@ -67,8 +46,10 @@ def _added_per_mib(streamed: Sample, resident: Sample) -> float:
 @functools.cache
 def _measured(quant: str, threads: int) -> StreamCosts | None:
     try:
-        resident = _timed(quant, threads, StreamConfig())
-        streamed = _timed(quant, threads, StreamConfig(enabled=True, cache_mb=0, governor="off"))
+        resident = time_calibration(quant, threads, (PREFILL_TOKENS,))
+        streamed = time_calibration(
+            quant, threads, (PREFILL_TOKENS,), StreamConfig(enabled=True, cache_mb=0, governor="off")
+        )
     except (BmoeError, OSError):
         return None
     return StreamCosts(
