@@ -95,8 +95,10 @@ from bmoe.cext.linux cimport (
     MREMAP_MAYMOVE,
     O_DIRECT,
     POSIX_FADV_DONTNEED,
+    iovec,
     mremap,
     posix_fadvise,
+    preadv,
     strerror,
 )
 from bmoe.cext.pthreads cimport (
@@ -175,6 +177,7 @@ cdef class ExpertStreamer:
         self.s = stream_new(n_layer, n_expert, n_proj, <int *> fault_flag_address)
         if self.s == NULL:
             raise MemoryError()
+        self.s.read_in_place = 1  # EngineOptions' default, until configure
         self._hook = None
 
     def __dealloc__(self):
@@ -473,6 +476,7 @@ cdef class ExpertStreamer:
         self.s.proj_waits = 1 if engine.projection_waits else 0
         self.s.orphan_reads = 1 if engine.orphan_reads else 0
         self.s.recycle = 1 if engine.page_recycle else 0
+        self.s.read_in_place = 1 if engine.read_in_place else 0
         self.s.defer_release = page_release
         self.s.lane_delay_us = lane_delay_us
         self.s.r.use_worker = 1 if engine.rank_worker else 0
@@ -526,6 +530,7 @@ cdef class ExpertStreamer:
                 "rank_worker": r.use_worker != 0,
                 "page_recycle": self.s.recycle != 0,
                 "page_release": PAGE_RELEASES[self.s.defer_release],
+                "read_in_place": self.s.read_in_place != 0,
                 "lane_delay_us": self.s.lane_delay_us,
             },
         }
@@ -637,6 +642,7 @@ cdef class ExpertStreamer:
             "reads_orphaned": s.orphaned,
             "orphans_cut": s.orphans_cut,
             "bytes_landed": s.landed_bytes,
+            "bytes_in_place": s.in_place_bytes,
             "land_s": s.land_ns * 1e-9,
             "lane_cpu_s": s.lane_cpu_ns * 1e-9,
             "projection_waits": s.proj_splits,

@@ -8,6 +8,12 @@ cdef extern from "fcntl.h" nogil:
     enum:
         POSIX_FADV_DONTNEED
 
+cdef extern from "sys/uio.h" nogil:
+    struct iovec:
+        void * iov_base
+        size_t iov_len
+    long preadv(int fd, const iovec * iov, int iovcnt, long offset)
+
 cdef extern from "string.h" nogil:
     char * strerror(int errnum)
 

@@ -45,9 +45,61 @@ cdef void land(stream_t * s, job_t * job, int lane, const char * src) noexcept n
     bmoe_fetch_add(&s.land_ns, now_ns() - t0)
 
 
+cdef int read_in_place(stream_t * s, job_t * job, int lane) noexcept nogil:
+    """An ``O_DIRECT`` read of a projection that lands as read (no repack): the slice's
+    whole pages straight from the file, the partial pages at its ends (shared with the
+    neighbouring slices) through the lane's bounce buffer, one ``preadv``. 0, -errno, or 1
+    where it cannot (the slice's address not congruent with its file offset modulo a page,
+    no whole page inside, or a short read): the caller reads it through the bounce buffer."""
+    cdef uintptr_t d0 = <uintptr_t> job.dest
+    cdef uintptr_t d1 = d0 + <uintptr_t> job.size
+    cdef uintptr_t p0 = (d0 + PAGE - 1) & ~(<uintptr_t> (PAGE - 1))
+    cdef uintptr_t p1 = d1 & ~(<uintptr_t> (PAGE - 1))
+    cdef int64_t head = <int64_t> (p0 - d0)
+    cdef int64_t tail = <int64_t> (d1 - p1)
+    cdef iovec iov[3]
+    cdef int n = 0
+    cdef long r
+    cdef long long t0
+    if ((d0 - <uintptr_t> job.offset) & <uintptr_t> (PAGE - 1)) != 0 or p1 <= p0:
+        return 1
+    if head > 0:
+        iov[n].iov_base = s.bounce[lane]
+        iov[n].iov_len = PAGE
+        n += 1
+    iov[n].iov_base = <void *> p0
+    iov[n].iov_len = p1 - p0
+    n += 1
+    if tail > 0:
+        iov[n].iov_base = s.bounce[lane] + PAGE
+        iov[n].iov_len = PAGE
+        n += 1
+    while True:
+        r = preadv(job.fd, iov, n, job.offset & ~(<int64_t> (PAGE - 1)))
+        if r >= 0 or errno != EINTR:
+            break
+    if r < 0:
+        return -errno
+    if r < (PAGE if head > 0 else 0) + <long> (p1 - p0) + tail:  # short (a tail page ends the file)
+        return 1
+    bmoe_fetch_add(&s.in_place_bytes, <long long> (p1 - p0))
+    t0 = now_ns()
+    if head > 0:
+        memcpy(job.dest, s.bounce[lane] + PAGE - head, head)
+    if tail > 0:
+        memcpy(<void *> p1, s.bounce[lane] + PAGE, tail)
+    bmoe_fetch_add(&s.land_ns, now_ns() - t0)
+    return 0
+
+
 cdef int run_job(stream_t * s, job_t * job, int lane) noexcept nogil:
     cdef int64_t a0, a1, got
     cdef char * buf
+    cdef int direct
+    if s.odirect and job.repack == NULL and s.read_in_place:
+        direct = read_in_place(s, job, lane)
+        if direct <= 0:
+            return direct
     if s.odirect:
         a0 = job.offset & ~(<int64_t> (PAGE - 1))
         a1 = (job.offset + job.size + PAGE - 1) & ~(<int64_t> (PAGE - 1))

@@ -263,6 +263,7 @@ cdef struct stream_t:
     int * fds
     int n_files
     int odirect
+    int read_in_place              # 1: a projection that lands as read is read into its slice
     int n_lanes
     char ** bounce                 # [n_lanes], each bounce_size bytes, page aligned
     int64_t bounce_size
@@ -299,6 +300,7 @@ cdef struct stream_t:
     long long lane_cpu_ns          # the worker lanes' own CPU time (user + system: the repack, the
                                    # O_DIRECT path in the kernel) while reading: CPU taken from the
                                    # cores the compute threads share; under the lanes' mutex
+    long long in_place_bytes       # ... of which read straight into the slices' pages
     long long landed_bytes         # projection bytes read from the files into their slices (the
                                    # plans count a read when planned: one cancelled while queued,
                                    # or cut, never lands); any lane, atomically

@@ -34,6 +34,7 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "reads_orphaned": 0,
     "orphans_cut": 0,
     "bytes_landed": 0,
+    "bytes_in_place": 0,
     "projection_waits": 0,
     "rank_s": 0.0,
     "rank_wait_s": 0.0,
@@ -90,6 +91,7 @@ class StreamCounters:
     orphans_cut: int = 0  # ... whose read stopped before its last projection
     bytes_landed: int = 0  # bytes the reads put in memory (bytes_read counts a read when planned;
     # one cancelled while still queued, or cut short, lands less; the fast path's, 0 in reference)
+    bytes_in_place: int = 0  # ... of which read straight into their slices' pages (no copy, no repack)
     projection_waits: int = 0  # graph nodes that waited for one expert projection of their layer
     land_s: float = 0.0  # landing read bytes in their slices (memcpy, or llama.cpp's repack), any lane
     lane_cpu_s: float = 0.0  # the worker lanes' CPU time while reading (user + system): CPU the

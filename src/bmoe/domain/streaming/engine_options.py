@@ -24,6 +24,9 @@ variable                   what it switches                                     
                            the release ring), ``all`` (every eviction's), ``inline``
 ``BMOE_REPACK_PARTS``      ``all``; ``dense`` or ``experts`` repack one part only (the  ``all``
                            output then matches no resident run: a measurement only)
+``BMOE_READ_IN_PLACE``     ``1``: a projection that lands as read (no repack) is read   ``1``
+                           straight into its slice's pages; ``0``: through a bounce
+                           buffer, then copied
 =========================  ==========================================================  =========
 """
 
@@ -47,6 +50,7 @@ ENV_RANK_WORKER = "BMOE_RANK_WORKER"
 ENV_PAGE_RECYCLE = "BMOE_PAGE_RECYCLE"
 ENV_PAGE_RELEASE = "BMOE_PAGE_RELEASE"
 ENV_REPACK_PARTS = "BMOE_REPACK_PARTS"
+ENV_READ_IN_PLACE = "BMOE_READ_IN_PLACE"
 
 
 @attrs.frozen
@@ -61,6 +65,7 @@ class EngineOptions:
     page_recycle: bool = True
     page_release: PageRelease = "ahead"
     repack_parts: RepackParts = "all"
+    read_in_place: bool = True
     lane_delay_us: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -84,6 +89,7 @@ class EngineOptions:
             page_recycle=_flag(environ, ENV_PAGE_RECYCLE) is not False,
             page_release=cast(PageRelease, _choice(environ, ENV_PAGE_RELEASE, PAGE_RELEASES) or "ahead"),
             repack_parts=cast(RepackParts, _choice(environ, ENV_REPACK_PARTS, REPACK_PARTS) or "all"),
+            read_in_place=_flag(environ, ENV_READ_IN_PLACE) is not False,
         )
 
 
