@@ -47,6 +47,9 @@ ALLOWED: dict[str, str] = {
     "bench/cgroup.py": "cgroup control files under /sys/fs/cgroup: the kernel's, not files",
     "bench/io_group.py": "cgroup control files under /sys/fs/cgroup: the kernel's, not files",
     "bench/procfs.py": "/proc/self/clear_refs: the kernel's control file, not a file",
+    # written by the rule, slice by slice at their offsets into the rule's temporary file
+    "adapters/expert_store_file.py": "the expert store: pwrite at each slice's offset into the temporary "
+    "file file_writes.replacing gives, flushed and renamed into place by the rule",
     # the test oracle: a child's logits handed back through a scratch folder it removes
     "testing/oracle.py": "the oracle child's logits, passed back through a scratch folder removed at once",
 }

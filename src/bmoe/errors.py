@@ -165,6 +165,11 @@ class StreamingSetupError(BmoeError, OSError):
     that cannot be mapped or allocated): the session does not open."""
 
 
+class ExpertStoreError(ConfigError):
+    """An expert store that cannot be written (no room) or, named with ``--expert-store
+    PATH``, cannot serve this model here (another model, another llama.cpp, cut)."""
+
+
 class StreamingFaultError(BmoeError):
     """Expert streaming stopped for good: any output computed from now on would use experts
     that were never read. Fatal for the session (``SessionFailedError`` afterwards)."""

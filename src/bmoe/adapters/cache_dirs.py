@@ -22,6 +22,7 @@ ENV_ROOT = "BMOE_CACHE_DIR"
 ENV_PROFILE_DIR = "BMOE_PROFILE_DIR"
 ENV_FIXTURE_DIR = "BMOE_FIXTURE_DIR"
 ENV_BENCH_DIR = "BMOE_BENCH_DIR"
+ENV_STORE_DIR = "BMOE_STORE_DIR"
 PROBE_VERDICT_FILE = "cpu-probe.json"
 
 
@@ -59,3 +60,8 @@ def fixture_dir() -> Path:
 def bench_dir() -> Path:
     """The generated bench models: ``$BMOE_BENCH_DIR``, else ``<root>/bench``."""
     return _kind_dir(ENV_BENCH_DIR, "bench")
+
+
+def store_dir() -> Path:
+    """Where ``python -m bmoe.store`` writes: ``$BMOE_STORE_DIR``, else ``<root>/expert-stores``."""
+    return _kind_dir(ENV_STORE_DIR, "expert-stores")

@@ -17,7 +17,10 @@
 5. *repack* (``bmoe.adapters.streaming_repack``, unless ``--no-repack``): the weights
    llama.cpp would repack at load are repacked as it does (``bmoe.adapters.llama.repack``):
    the dense ones moved into a ``CPU_REPACK`` buffer (their overlay pages given back), the
-   routed experts' tensors tagged so that the lanes write each expert repacked as they read it.
+   routed experts' tensors tagged so that the lanes write each expert repacked as they read it;
+   where an expert store serves this model (``bmoe.adapters.streaming_store``: found before the
+   files are opened in step 3, checked after the repack), the tagged projections are read from
+   it instead, already repacked, straight into their slices.
 
 The caller then hands the streamer its setup knobs, the engine options among them, in one
 value (``StreamerSettings``, ``ExpertStreamer.configure``) and switches the C callback to the
@@ -44,6 +47,7 @@ from bmoe.adapters.native_errors import native_call
 from bmoe.adapters.router_gates import RouterGates
 from bmoe.adapters.streaming_capture import StreamingUnavailable, locate_experts
 from bmoe.adapters.streaming_repack import repack_weights
+from bmoe.adapters.streaming_store import StoreUse, find_store, use_store
 from bmoe.cext import expert_stream
 from bmoe.domain.memory_room import MemoryRoom
 from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
@@ -141,6 +145,7 @@ class StreamingInfo:
     recycling: bool = True  # evicted pages move under the next read's slices
     recycling_off: str = ""  # why not, when it is off
     repack: WeightLayout = attrs.field(factory=lambda: WeightLayout(asked=False))
+    store: StoreUse = attrs.field(factory=StoreUse)  # the expert store read from, if any
 
 
 class ExpertStreaming:
@@ -160,6 +165,20 @@ class ExpertStreaming:
         self.engine = engine  # resolved for this machine; the streamer takes it with StreamerSettings
         self._gates = gates  # owns the routers' F32 copies the streamer reads
         self._files = MappedFiles.snapshot(layout.paths[0])
+
+    @property
+    def read_paths(self) -> list[str]:
+        """The files the lanes read, by the streamer's file index: the model's, then the
+        expert store where one serves."""
+        store = self.info.store.path
+        return [str(p) for p in self.layout.paths] + ([str(store)] if store is not None else [])
+
+    def tensor_at(self, index: int, offset: int) -> str:
+        """The tensor holding byte ``offset`` of read file ``index`` ("" for none)."""
+        manifest = self.info.store.manifest
+        if index < len(self.layout.paths) or manifest is None:
+            return self.layout.tensor_at(index, offset)
+        return manifest.tensor_at(offset)
 
     @staticmethod
     def new_streamer(
@@ -211,10 +230,12 @@ class ExpertStreaming:
         found, bases = locate_experts(model, ctx, streamer, layout, found)
         # 2. overlay every mapped file's data region; copy the dense bytes in
         dense = overlay_dense(streamer, layout, found, bases)
-        # 3. reads and budget
+        # 3. reads and budget (an expert store, where one serves this model, is the last file)
+        store = find_store(config.expert_store if repack else "off", layout.paths, found)
+        read_paths = [*layout.paths, *([store.path] if store.path is not None else [])]
         with native_call("expert streaming: opening the model files for the read lanes"):
             odirect = streamer.open_files(
-                [str(p) for p in layout.paths], odirect=config.odirect, n_lanes=config.io_threads
+                [str(p) for p in read_paths], odirect=config.odirect, n_lanes=config.io_threads
             )
         # the engine's A/B switches, in one place (EngineOptions: the output never changes),
         # resolved for this machine; the caller hands them to the streamer with its other
@@ -271,6 +292,7 @@ class ExpertStreaming:
             if repack
             else WeightLayout(asked=False)
         )
+        stored = use_store(streamer, store, len(layout.paths), layout.paths, found, model.n_expert)
         info = StreamingInfo(
             budget=budget,
             odirect=odirect,
@@ -282,6 +304,7 @@ class ExpertStreaming:
             recycling=engine.page_recycle,
             recycling_off=recycling_off,
             repack=repacked,
+            store=stored,
         )
         return cls(streamer, layout, info, engine, gates)
 
@@ -294,7 +317,7 @@ class ExpertStreaming:
 
     def fault(self) -> StreamFault | None:
         """The streamer's sticky fault, else a model file replaced or truncated under us."""
-        fault = streamer_fault(self.streamer, [str(p) for p in self.layout.paths], self.layout.tensor_at)
+        fault = streamer_fault(self.streamer, self.read_paths, self.tensor_at)
         if fault is not None:
             return fault
         changes = self._files.changes()

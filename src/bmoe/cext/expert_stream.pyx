@@ -349,6 +349,25 @@ cdef class ExpertStreamer:
         the slice. Only between decodes, before anything of the projection is resident."""
         projection_repack(self.s, layer, proj, <ggml_tensor *> template, <tensor_set_f> tensor_set)
 
+    def projection_template(self, int layer, int proj) -> int:
+        """The template projection ``proj`` of ``layer`` is repacked through (0: it lands as
+        read): what an expert store repacks with."""
+        return <uintptr_t> projection(self.s, layer, proj).repack
+
+    def read_projection_from(self, int layer, int proj, int file_index, int64_t file_offset):
+        """From now on, read projection ``proj`` of ``layer`` at ``file_offset`` of open file
+        ``file_index`` (an expert store: its slices already in the layout the graph computes
+        with), landing as read: no repack. Only between decodes, before anything of the
+        projection is resident."""
+        cdef proj_t * pr = projection(self.s, layer, proj)
+        if pr.base == NULL:
+            raise ValueError(f"projection {proj} of layer {layer} is not set")
+        if not 0 <= file_index < self.s.n_files or file_offset < 0:
+            raise ValueError("no such open file, or a negative offset")
+        pr.file_index = file_index
+        pr.file_offset = file_offset
+        pr.repack = NULL
+
     def projection_repacked(self, int layer, int proj) -> bool:
         """Whether projection ``proj`` of ``layer`` is written repacked."""
         if not (0 <= layer < self.s.core.n_layer and 0 <= proj < self.s.n_proj):

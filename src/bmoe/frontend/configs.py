@@ -114,6 +114,7 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         substitute=args.expert_substitute,
         route_trace=args.route_trace,
         io_trace=args.io_trace,
+        expert_store=args.expert_store,
     )
 
 

@@ -214,8 +214,19 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         type=cache_mb,
         default=None,
         metavar="N|auto",
-        help="expert cache budget in MiB; 0 = cache off; auto (default) = available memory minus 1 GiB "
-        "and minus llama.cpp's compute buffer",
+        help="expert cache budget in MiB; 0 = cache off; auto (default) = the memory left after the "
+        "run's own needs (dense weights, KV, llama.cpp's compute buffer) and a reserve: a margin sized "
+        "from the run inside a memory cgroup, a floor sized from the machine outside one (docs/streaming.md)",
+    )
+    m.add_argument(
+        "--expert-store",
+        default="auto",
+        metavar="auto|off|PATH",
+        help="read the experts from a store written once in llama.cpp's repacked layout (python -m "
+        "bmoe.store writes one): no repack as they are read, each read straight into the cache. auto "
+        "(default): this model's store in bmoe's cache folder where one was written and still checks "
+        "out (this model file, this llama.cpp, sampled slices repacked again), else the model file; "
+        "off; or a store's path (an error where it does not check out). The same output either way",
     )
     m.add_argument(
         "--cache-ceil-mb",

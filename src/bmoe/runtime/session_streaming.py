@@ -17,6 +17,7 @@ from bmoe.adapters.expert_streaming import ExpertStreaming, StreamingUnavailable
 from bmoe.adapters.llama import LlamaContext, LlamaModel
 from bmoe.adapters.llama.context import CCallback
 from bmoe.adapters.memory_room import ProcessMemoryRoom
+from bmoe.adapters.streaming_store import store_size_text
 from bmoe.adapters.usage_profile_file import model_key, profile_path
 from bmoe.cext.abort_flag import AbortFlag
 from bmoe.domain.chat import ChatMessage
@@ -138,6 +139,8 @@ def open_context(
     if streaming.info.recycling_off:
         off = streaming.info.recycling_off
         notes.append(f"moe-cache: evicted pages are given back, not recycled: {off}")
+    if streaming.info.store.path is not None or streaming.info.store.note:
+        notes.append(f"moe-stream: {store_size_text(streaming.info.store) or streaming.info.store.note}")
     return ctx, control, None
 
 

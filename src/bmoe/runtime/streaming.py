@@ -73,9 +73,9 @@ class StreamingControl:
             streamer.configure(settings.for_reference())  # the decisions are the policy's
             self._source = LaneExpertSource(
                 streamer,
-                [str(p) for p in streaming.layout.paths],
+                streaming.read_paths,
                 self.info.lanes,
-                streaming.layout.tensor_at,
+                streaming.tensor_at,
             )
             routers = None
             if settings.routing.active:

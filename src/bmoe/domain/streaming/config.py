@@ -104,6 +104,7 @@ class StreamConfig:
     profile_share: float = WARM_SHARE  # --profile-share
     route_trace: str | None = None  # --route-trace FILE (docs/telemetry.md)
     io_trace: str | None = None  # --io-trace FILE
+    expert_store: str = "auto"  # --expert-store auto|off|PATH (bmoe.domain.expert_store)
     size_prompt_batch: bool = False
     engine: EngineOptions | None = None
 

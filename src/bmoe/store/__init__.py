@@ -1,0 +1,1 @@
+"""``python -m bmoe.store``: write a model's expert store (docs/streaming.md, "The expert store")."""
