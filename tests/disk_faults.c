@@ -4,7 +4,8 @@
  *
  *   BMOE_FAULT_DIR    the folder (absolute): paths under it, and descriptors opened on them
  *   BMOE_FAULT_OPS    which calls fail, comma-separated: open (for writing), openr (for
- *                     reading), write, fsync, rename, read (read and pread), mkdir
+ *                     reading), write, fsync, rename, read (read, pread and preadv),
+ *                     mkdir
  *   BMOE_FAULT_ERRNO  the error number (28 ENOSPC, 30 EROFS, 13 EACCES, 5 EIO)
  *   BMOE_FAULT_WHILE  optional: a file; the faults hold only while it exists (a disk that
  *                     fills and frees itself while the process runs)
@@ -181,6 +182,18 @@ ssize_t pread64(int fd, void *buf, size_t n, off_t at) {
     if (fd_faulty(fd, "read")) return fail();
     REAL(pread64);
     return real_pread64(fd, buf, n, at);
+}
+
+ssize_t preadv(int fd, const struct iovec *iov, int n, off_t at) {
+    if (fd_faulty(fd, "read")) return fail();
+    REAL(preadv);
+    return real_preadv(fd, iov, n, at);
+}
+
+ssize_t preadv64(int fd, const struct iovec *iov, int n, off_t at) {
+    if (fd_faulty(fd, "read")) return fail();
+    REAL(preadv64);
+    return real_preadv64(fd, iov, n, at);
 }
 
 int rename(const char *from, const char *to) {
