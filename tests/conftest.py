@@ -18,6 +18,9 @@ def _own_profile_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     own (processes a test starts inherit it), never the user's ``~/.cache/bmoe/profiles``:
     a profile left by one test would warm the next one's cache and change its counters."""
     monkeypatch.setenv("BMOE_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))
+    # the same for the expert stores ``--expert-store auto`` finds: only a test's own (the
+    # output is the same either way; the counters and the notes are not)
+    monkeypatch.setenv("BMOE_STORE_DIR", str(tmp_path_factory.mktemp("stores")))
     # the busy-machine warning reads the load average, which the suite itself raises: tests
     # that count a session's notes would depend on it (its own tests set it back)
     monkeypatch.setenv("BMOE_BUSY_WARNING", "0")
