@@ -168,7 +168,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
-    from bmoe.bench.model import expert_bytes, expert_read_bytes
+    from bmoe.bench.model import expert_bytes, expert_read_bytes, written_store
     from bmoe.bench.procfs import machine_facts
     from bmoe.bench.runner import probe_disk, run_configuration
 
@@ -215,6 +215,7 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
         print(f"bench: warning: {warning}", file=sys.stderr)
     ceiling_mib_s = float(throttle.mib_s) if throttle.mib_s else seq.mib_s
     read_size = expert_read_bytes(model)  # what one lane reads: the random probes read that
+    store = written_store(model)  # a configuration reading the store is probed on it
     expert_reads = probe_disk(
         model, "random", 256, args.io_threads, block=read_size, make_group=make_probe_group
     )
@@ -235,8 +236,9 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             probe = None
             if config.kind == "stream" and args.probe_mib > 0:
                 probes += 1  # a new seed each time: a block read again may come from the host's cache
+                reads_store = store is not None and config.stream_kwargs().get("expert_store") != "off"
                 probe = probe_disk(
-                    model,
+                    store if reads_store and store is not None else model,
                     "random",
                     args.probe_mib,
                     args.io_threads,
