@@ -60,3 +60,14 @@ def test_the_comparison_says_inside_or_outside_for_each_figure() -> None:
     outside = Measured(d.high.tok_s * 2, 0.0, 1.0, 30.0)
     lines = comparison(PLAN, outside, 2048)
     assert all("OUTSIDE" in line for line in lines[:3]) and "prefill 2,048" in lines[3]
+
+
+def test_a_prompt_beyond_the_plan_s_context_is_refused_before_any_run(capsys) -> None:
+    import attrs
+
+    from bmoe.plan.verify import verify
+    from bmoe.runtime.planning import PlannedModel
+
+    short = attrs.evolve(PLAN, n_ctx=256)
+    assert verify(PlannedModel(short, "test"), Path("m.gguf"), VerifyOptions(prompt_tokens=2048)) == 1
+    assert "give -c 2,088 or more" in capsys.readouterr().err

@@ -166,6 +166,15 @@ def verified_run(plan: Plan, got: Measured, options: VerifyOptions) -> VerifiedR
 def verify(planned: PlannedModel, model: Path, options: VerifyOptions) -> int:
     """Run the check (module docstring); 0 where the plan's budget ran, else 1."""
     plan = planned.plan
+    fed = options.prompt_tokens + WARMUP_TOKENS + DECODE_TOKENS
+    if fed > plan.n_ctx:
+        print(
+            f"verify: a {options.prompt_tokens:,}-token prompt and {WARMUP_TOKENS + DECODE_TOKENS} tokens "
+            f"of decode do not fit the plan's context (-c {plan.n_ctx:,}): give -c {fed:,} or more, "
+            "or fewer --prompt-tokens",
+            file=sys.stderr,
+        )
+        return 1
     own = plan_cache(plan)
     budgets = knee_budgets(plan) if options.knee else [own]
     with scratch_folder("bmoe-verify-", "the verify run's bench report") as scratch:
