@@ -31,7 +31,7 @@ def test_the_bench_runs_the_plan_s_flags_under_the_limit_and_throttle_asked_for(
     assert plan_cache(PLAN) == "4096" and plan_cache(AUTO) == "auto"
     assert knee_budgets(PLAN) == ["4096", "3072", "2048", "1024"]
     assert knee_budgets(AUTO)[0] == "auto" and knee_budgets(AUTO)[1] == str(round(AUTO.cache_mb * 0.75))
-    assert "--budgets 4096,2048 --no-routing-check" in joined and f"-b {PLAN.prompt_batch}" in joined
+    assert "--budgets 4096,2048 --no-routing-check" in joined and "-b auto" in joined
     assert "--mem-limit-mb 4096" in joined and "--disk-mib-s 400" in joined
     assert "--prompt-tokens 2048" in joined and f"--ctx {PLAN.n_ctx}" in joined
     plain = " ".join(bench_command(Path("m.gguf"), PLAN, ["auto"], VerifyOptions(), Path("/tmp/out")))

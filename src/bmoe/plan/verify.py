@@ -79,7 +79,7 @@ def bench_command(
         "--prompt-tokens",
         str(options.prompt_tokens),
         "-b",
-        str(plan.prompt_batch),
+        "auto",  # sized from the room, as the plan's flags leave it (Plan.flags)
         "--ctx",
         str(plan.n_ctx),
     ]

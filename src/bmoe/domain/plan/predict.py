@@ -151,10 +151,13 @@ class Plan:
         recommended as ``auto``, not as its figure: the run holds an auto budget to the room
         after each long prompt (llama.cpp keeps the prompt's work buffer), which a fixed
         ``--cache-mb`` of the same figure does not (in 2 and 4 GiB groups that figure was
-        OOM-killed after a 2,048-token prompt); a budget asked for is capped at every expert."""
+        OOM-killed after a 2,048-token prompt); a budget asked for is capped at every expert.
+        No ``-b``: unsaid, the run sizes its prompt batch from the room by the plan's own
+        arithmetic (``prompt_batch``) and its cache lends that batch its room while a prompt
+        runs; the same figure given as ``-b`` lends nothing (measured: the trained bench model
+        at ``-b 1920 --cache-mb auto`` was OOM-killed by a 2,048-token prompt in 2 GiB)."""
         cache = "auto" if self.budget.auto else str(self.cache_mb)
         out = ["--moe-stream", "--cache-mb", cache, "-c", str(self.n_ctx)]
-        out += ["-b", str(self.prompt_batch)]
         if self.n_parallel > 1:
             out += ["-np", str(self.n_parallel)]
         if self.cache_disk:
