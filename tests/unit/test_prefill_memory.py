@@ -179,3 +179,24 @@ def test_a_prompt_gives_back_the_budget_the_room_still_allows() -> None:
     assert budget_held_to_room(900 * MIB, 842 * MIB, now, floor=324 * MIB) == 900 * MIB  # room enough
     tight = attrs.evolve(now, room=MemoryRoom.of(0, 0, [CgroupLevel(2048 * MIB, 2048 * MIB)]))
     assert budget_held_to_room(1558 * MIB, 100 * MIB, tight, floor=324 * MIB) == 324 * MIB  # the cycle
+
+
+def test_a_given_batch_beside_an_auto_budget_is_lent_the_cache_s_room_and_says_so() -> None:
+    from bmoe.domain.streaming import StreamConfig
+    from bmoe.domain.streaming.prefill_memory import PrefillRoom, PromptBatch
+    from bmoe.runtime.prompt_sizing import lends_given_batch
+
+    assert lends_given_batch(StreamConfig(enabled=True), 1920)
+    assert not lends_given_batch(StreamConfig(enabled=True), 64)  # a decode-sized ubatch keeps its buffer
+    assert not lends_given_batch(StreamConfig(enabled=True, cache_mb=512), 1920)  # a budget asked for
+    assert not lends_given_batch(
+        StreamConfig(enabled=True, size_prompt_batch=True), 1920
+    )  # sized: lent already
+    assert not lends_given_batch(StreamConfig(enabled=False), 1920)
+    room = PrefillRoom(
+        room_bytes=2 << 30, dense_bytes=0, kv_bytes=0, layer_bytes=1 << 20, compute_per_token=1 << 20
+    )
+    assert (
+        "(-b; compute buffer 1920 MiB, lent the cache's room)"
+        in PromptBatch(1920, room, given=True).describe()
+    )

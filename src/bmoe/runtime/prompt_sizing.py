@@ -18,8 +18,13 @@ from bmoe.adapters.gguf_layout import ModelLayout, TensorLocation
 from bmoe.adapters.llama import LlamaContext, LlamaModel
 from bmoe.adapters.llama.context import ContextParams
 from bmoe.domain.memory_room import MemoryRoom
-from bmoe.domain.streaming.config import STREAMED_PROMPT_BATCH
-from bmoe.domain.streaming.prefill_memory import PrefillRoom, PromptBatch, choose_prompt_batch
+from bmoe.domain.streaming.config import STREAMED_PROMPT_BATCH, StreamConfig
+from bmoe.domain.streaming.prefill_memory import (
+    LEND_FROM_TOKENS,
+    PrefillRoom,
+    PromptBatch,
+    choose_prompt_batch,
+)
 from bmoe.errors import BmoeError
 
 
@@ -63,6 +68,40 @@ def size_prompt_batch(
             if flash.tokens > batch.tokens:
                 batch = attrs.evolve(batch, with_flash=flash.tokens)
     return attrs.evolve(context, n_batch=batch.tokens, n_ubatch=batch.tokens), batch
+
+
+def lends_given_batch(stream: StreamConfig, n_ubatch: int) -> bool:
+    """A ``-b`` given beside ``--cache-mb auto``: the cache lends a prompt-sized ubatch its
+    room as it does a batch it sized (without, the budget gives up the whole compute buffer
+    for good, and what llama.cpp's CPU backend takes beside it during a prompt found no room:
+    the trained bench model at ``-b 1920`` was OOM-killed by a 2,048-token prompt in 2 GiB)."""
+    return (
+        stream.enabled
+        and not stream.size_prompt_batch
+        and stream.cache_mb is None
+        and (n_ubatch > LEND_FROM_TOKENS)
+    )
+
+
+def given_prompt_batch(
+    n_ubatch: int,
+    room_bytes: int,
+    found: Sequence[tuple[int, int, TensorLocation]],
+    layout: ModelLayout,
+    compute_per_token: float,
+    kv_bytes: int,
+) -> PromptBatch:
+    """The prompt batch ``-b`` gave, with the room it was given in (read before the context
+    was made) and the context's own compute buffer a token: for the cache's lending."""
+    layers = expert_bytes_by_layer(found)
+    prefill = PrefillRoom(
+        room_bytes=room_bytes,
+        dense_bytes=max(0, sum(layout.sizes) - sum(layers.values())),
+        kv_bytes=kv_bytes,
+        layer_bytes=max(layers.values(), default=0),
+        compute_per_token=compute_per_token,
+    )
+    return PromptBatch(n_ubatch, prefill, given=True)
 
 
 def probe(model: LlamaModel, context: ContextParams) -> tuple[float, int]:

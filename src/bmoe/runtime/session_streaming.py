@@ -38,7 +38,7 @@ from bmoe.domain.weight_layout import WeightLayout
 from bmoe.errors import ConfigError
 from bmoe.runtime.governor import CacheGovernor
 from bmoe.runtime.placement import LoadChoice
-from bmoe.runtime.prompt_sizing import size_prompt_batch
+from bmoe.runtime.prompt_sizing import given_prompt_batch, lends_given_batch, size_prompt_batch
 from bmoe.runtime.session_config import OnLoad, SessionConfig
 from bmoe.runtime.streaming import StreamingControl
 from bmoe.runtime.usage_profile import ProfileKeeper
@@ -91,8 +91,11 @@ def open_context(
         except BaseException:
             streamer.close()
             raise
+    given_room = memory_room().room_bytes if lends_given_batch(config.stream, context.n_ubatch) else None
     ctx = LlamaContext(model, context, abort=flag, eval_callback=hook(streamer, context.n_ubatch))
     per_token = ctx.compute_buffer_bytes / context.n_ubatch
+    if given_room is not None:  # -b given beside an auto budget: lent the cache's room too
+        batch = given_prompt_batch(context.n_ubatch, given_room, found, layout, per_token, ctx.kv_bytes)
     try:
         if on_load is not None:
             on_load("setting up expert streaming", 0.0)

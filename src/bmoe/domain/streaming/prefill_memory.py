@@ -76,11 +76,15 @@ class PromptBatch:
     room: PrefillRoom
     layers: int = 2  # whole layers' experts held beside it (1: no room to read the next ahead)
     with_flash: int | None = None  # the batch the room would allow with flash attention on (-fa on)
+    given: bool = False  # -b given, not sized: the cache lends it its room all the same
 
     def describe(self) -> str:
         """``prompt batch 1792 (sized from the room: compute buffer 1045 of 1068 MiB at 0.583
         MiB a token, beside dense 14 + KV 32 + two layers' experts 324 + 512 free)``."""
         r = self.room
+        if self.given:
+            compute = self.tokens * r.compute_per_token / MIB
+            return f"prompt batch {self.tokens} (-b; compute buffer {compute:.0f} MiB, lent the cache's room)"
         layers = "two layers' experts" if self.layers == 2 else "one layer's experts"
         compute, room = self.tokens * r.compute_per_token, r.compute_room_bytes(self.layers)
         return (
