@@ -134,6 +134,7 @@ from bmoe.cext.route_policy cimport (
 include "stream/shared.pxi"
 include "stream/faults.pxi"
 include "stream/pages.pxi"
+include "stream/reads.pxi"
 include "stream/lanes.pxi"
 include "stream/traces.pxi"
 include "stream/rank_worker.pxi"
