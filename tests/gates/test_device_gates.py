@@ -192,3 +192,26 @@ def test_an_rpc_server_that_dies_mid_request_ends_the_session_without_output(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_an_expert_store_serves_the_host_s_layers_beside_a_device(
+    tiny_model_path: TinyModel, rpc_endpoint: str
+) -> None:
+    """The store holds every layer's experts; with the offloaded layers' experts resident on
+    the device it serves the host's (layer 0) and checks out against the model all the same."""
+    from bmoe.store.__main__ import main as store_command
+
+    path = tiny_model_path("mixtral")
+    assert store_command(["-m", str(path)]) == 0
+    placement = Placement(n_gpu_layers=99, rpc=(rpc_endpoint,), n_cpu_moe=1)
+    tokens, logits, _ = run(path, placement, stream=False)
+    config = SessionConfig(
+        model_path=path, context=PARAMS, placement=placement, stream=StreamConfig(enabled=True)
+    )
+    with Session.open(config) as s:
+        assert s.streaming is not None and s.streaming.info.store.path is not None, s.notes
+        result = s.generate(REQUEST)
+        got_logits = s.last_logits()
+        assert s.streaming.counters().bytes_in_place > 0
+    assert result.tokens == tokens
+    assert np.array_equal(got_logits, logits)

@@ -227,11 +227,12 @@ class ExpertStreaming:
         (``bmoe.domain.streaming.prefill_memory``). ``prompt_states_bytes``: what the prompt
         cache's memory tier may come to hold (``--cache-mb auto`` sets it aside too)."""
         # 1. capture: where did llama.cpp put each file? (the streamed experts: those on the host)
+        every_expert_tensor = list(found)  # an expert store holds them all, offloaded ones too
         found, bases = locate_experts(model, ctx, streamer, layout, found)
         # 2. overlay every mapped file's data region; copy the dense bytes in
         dense = overlay_dense(streamer, layout, found, bases)
         # 3. reads and budget (an expert store, where one serves this model, is the last file)
-        store = find_store(config.expert_store if repack else "off", layout.paths, found)
+        store = find_store(config.expert_store if repack else "off", layout.paths, every_expert_tensor)
         read_paths = [*layout.paths, *([store.path] if store.path is not None else [])]
         with native_call("expert streaming: opening the model files for the read lanes"):
             odirect = streamer.open_files(
