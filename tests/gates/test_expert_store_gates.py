@@ -252,3 +252,14 @@ def test_the_command_refuses_where_the_folder_has_not_the_room(
     out = tmp_path / "full" / "q4_0.experts"
     assert write(quantized("q4_0"), "--out", str(out)) == 1
     assert "needs" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_plan_says_whether_the_model_has_a_store(quantized: Callable[..., Path]) -> None:
+    from bmoe.runtime.planning import store_line
+
+    path = quantized("q4_0", seed=6)
+    assert store_line(read_layout(path)).startswith("no expert store (python -m bmoe.store")
+    assert write(path) == 0
+    assert (
+        store_line(read_layout(path)) == f"expert store {store_of(path)} (its experts read without a repack)"
+    )

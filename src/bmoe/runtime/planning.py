@@ -17,6 +17,7 @@ import attrs
 from bmoe.adapters.cache_dirs import cache_root
 from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.disk_reads import measure_random_reads, measure_scratch
+from bmoe.adapters.expert_store_file import default_store_path, manifest_path
 from bmoe.adapters.gguf_layout import ModelLayout, read_layout
 from bmoe.adapters.gguf_remote import remote_headers
 from bmoe.adapters.memory_room import ProcessMemoryRoom
@@ -195,8 +196,19 @@ def plan_local(path: Path, settings: PlanSettings, options: MachineOptions) -> P
     profile, verified = usage_profile(layout, model), verified_runs(layout)
     plan = make_plan(model, machine, settings, profile, verified)
     shards = f" ({len(layout.paths)} shards)" if len(layout.paths) > 1 else ""
-    source = f"{path}{shards}: header read, {sum(layout.sizes) / (1 << 30):.2f} GiB on disk"
+    source = (
+        f"{path}{shards}: header read, {sum(layout.sizes) / (1 << 30):.2f} GiB on disk; {store_line(layout)}"
+    )
     return PlannedModel(plan, source, settings, profile, verified)
+
+
+def store_line(layout: ModelLayout) -> str:
+    """Whether ``python -m bmoe.store`` wrote this model's expert store (where ``--expert-store
+    auto`` reads it), or how to write one."""
+    store = default_store_path(model_key(layout.paths))
+    if store.is_file() and manifest_path(store).is_file():
+        return f"expert store {store} (its experts read without a repack)"
+    return "no expert store (python -m bmoe.store -m MODEL writes one: experts read without a repack)"
 
 
 def plan_hf(spec: str, hf_file: str | None, settings: PlanSettings, options: MachineOptions) -> PlannedModel:
