@@ -108,7 +108,10 @@ def use_store(
             templates[loc.name] = template
     if not templates:
         return StoreUse(note=f"expert store {choice.path} not used: the weights are not repacked here")
-    why = repack_mismatch(choice.path, choice.manifest, model_paths, templates, n_expert)
+    try:
+        why = repack_mismatch(choice.path, choice.manifest, model_paths, templates, n_expert)
+    except OSError as exc:  # the store cannot be read: as a store that does not check out
+        why = f"it cannot be read ({exc})"
     if why:
         refused = _refused(choice.path, why, choice.named)
         return StoreUse(note=refused.note)
