@@ -62,6 +62,7 @@ def test_the_mode_line_shows_the_room_and_what_was_subtracted() -> None:
     )
     starved = resolve_budget(StreamConfig(enabled=True), memory=RUN, token_cycle_bytes=1200 * MIB)
     assert "; raised to one token cycle; the room:" in stream_mode_line(starved, 4, True, 512)
+    assert starved.warning is not None and "killed for memory; a smaller -c" in starved.warning
     capped = resolve_budget(StreamConfig(enabled=True, cache_ceil_mb=100), memory=RUN, token_cycle_bytes=MIB)
     assert "; capped at --cache-ceil-mb 100; the room:" in stream_mode_line(capped, 4, True, 512)
 

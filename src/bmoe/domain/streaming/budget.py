@@ -125,11 +125,19 @@ def resolve_budget(config: StreamConfig, *, memory: RunMemory, token_cycle_bytes
     overruled = ""
     if config.cache_ceil_mb is not None and budget > config.cache_ceil_mb * MIB:
         budget, overruled = config.cache_ceil_mb * MIB, f"capped at --cache-ceil-mb {config.cache_ceil_mb}"
+    warning = None
     if budget < token_cycle_bytes:
+        warning = (
+            f"the room leaves the cache {budget / MIB:.0f} MiB, below one token's working set "
+            f"({token_cycle_bytes / MIB:.0f} MiB), which the cache takes all the same: the run may be "
+            f"killed for memory; a smaller -c (the KV cache takes {memory.kv_bytes / MIB:.0f} MiB) or "
+            "more memory would fit"
+        )
         budget, overruled = token_cycle_bytes, "raised to one token cycle"
     return Budget(
         budget,
         auto=True,
+        warning=warning,
         compute_buffer_bytes=memory.compute_buffer_bytes,
         memory=memory,
         overruled=overruled,
