@@ -36,6 +36,26 @@ def expert_bytes_by_layer(found: Sequence[tuple[int, int, TensorLocation]]) -> d
     return by_layer
 
 
+def prefill_room(
+    room_bytes: int,
+    layout: ModelLayout,
+    found: Sequence[tuple[int, int, TensorLocation]],
+    kv_bytes: int,
+    compute_per_token: float,
+) -> PrefillRoom:
+    """The figures a prompt batch is chosen (or lent the room) from: the room read before the
+    context was made, the dense part (the files less the routed experts), the KV cache, the
+    largest layer's experts, the compute buffer a token."""
+    layers = expert_bytes_by_layer(found)
+    return PrefillRoom(
+        room_bytes=room_bytes,
+        dense_bytes=max(0, sum(layout.sizes) - sum(layers.values())),
+        kv_bytes=kv_bytes,
+        layer_bytes=max(layers.values(), default=0),
+        compute_per_token=compute_per_token,
+    )
+
+
 def size_prompt_batch(
     model: LlamaModel,
     context: ContextParams,
@@ -47,14 +67,7 @@ def size_prompt_batch(
     was chosen."""
     room = memory_room().room_bytes  # nothing of this run's in memory yet but the model's maps
     per_token, kv = probe(model, context)
-    layers = expert_bytes_by_layer(found)
-    prefill = PrefillRoom(
-        room_bytes=room,
-        dense_bytes=max(0, sum(layout.sizes) - sum(layers.values())),
-        kv_bytes=kv,
-        layer_bytes=max(layers.values(), default=0),
-        compute_per_token=per_token,
-    )
+    prefill = prefill_room(room, layout, found, kv, per_token)
     batch = choose_prompt_batch(context.n_ctx, prefill, least=context.n_seq_max)
     if context.flash_attn == "off" and batch.tokens < context.n_ctx:
         # what flash attention would allow (no attention scores of batch x context floats)
@@ -93,15 +106,9 @@ def given_prompt_batch(
 ) -> PromptBatch:
     """The prompt batch ``-b`` gave, with the room it was given in (read before the context
     was made) and the context's own compute buffer a token: for the cache's lending."""
-    layers = expert_bytes_by_layer(found)
-    prefill = PrefillRoom(
-        room_bytes=room_bytes,
-        dense_bytes=max(0, sum(layout.sizes) - sum(layers.values())),
-        kv_bytes=kv_bytes,
-        layer_bytes=max(layers.values(), default=0),
-        compute_per_token=compute_per_token,
+    return PromptBatch(
+        n_ubatch, prefill_room(room_bytes, layout, found, kv_bytes, compute_per_token), given=True
     )
-    return PromptBatch(n_ubatch, prefill, given=True)
 
 
 def probe(model: LlamaModel, context: ContextParams) -> tuple[float, int]:
