@@ -9,6 +9,8 @@ store then serves every later streamed run of this model with this llama.cpp on 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -16,8 +18,8 @@ import attrs
 from bmoe.adapters.expert_store_file import (
     Progress,
     default_store_path,
+    kept_store,
     library_key,
-    read_manifest,
     repack_mismatch,
     write_store,
 )
@@ -25,7 +27,7 @@ from bmoe.adapters.expert_streaming import plan_projections
 from bmoe.adapters.gguf_layout import TensorLocation, read_layout
 from bmoe.adapters.streaming_store import sources_of
 from bmoe.adapters.usage_profile_file import model_key
-from bmoe.domain.expert_store import ManifestRejected, StoreManifest, manifest_for, refusal
+from bmoe.domain.expert_store import StoreManifest, manifest_for
 from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import ExpertStoreError
 from bmoe.runtime.session import Session
@@ -35,12 +37,17 @@ from bmoe.runtime.session_config import SessionConfig
 @attrs.frozen
 class StorePlan:
     """What ``python -m bmoe.store`` would write, before it writes: where, how much, and
-    whether a store already there serves as it is (``current``)."""
+    whether a store already there serves as it is (``current``); with what the model open
+    (``store_plan``) gives to write it: the repack's template of each tensor (by name), the
+    model's files and expert count."""
 
     path: Path
     manifest: StoreManifest
     current: bool
-    why_not_current: str = ""
+    why_not_current: str
+    templates: Mapping[str, int]
+    model_paths: Sequence[Path]
+    n_expert: int
 
 
 def _session(model: Path) -> Session:
@@ -66,36 +73,26 @@ def _templates(session: Session) -> tuple[dict[str, int], list[tuple[int, int, T
     return templates, [f for f in found if f[2].name in templates], session.model.n_expert
 
 
-def plan_store(model: Path, out: Path | None) -> StorePlan:
-    """Where the store of ``model`` goes and what it holds (its manifest), from the header."""
+@contextlib.contextmanager
+def store_plan(model: Path, out: Path | None) -> Iterator[StorePlan]:
+    """The store of ``model`` (at ``out``, else where ``--expert-store auto`` looks) and what
+    it holds, with the model open (once) while the block runs: ``write_model_store`` writes it."""
     layout = read_layout(model)
     key = model_key(layout.paths)
     path = out if out is not None else default_store_path(key)
     with _session(model) as session:
-        _, found, _ = _templates(session)
-    manifest = manifest_for(sources_of(found), key, library_key())
-    try:
-        kept = read_manifest(path)
-        size = path.stat().st_size if kept is not None else 0
-    except (OSError, ManifestRejected) as exc:
-        return StorePlan(path, manifest, False, str(exc))
-    if kept is None:
-        return StorePlan(path, manifest, False, "no store there")
-    why = refusal(
-        kept, model_key=key, library_key=manifest.library_key, sources=sources_of(found), store_size=size
-    )
-    return StorePlan(path, manifest, not why, why)
-
-
-def write_model_store(model: Path, path: Path, progress: Progress | None = None) -> StoreManifest:
-    """Write the store of ``model`` at ``path`` (and its manifest), then check it as a run
-    would; returns its manifest."""
-    layout = read_layout(model)
-    with _session(model) as session:
         templates, found, n_expert = _templates(session)
-        manifest = manifest_for(sources_of(found), model_key(layout.paths), library_key())
-        write_store(path, manifest, layout.paths, templates, n_expert, progress)
-        why = repack_mismatch(path, manifest, layout.paths, templates, n_expert)
+        sources = sources_of(found)
+        manifest = manifest_for(sources, key, library_key())
+        kept, why = kept_store(path, model_key=key, library_key=manifest.library_key, sources=sources)
+        why = why or ("" if kept is not None else "no store there")
+        yield StorePlan(path, manifest, not why, why, templates, layout.paths, n_expert)
+
+
+def write_model_store(plan: StorePlan, progress: Progress | None = None) -> None:
+    """Write the planned store (and its manifest), then check it as a run would (inside
+    ``store_plan``'s block: its templates live while the model is open)."""
+    write_store(plan.path, plan.manifest, plan.model_paths, plan.templates, plan.n_expert, progress)
+    why = repack_mismatch(plan.path, plan.manifest, plan.model_paths, plan.templates, plan.n_expert)
     if why:
         raise ExpertStoreError(f"the store just written does not check out: {why}")
-    return manifest

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from bmoe.errors import BmoeError
-from bmoe.runtime.expert_store_writer import plan_store, write_model_store
+from bmoe.runtime.expert_store_writer import store_plan, write_model_store
 
 GIB = 2**30
 
@@ -59,26 +59,27 @@ class _Progress:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        plan = plan_store(args.model, args.out)
-        size = plan.manifest.store_bytes / GIB
-        if args.check:
-            state = "serves this model here" if plan.current else f"does not serve: {plan.why_not_current}"
-            print(f"expert store {plan.path}: {state}")
-            return 0 if plan.current else 1
-        if plan.current and not args.force:
+        with store_plan(args.model, args.out) as plan:
+            size = plan.manifest.store_bytes / GIB
+            if args.check:
+                state = (
+                    "serves this model here" if plan.current else f"does not serve: {plan.why_not_current}"
+                )
+                print(f"expert store {plan.path}: {state}")
+                return 0 if plan.current else 1
+            if plan.current and not args.force:
+                said = "already written for this model, this llama.cpp"
+                print(f"expert store {plan.path}: {said} ({size:.2f} GiB)")
+                return 0
+            n = len(plan.manifest.tensors)
             print(
-                f"expert store {plan.path}: already written for this model, this llama.cpp ({size:.2f} GiB)"
+                f"writing {size:.2f} GiB to {plan.path} ({n} expert tensors, repacked by llama.cpp)",
+                flush=True,
             )
-            return 0
-        n = len(plan.manifest.tensors)
-        print(
-            f"writing {size:.2f} GiB to {plan.path} ({n} expert tensors, repacked by llama.cpp)", flush=True
-        )
-        t0 = time.monotonic()
-        write_model_store(args.model, plan.path, _Progress())
-        print(
-            f"expert store {plan.path}: written and checked in {time.monotonic() - t0:.1f} s ({size:.2f} GiB)"
-        )
+            t0 = time.monotonic()
+            write_model_store(plan, _Progress())
+            took = time.monotonic() - t0
+            print(f"expert store {plan.path}: written and checked in {took:.1f} s ({size:.2f} GiB)")
     except BmoeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
