@@ -26,9 +26,11 @@ from bmoe.adapters.file_writes import make_folder, replacing, write_file
 from bmoe.cext import weight_repack
 from bmoe.domain.expert_store import (
     ManifestRejected,
+    SourceTensor,
     StoredTensor,
     StoreManifest,
     from_document,
+    refusal,
     sample_slices,
     to_document,
 )
@@ -50,6 +52,13 @@ def default_store_path(model_key: str) -> Path:
 
 def manifest_path(store: Path) -> Path:
     return store.with_name(store.name + MANIFEST_SUFFIX)
+
+
+def written_store(model_key: str) -> Path | None:
+    """The store ``python -m bmoe.store`` wrote for the model with ``model_key`` where
+    ``--expert-store auto`` looks (its slices and its manifest there), else None."""
+    store = default_store_path(model_key)
+    return store if store.is_file() and manifest_path(store).is_file() else None
 
 
 def library_key() -> str:
@@ -76,6 +85,23 @@ def read_manifest(store: Path) -> StoreManifest | None:
         return from_document(json.loads(text))
     except json.JSONDecodeError as exc:
         raise ManifestRejected("not JSON (corrupt or cut)") from exc
+
+
+def kept_store(
+    store: Path, *, model_key: str, library_key: str, sources: Sequence[SourceTensor]
+) -> tuple[StoreManifest | None, str]:
+    """The manifest of the store at ``store`` and why it must not serve this model here ("" when
+    it may, pending the repack check: ``refusal``): ``(None, "")`` where there is none,
+    ``(None, why)`` where its manifest cannot be read."""
+    try:
+        manifest = read_manifest(store)
+        size = store.stat().st_size if manifest is not None else 0
+    except (OSError, ManifestRejected) as exc:
+        return None, f"its manifest cannot be read ({exc})"
+    if manifest is None:
+        return None, ""
+    why = refusal(manifest, model_key=model_key, library_key=library_key, sources=sources, store_size=size)
+    return manifest, why
 
 
 @contextlib.contextmanager

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import attrs
 
-from bmoe.adapters.expert_store_file import default_store_path, library_key, read_manifest, repack_mismatch
+from bmoe.adapters.expert_store_file import default_store_path, kept_store, library_key, repack_mismatch
 from bmoe.adapters.gguf_layout import TensorLocation
 from bmoe.adapters.usage_profile_file import model_key
 from bmoe.cext import expert_stream
-from bmoe.domain.expert_store import ManifestRejected, SourceTensor, StoreManifest, refusal
+from bmoe.domain.expert_store import SourceTensor, StoreManifest
 from bmoe.errors import ExpertStoreError
 
 AUTO = "auto"
@@ -71,20 +71,13 @@ def find_store(
     named = setting != AUTO
     key = model_key(model_paths)
     path = Path(setting) if named else default_store_path(key)
-    try:
-        manifest = read_manifest(path)
-        size = path.stat().st_size if manifest is not None else 0
-    except (OSError, ManifestRejected) as exc:
-        return _refused(path, f"its manifest cannot be read ({exc})", named)
+    manifest, why = kept_store(path, model_key=key, library_key=library_key(), sources=sources_of(found))
+    if why:
+        return _refused(path, why, named)
     if manifest is None:
         if named:
             raise ExpertStoreError(f"--expert-store {path}: no store there (write one: python -m bmoe.store)")
         return StoreChoice(None, None)
-    why = refusal(
-        manifest, model_key=key, library_key=library_key(), sources=sources_of(found), store_size=size
-    )
-    if why:
-        return _refused(path, why, named)
     return StoreChoice(path, manifest, named=named)
 
 

@@ -79,12 +79,11 @@ def expert_read_bytes(path: Path) -> int:
 def written_store(path: Path) -> Path | None:
     """The expert store ``--expert-store auto`` would read for the model at ``path`` (None
     where ``python -m bmoe.store`` wrote none): the file a store configuration's probe reads."""
-    from bmoe.adapters.expert_store_file import default_store_path, manifest_path
+    from bmoe.adapters import expert_store_file
     from bmoe.adapters.gguf_layout import shard_paths
     from bmoe.adapters.usage_profile_file import model_key
 
-    store = default_store_path(model_key(shard_paths(path)))
-    return store if store.is_file() and manifest_path(store).is_file() else None
+    return expert_store_file.written_store(model_key(shard_paths(path)))
 
 
 def tokenize(path: Path, text: str) -> list[int]:

@@ -17,7 +17,7 @@ import attrs
 from bmoe.adapters.cache_dirs import cache_root
 from bmoe.adapters.cpu_topology import physical_cores
 from bmoe.adapters.disk_reads import measure_random_reads, measure_scratch
-from bmoe.adapters.expert_store_file import default_store_path, manifest_path
+from bmoe.adapters.expert_store_file import written_store
 from bmoe.adapters.gguf_layout import ModelLayout, read_layout
 from bmoe.adapters.gguf_remote import remote_headers
 from bmoe.adapters.memory_room import ProcessMemoryRoom
@@ -205,8 +205,8 @@ def plan_local(path: Path, settings: PlanSettings, options: MachineOptions) -> P
 def store_line(layout: ModelLayout) -> str:
     """Whether ``python -m bmoe.store`` wrote this model's expert store (where ``--expert-store
     auto`` reads it), or how to write one."""
-    store = default_store_path(model_key(layout.paths))
-    if store.is_file() and manifest_path(store).is_file():
+    store = written_store(model_key(layout.paths))
+    if store is not None:
         return f"expert store {store} (its experts read without a repack)"
     return "no expert store (python -m bmoe.store -m MODEL writes one: experts read without a repack)"
 
