@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -131,6 +131,12 @@ def _recycling_off(n_slices: int) -> str:
     )
 
 
+def _read_files(model_paths: Sequence[Path], store: Path | None) -> list[str]:
+    """The files the lanes read, by the streamer's file index: the model's, then the expert
+    store where one serves."""
+    return [str(p) for p in model_paths] + ([str(store)] if store is not None else [])
+
+
 @attrs.frozen
 class StreamingInfo:
     """What ``attach`` set up, for the ``mode:`` line and ``BMOE_READY``."""
@@ -170,8 +176,7 @@ class ExpertStreaming:
     def read_paths(self) -> list[str]:
         """The files the lanes read, by the streamer's file index: the model's, then the
         expert store where one serves."""
-        store = self.info.store.path
-        return [str(p) for p in self.layout.paths] + ([str(store)] if store is not None else [])
+        return _read_files(self.layout.paths, self.info.store.path)
 
     def tensor_at(self, index: int, offset: int) -> str:
         """The tensor holding byte ``offset`` of read file ``index`` ("" for none)."""
@@ -233,10 +238,9 @@ class ExpertStreaming:
         dense = overlay_dense(streamer, layout, found, bases)
         # 3. reads and budget (an expert store, where one serves this model, is the last file)
         store = find_store(config.expert_store if repack else "off", layout.paths, every_expert_tensor)
-        read_paths = [*layout.paths, *([store.path] if store.path is not None else [])]
         with native_call("expert streaming: opening the model files for the read lanes"):
             odirect = streamer.open_files(
-                [str(p) for p in read_paths], odirect=config.odirect, n_lanes=config.io_threads
+                _read_files(layout.paths, store.path), odirect=config.odirect, n_lanes=config.io_threads
             )
         # the engine's A/B switches, in one place (EngineOptions: the output never changes),
         # resolved for this machine; the caller hands them to the streamer with its other
