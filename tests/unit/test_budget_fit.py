@@ -61,8 +61,10 @@ def test_the_mode_line_shows_the_room_and_what_was_subtracted() -> None:
         "4 lanes, O_DIRECT, prompt batch 512"
     )
     starved = resolve_budget(StreamConfig(enabled=True), memory=RUN, token_cycle_bytes=1200 * MIB)
-    assert "; raised to one token cycle; the room:" in stream_mode_line(starved, 4, True, 512)
-    assert starved.warning is not None and "killed for memory; a smaller -c" in starved.warning
+    line = stream_mode_line(starved, 4, True, 512)
+    assert "; below one token cycle: the room holds no more; the room:" in line
+    assert starved.warning is not None and "the cache cycles, expect few hits; a smaller -c" not in starved.warning
+    assert "below one token's working set (1200 MiB): the cache cycles" in starved.warning
     capped = resolve_budget(StreamConfig(enabled=True, cache_ceil_mb=100), memory=RUN, token_cycle_bytes=MIB)
     assert "; capped at --cache-ceil-mb 100; the room:" in stream_mode_line(capped, 4, True, 512)
 
@@ -100,3 +102,37 @@ def test_the_limit_that_leaves_less_binds() -> None:
     )
     assert states.bytes == (1348 - 87 - 512 - 64) * MIB
     assert "- compute buffer 87.0 - prompt cache 512 - 64 MiB kept free in the cgroup;" in states.arithmetic()
+
+
+def test_auto_short_of_a_cycle_in_a_cgroup_stays_in_the_room() -> None:
+    """As the 48-layer bench model at -c 4096 in 2 GiB: the room leaves the cache less than
+    one token cycle. Raised to the cycle (972 MiB) past the room, that run was killed by its
+    first prompt ubatch; auto now takes what the room leaves, at least two layers' k experts."""
+    cycle, layer = 1300 * MIB, 20 * MIB
+    short = resolve_budget(AUTO_CFG, memory=RUN, token_cycle_bytes=cycle, layer_working_bytes=layer)
+    assert short.bytes == (1348 - 87 - 64) * MIB  # the room, not the cycle
+    assert short.floor_bytes == 2 * layer  # the governor and the room read again hold it to two layers
+    assert "the cache cycles, expect few hits" in (short.warning or "")
+    assert "-c (the KV cache takes 384 MiB)" in (short.warning or "")
+    # a room that leaves less than two layers: two layers all the same, and it says what it risks
+    tight = attrs.evolve(RUN, compute_buffer_bytes=1270 * MIB)
+    least = resolve_budget(AUTO_CFG, memory=tight, token_cycle_bytes=cycle, layer_working_bytes=layer)
+    assert least.bytes == 2 * layer and least.overruled == "raised to two layers"
+    assert "the run may be killed for memory" in (least.warning or "")
+    # the room holds the cycle: one cycle is the floor, as before
+    roomy = resolve_budget(AUTO_CFG, memory=RUN, token_cycle_bytes=900 * MIB, layer_working_bytes=layer)
+    assert roomy.bytes == 1197 * MIB and roomy.floor_bytes == 900 * MIB and roomy.warning is None
+
+
+def test_auto_short_of_a_cycle_on_the_machine_takes_the_cycle_from_its_floor() -> None:
+    """Outside a cgroup the floor left to the machine is a reserve for other programs: the
+    cycle may take from it, never beyond what is available."""
+    machine = RunMemory(MemoryRoom(1500 * MIB, 24 * GIB))  # 1,536 MiB left to the machine
+    cycle = resolve_budget(AUTO_CFG, memory=machine, token_cycle_bytes=600 * MIB, layer_working_bytes=MIB)
+    assert cycle.bytes == 600 * MIB and cycle.overruled == "raised to one token cycle"
+    assert "the run may be killed for memory" in (cycle.warning or "")
+    most = resolve_budget(AUTO_CFG, memory=machine, token_cycle_bytes=2000 * MIB, layer_working_bytes=MIB)
+    assert most.bytes == 1500 * MIB and most.floor_bytes == 2 * MIB
+
+
+AUTO_CFG = StreamConfig(enabled=True)

@@ -125,8 +125,10 @@ def test_the_lent_budget_keeps_the_floor_and_a_budget_set_meanwhile_is_returned_
 
 
 def test_the_floor_is_two_layers_or_a_token_cycle() -> None:
-    assert lending_floor(324 * MIB, 162 * MIB) == 324 * MIB
-    assert lending_floor(324 * MIB, 324 * MIB) == 648 * MIB
+    assert lending_floor(324 * MIB, 162 * MIB, 400 * MIB) == 324 * MIB
+    assert lending_floor(324 * MIB, 324 * MIB, 400 * MIB) == 648 * MIB
+    # a budget below the cycle (the room held no more) is lent down to the two layers
+    assert lending_floor(972 * MIB, 40 * MIB, 600 * MIB) == 80 * MIB
 
 
 def test_a_budget_that_leaves_the_compute_buffer_room_lends_only_what_it_must() -> None:

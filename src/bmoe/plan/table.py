@@ -51,7 +51,7 @@ def rows(plan: Plan) -> list[tuple[str, str]]:
         (
             "streamed",
             ("fits" if plan.streamed_fits else "does not fit")
-            + f" (dense + KV + compute + one token's working set: {_mib(plan.streamed_needs_bytes)})",
+            + f" (dense + KV + compute + two layers' experts + the run's margin: {_mib(plan.streamed_needs_bytes)})",
         ),
         (
             "cache budget",

@@ -128,7 +128,8 @@ def open_context(
     ctx.decode_lock = control  # lock held around each decode; a pending budget applied first
     if batch is not None:  # a prompt-sized ubatch borrows the cache's room; its pages go back after
         control.prompt_batch = batch
-        floor = lending_floor(streaming.info.token_cycle_bytes, batch.room.layer_bytes)
+        info = streaming.info
+        floor = lending_floor(info.token_cycle_bytes, batch.room.layer_bytes, info.budget.bytes)
         control.lend_to_prompts(PrefillLending(per_token, floor, spare_bytes(streaming.info.budget)))
         ctx.before_decode = control.before_decode
     hold_auto_to_room(control, memory_room, notes)
@@ -161,7 +162,7 @@ def hold_auto_to_room(
 
     def held(back: int, resident: int) -> int:
         now = attrs.evolve(memory, room=memory_room())
-        return budget_held_to_room(back, resident, now, info.token_cycle_bytes)
+        return budget_held_to_room(back, resident, now, info.budget.floor_bytes)
 
     settled = held(info.budget.bytes, control.counters().resident_bytes)
     if settled < info.budget.bytes:
@@ -186,7 +187,7 @@ def start_governor(
     info = control.streaming.info
     start = control.target_budget()
     ceil = stream.cache_ceil_mb * MIB if stream.cache_ceil_mb is not None else start
-    floor = min(info.token_cycle_bytes, ceil)
+    floor = min(info.budget.floor_bytes, ceil)
     memory = info.budget.memory
     watermarks = (
         GovernorConfig(floor_bytes=floor, ceil_bytes=ceil)

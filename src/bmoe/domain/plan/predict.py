@@ -102,7 +102,7 @@ class Plan:
     prompt_batch: int
     resident_needs_bytes: int
     resident_fits: bool
-    streamed_needs_bytes: int  # dense + KV + compute buffer + one token's working set
+    streamed_needs_bytes: int  # dense + KV + compute buffer + two layers' experts + the run's margin
     streamed_fits: bool
     budget: Budget
     hit_rate: float  # uniform-routing floor
@@ -129,6 +129,16 @@ class Plan:
     def cycles(self) -> bool:
         """The budget is below one token's working set: the cache hits almost never."""
         return self.budget.bytes < self.model.token_cycle_bytes
+
+    def context_holding_cycle(self) -> int:
+        """The largest ``-c`` (a multiple of 256) at which the auto budget holds one token's
+        working set: the KV cache given up for the cycle's shortfall (0 where none)."""
+        m = self.model
+        if not m.kv_bytes_per_token or not self.budget.auto:
+            return 0
+        short = m.token_cycle_bytes - self.budget.bytes
+        tokens = (self.kv_bytes - short) // m.kv_bytes_per_token
+        return max(0, int(tokens) // 256 * 256)
 
     @property
     def cache_mb(self) -> int:
@@ -170,8 +180,7 @@ class Plan:
         m, out = self.model, []
         room = self.machine.room.room_bytes
         if not self.streamed_fits:
-            kept = decode_compute_bytes(self.compute_per_token, self.prompt_batch)
-            beside = m.dense_bytes + m.token_cycle_bytes + kept
+            beside = self.streamed_needs_bytes - self.kv_bytes
             fits_ctx = (room - beside) // m.kv_bytes_per_token if m.kv_bytes_per_token else 0
             what = (
                 f"-c {int(fits_ctx) // 256 * 256} would fit"
@@ -180,13 +189,16 @@ class Plan:
             )
             out.append(
                 f"does not fit even streamed: dense {m.dense_bytes // MIB} + KV {self.kv_bytes // MIB} + "
-                f"one token's working set {m.token_cycle_bytes // MIB} MiB + compute buffer, more than the "
-                f"room of {room // MIB} MiB; {what}"
+                f"two layers' experts {least_cache_bytes(m) // MIB} MiB + compute buffer + the run's "
+                f"margin, more than the room of {room // MIB} MiB; {what}"
             )
         elif self.budget.bytes == 0:
             out.append("cache off (--cache-mb 0): every token reads its whole working set")
         elif self.cycles:
             out.append(below_working_set(self.budget.bytes // MIB, m.token_cycle_bytes))
+            holds = self.context_holding_cycle()
+            if self.budget.auto and holds >= 256:
+                out.append(f"-c {holds} leaves the cache one token's working set")
         if self.resident_fits:
             out.append("fits resident: streaming is not needed (it still runs)")
         free = self.machine.free_disk_bytes
@@ -195,6 +207,13 @@ class Plan:
                 f"the disk has {free // MIB} MiB free where the model goes; it needs {m.file_bytes // MIB}"
             )
         return out
+
+
+def least_cache_bytes(model: ModelFigures) -> int:
+    """The least cache a streamed run holds: two layers' k experts (the one computing and the
+    next read), what ``--cache-mb auto`` takes where the room holds less than one token's
+    working set (``budget.least_auto_bytes``)."""
+    return 2 * model.entry_bytes * model.n_expert_used
 
 
 def resident_headroom(room: MemoryRoom) -> Headroom:
@@ -302,8 +321,11 @@ def make_plan(
         kept,
         run_margin_bytes=run_margin_bytes(config.io_threads, model.entry_bytes),
     )
-    budget = resolve_budget(config, memory=memory, token_cycle_bytes=model.token_cycle_bytes)
-    streamed = model.dense_bytes + kv + kept + model.token_cycle_bytes
+    budget = resolve_budget(
+        config, memory=memory, token_cycle_bytes=model.token_cycle_bytes,
+        layer_working_bytes=model.entry_bytes * model.n_expert_used,
+    )
+    streamed = model.dense_bytes + kv + kept + least_cache_bytes(model) + memory.run_margin_bytes
     prompts = settings.prompt_tokens
     guesses, expected = hit_guesses(model, budget.bytes, profile, verified)
     share = model.cache_share(budget.bytes)

@@ -124,10 +124,14 @@ def decode_compute_bytes(compute_per_token: float, n_ubatch: int) -> int:
     return int(compute_per_token * min(n_ubatch, LEND_FROM_TOKENS))
 
 
-def lending_floor(token_cycle_bytes: int, layer_bytes: int) -> int:
+def lending_floor(token_cycle_bytes: int, layer_bytes: int, budget_bytes: int) -> int:
     """The least budget a prompt leaves the cache: two layers (the one computing, the next
-    read ahead), at least one token cycle."""
-    return max(token_cycle_bytes, 2 * layer_bytes)
+    read ahead), at least one token cycle where the budget holds one. A budget below the
+    cycle (the room held no more: ``budget.least_auto_bytes``) is lent down to the two
+    layers: kept whole, it and the prompt's compute buffer outgrew the room the batch was
+    sized in."""
+    cycle = token_cycle_bytes if budget_bytes >= token_cycle_bytes else 0
+    return max(cycle, 2 * layer_bytes)
 
 
 def budget_held_to_room(back: int, resident: int, now: RunMemory, floor: int) -> int:
@@ -142,7 +146,7 @@ def budget_held_to_room(back: int, resident: int, now: RunMemory, floor: int) ->
     later. So the room is read again once the compute buffer's pages went back (``now``, with
     the compute buffer a decode step keeps and the prompt states still to come): the cache may
     hold what it holds (``resident``) plus what that room leaves beside the reserve, never
-    below ``floor`` (one token cycle)."""
+    below ``floor`` (``Budget.floor_bytes``: one token cycle, or two layers below it)."""
     free = max(0, now.headroom.free_bytes - now.still_to_come_bytes)
     return max(min(back, floor), min(back, resident + free))
 
