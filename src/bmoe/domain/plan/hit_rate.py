@@ -1,11 +1,13 @@
 """The expert cache's expected hit rate for a budget: a floor from uniform routing, and the
 curve a usage profile gives.
 
-Uniform routing (every expert of a layer equally likely, independently): an LRU cache that
-holds ``c`` of a layer's ``n`` experts hits about ``c / n`` of the time; below ``k`` (the
-experts one token routes to in a layer) it holds less than one token's working set, each
-token evicts what the last one read, and it hits almost never (the cache *cycles*). A real
-model routes unevenly, so this is a floor.
+Uniform routing (every expert of a layer equally likely, independently): a cache that
+holds ``c`` of a layer's ``n`` experts hits about ``c / n`` of the time, whatever it evicts,
+below ``k`` (the experts one token routes to in a layer) too. What cycles below ``k`` is an
+LRU on routing that *repeats* (each token evicts what the next one needs: no hits); the
+adaptive rule's frequency half keeps what repeats (measured, the 48-layer bench model with
+7.7 of a layer's 8 in a 2 GiB group: 50.4% hits). A real model routes unevenly, so this is
+a floor.
 
 A usage profile (``--profile``, the routing counts earlier runs of this model learned)
 gives a better guess: a cache that holds a layer's ``c`` most-used experts hits the share
@@ -31,12 +33,11 @@ def entries_per_layer(budget_bytes: int, expert_bytes: int, n_expert: int) -> fl
 
 
 def uniform_hit_rate(budget_bytes: int, expert_bytes: int, n_expert: int, k: int) -> float:
-    """The hit rate under uniform routing (module docstring): 0 below one token's working
-    set, else the share of each layer's experts the budget holds."""
+    """The hit rate under uniform routing (module docstring): the share of each layer's
+    experts the budget holds (``k``, the experts a token routes to in a layer, bounds the
+    share at ``n_expert``: a cache of every expert hits every time)."""
     held = entries_per_layer(budget_bytes, expert_bytes, n_expert)
-    if held < k:
-        return 0.0
-    return min(1.0, held / n_expert)
+    return min(1.0, held / max(n_expert, k, 1))
 
 
 @attrs.frozen

@@ -127,7 +127,8 @@ class Plan:
 
     @property
     def cycles(self) -> bool:
-        """The budget is below one token's working set: the cache hits almost never."""
+        """The budget is below one token's working set: an LRU on routing that repeats hits
+        almost never (the adaptive rule's frequency half keeps some)."""
         return self.budget.bytes < self.model.token_cycle_bytes
 
     def context_holding_cycle(self) -> int:
