@@ -51,7 +51,8 @@ def rows(plan: Plan) -> list[tuple[str, str]]:
         (
             "streamed",
             ("fits" if plan.streamed_fits else "does not fit")
-            + f" (dense + KV + compute + two layers' experts + the run's margin: {_mib(plan.streamed_needs_bytes)})",
+            + " (dense + KV + compute + two layers' experts + the run's margin: "
+            + f"{_mib(plan.streamed_needs_bytes)})",
         ),
         (
             "cache budget",

@@ -323,7 +323,9 @@ def make_plan(
         run_margin_bytes=run_margin_bytes(config.io_threads, model.entry_bytes),
     )
     budget = resolve_budget(
-        config, memory=memory, token_cycle_bytes=model.token_cycle_bytes,
+        config,
+        memory=memory,
+        token_cycle_bytes=model.token_cycle_bytes,
         layer_working_bytes=model.entry_bytes * model.n_expert_used,
     )
     streamed = model.dense_bytes + kv + kept + least_cache_bytes(model) + memory.run_margin_bytes

@@ -116,11 +116,12 @@ def resolve_budget(
 
     ``token_cycle_bytes`` (the sum over layers of k expert slices) is the least useful
     cache: below it an LRU on routing that repeats hits almost never, so a smaller budget
-    gets a warning (but is honoured). ``auto`` is raised to one cycle where the room holds it (``least_auto_bytes``),
-    never beyond a memory cgroup's room: measured, the 48-layer bench model at ``-c 4096`` in
-    2 GiB, its budget raised to the cycle (972 MiB) past what the room left, was killed by its
-    first prompt ubatch. ``layer_working_bytes`` (the largest layer's k experts) sets the least it
-    takes all the same: two layers, which a step holds while it computes one and reads the next.
+    gets a warning (but is honoured). ``auto`` is raised to one cycle where the room holds
+    it (``least_auto_bytes``), never beyond a memory cgroup's room: measured, the 48-layer
+    bench model at ``-c 4096`` in 2 GiB, its budget raised to the cycle (972 MiB) past what
+    the room left, was killed by its first prompt ubatch. ``layer_working_bytes`` (the
+    largest layer's k experts) sets the least it takes all the same: two layers, which a
+    step holds while it computes one and reads the next.
     """
     if config.cache_mb is not None:
         budget = config.cache_mb * MIB
