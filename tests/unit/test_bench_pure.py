@@ -17,7 +17,7 @@ from bmoe.bench.arguments import parser
 from bmoe.bench.cgroup import CgroupError, CgroupSite, MemoryGroup, candidate_sites
 from bmoe.bench.checks import TokenCheck, check_routing, check_tokens, token_reference
 from bmoe.bench.decode import teacher_force
-from bmoe.bench.memory_fit import repack_skip_reason, skipped_configs
+from bmoe.bench.memory_fit import UNCONFINED_NOTE, outside_the_limit, repack_skip_reason, skipped_configs
 from bmoe.bench.prefill import PREFILL_BATCH, timed_prefill
 from bmoe.bench.procfs import parse_io
 from bmoe.bench.report_markdown import markdown_table, summary_lines
@@ -644,6 +644,17 @@ def test_only_the_repacking_loads_are_skipped_not_the_mmap_ones() -> None:
     assert skipped_configs(configs, 5_630_000_000, 8192) == {}
     no_stock = [c for c in configs if c.kind not in ("stock", "resident")]
     assert skipped_configs(no_stock, 5_630_000_000, 2048) == {}  # no repacking load asked
+
+
+def test_resident_runs_outside_the_limit_where_a_streamed_step_needs_its_bound() -> None:
+    """Skipped in the group, resident would leave the streamed rows without the compute their
+    step is held to: it runs outside the memory group instead (the throttle still holds it);
+    stock stays skipped, and with no streamed configuration resident does too."""
+    configs = cf.build_configs(["stock", "resident", "stream"], [cf.Budget(mib=1536)], 4000 * MIB)
+    skipped = skipped_configs(configs, 5_630_000_000, 2048)
+    assert outside_the_limit(configs, skipped) == {"resident": UNCONFINED_NOTE}
+    no_stream = [c for c in configs if not c.streams]
+    assert outside_the_limit(no_stream, skipped_configs(no_stream, 5_630_000_000, 2048)) == {}
 
 
 def test_a_skipped_stock_does_not_fail_the_bench() -> None:

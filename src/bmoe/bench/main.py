@@ -34,7 +34,7 @@ from bmoe.bench.confinement import confinement_factory, throttle_warnings
 from bmoe.bench.disk import MIB
 from bmoe.bench.io_group import DiskThrottle
 from bmoe.bench.largest_cache import FIND_PROMPT_TOKENS, run_find
-from bmoe.bench.memory_fit import skipped_configs
+from bmoe.bench.memory_fit import outside_the_limit, skipped_configs
 from bmoe.bench.prefill import DEFAULT_PROMPT_TOKENS
 from bmoe.bench.progress import make_progress
 from bmoe.bench.run_plan import Plan, make_plan
@@ -191,8 +191,10 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
     skipped = skipped_configs(
         configs, model.stat().st_size, args.mem_limit_mb, bmoe_repack=not args.no_repack
     )
+    unconfined = outside_the_limit(configs, skipped)
     for key, reason in skipped.items():
-        print(f"bench: {key}: skipped: {reason}", file=sys.stderr)
+        print(f"bench: {key}: {unconfined.get(key) or f'skipped: {reason}'}", file=sys.stderr)
+    skipped = {key: reason for key, reason in skipped.items() if key not in unconfined}
     schedule = cf.interleave([c for c in configs if c.key not in skipped], args.rounds)
     for c in configs:
         if args.mem_limit_mb and c.cache_mib and c.cache_mib >= args.mem_limit_mb:
@@ -252,12 +254,14 @@ def run_bench(args: argparse.Namespace, model: Path, argv: list[str]) -> int:
             r = run_configuration(
                 spec,
                 model=model,
-                make_group=make_group,
+                make_group=make_probe_group if config.key in unconfined else make_group,
                 timeout_s=args.timeout,
                 on_progress=progress.update,
                 log_path=args.out / "logs" / f"{_file_name(config.key)}-round{round_no + 1}.log",
             )
             r["round"] = round_no
+            if config.key in unconfined:
+                r["notes"] = [unconfined[config.key], *r.get("notes", [])]
             if probe is not None:
                 r["probe_mib_s"] = probe.mib_s
             runs[config.key].append(r)

@@ -66,3 +66,17 @@ def skipped_configs(
             instead="run the bench with --no-repack",
         )
     return {c.key: reason for c in configs if (reason := reasons.get(c.kind)) is not None}
+
+
+UNCONFINED_NOTE = (
+    "runs outside the memory limit (it cannot load in it): its step is the compute a streamed "
+    "step is held to (its bound), not a figure under the limit"
+)
+
+
+def outside_the_limit(configs: Sequence[BenchConfig], skipped: dict[str, str]) -> dict[str, str]:
+    """The skipped configurations that run outside the memory group instead, ``{key: why}``:
+    ``resident``, where a streamed configuration runs in the group and needs its step for the
+    bound ("Where a streamed step goes"); the disk throttle still holds it."""
+    streams = any(c.streams and c.key not in skipped for c in configs)
+    return {c.key: UNCONFINED_NOTE for c in configs if c.key in skipped and c.kind == "resident" and streams}
