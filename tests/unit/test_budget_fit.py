@@ -42,7 +42,7 @@ def test_a_budget_below_a_cycle_and_beyond_the_room_is_one_line() -> None:
     both = resolve_budget(StreamConfig(enabled=True, cache_mb=50), memory=tiny, token_cycle_bytes=100 * MIB)
     assert both.warning is not None and "\n" not in both.warning
     first, second = both.warning.split("; ", 1)
-    assert first.endswith("expect almost no hits") and second.startswith("cache 50 MiB + dense 0")
+    assert first.endswith("the cache cycles, expect few hits") and second.startswith("cache 50 MiB + dense 0")
 
 
 def test_auto_counts_the_dense_part_and_the_kv_cache_once() -> None:

@@ -91,7 +91,7 @@ def test_an_explicit_budget_below_a_token_cycle_is_honoured_with_a_warning() -> 
     assert small.bytes == 100 * MIB
     assert small.warning == (
         "cache 100 MiB is below one token's working set (300 MiB, every MoE layer's top-k experts: "
-        "--cache-mb 300 holds it): the cache cycles, expect almost no hits"
+        "--cache-mb 300 holds it): the cache cycles, expect few hits"
     )
     off = resolve_budget(
         StreamConfig(enabled=True, cache_mb=0), memory=RunMemory(MemoryRoom(0)), token_cycle_bytes=300 * MIB

@@ -202,5 +202,5 @@ def below_working_set(cache_mb: int, token_cycle_bytes: int) -> str:
     return (
         f"cache {cache_mb} MiB is below one token's working set ({token_cycle_bytes / MIB:.0f} MiB, "
         f"every MoE layer's top-k experts: --cache-mb {-(-token_cycle_bytes // MIB)} holds it): "
-        "the cache cycles, expect almost no hits"
+        "the cache cycles, expect few hits"
     )
