@@ -178,8 +178,7 @@ def short_of_cycle(room_leaves: int, taken: int, token_cycle_bytes: int, memory:
         )
     return (
         f"the room leaves the cache {taken / MIB:.0f} MiB, below one token's working set "
-        f"({cycle:.0f} MiB): the cache cycles, expect few hits (most of each token's experts read); "
-        f"{more} hold it"
+        f"({cycle:.0f} MiB): the cache cycles, expect few hits; {more} hold it"
     )
 
 
