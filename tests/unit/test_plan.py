@@ -53,10 +53,10 @@ def test_uniform_routing_hits_the_share_held_below_k_experts_a_layer_too() -> No
     """Independent uniform routing hits c / n whatever the cache evicts: only routing that
     repeats makes an LRU below one token's working set cycle (the 48-layer bench model with
     7.7 of a layer's 8 held hit 50.4%, where this floor said 0)."""
-    below = uniform_hit_rate(MODEL.token_cycle_bytes - 1, MODEL.expert_bytes, 128, 8)
+    below = uniform_hit_rate(MODEL.token_cycle_bytes - 1, MODEL.expert_bytes, 128)
     assert below == pytest.approx(8 / 128, rel=1e-6)
-    assert uniform_hit_rate(MODEL.expert_bytes // 2, MODEL.expert_bytes, 128, 8) == 0.5
-    assert uniform_hit_rate(2 * MODEL.expert_bytes, MODEL.expert_bytes, 128, 8) == 1.0
+    assert uniform_hit_rate(MODEL.expert_bytes // 2, MODEL.expert_bytes, 128) == 0.5
+    assert uniform_hit_rate(2 * MODEL.expert_bytes, MODEL.expert_bytes, 128) == 1.0
 
 
 def test_a_skewed_profile_predicts_more_hits_than_uniform_routing() -> None:

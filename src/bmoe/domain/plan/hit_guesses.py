@@ -34,9 +34,7 @@ def hit_guesses(
 ) -> tuple[tuple[HitGuess, ...], HitGuess]:
     """The guesses at ``budget_bytes`` and the expected one (module docstring)."""
     share = model.cache_share(budget_bytes)
-    floor = HitGuess(
-        FLOOR, uniform_hit_rate(budget_bytes, model.expert_bytes, model.n_expert, model.n_expert_used)
-    )
+    floor = HitGuess(FLOOR, uniform_hit_rate(budget_bytes, model.expert_bytes, model.n_expert))
     guesses = [floor]
     expected = floor
     curve = family_curve(model.arch)

@@ -32,12 +32,10 @@ def entries_per_layer(budget_bytes: int, expert_bytes: int, n_expert: int) -> fl
     return budget_bytes * n_expert / expert_bytes
 
 
-def uniform_hit_rate(budget_bytes: int, expert_bytes: int, n_expert: int, k: int) -> float:
+def uniform_hit_rate(budget_bytes: int, expert_bytes: int, n_expert: int) -> float:
     """The hit rate under uniform routing (module docstring): the share of each layer's
-    experts the budget holds (``k``, the experts a token routes to in a layer, bounds the
-    share at ``n_expert``: a cache of every expert hits every time)."""
-    held = entries_per_layer(budget_bytes, expert_bytes, n_expert)
-    return min(1.0, held / max(n_expert, k, 1))
+    experts the budget holds, at most all of them."""
+    return min(1.0, entries_per_layer(budget_bytes, expert_bytes, n_expert) / max(1, n_expert))
 
 
 @attrs.frozen
