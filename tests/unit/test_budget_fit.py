@@ -108,19 +108,19 @@ def test_auto_short_of_a_cycle_in_a_cgroup_stays_in_the_room() -> None:
     """As the 48-layer bench model at -c 4096 in 2 GiB: the room leaves the cache less than
     one token cycle. Raised to the cycle (972 MiB) past the room, that run was killed by its
     first prompt ubatch; auto now takes what the room leaves, at least two layers' k experts."""
-    cycle, layer = 1300 * MIB, 20 * MIB
-    short = resolve_budget(AUTO_CFG, memory=RUN, token_cycle_bytes=cycle, layer_working_bytes=layer)
+    cycle, two_layers = 1300 * MIB, 40 * MIB
+    short = resolve_budget(AUTO_CFG, memory=RUN, token_cycle_bytes=cycle, least_bytes=two_layers)
     assert short.bytes == (1348 - 87 - 64) * MIB  # the room, not the cycle
-    assert short.floor_bytes == 2 * layer  # the governor and the room read again hold it to two layers
+    assert short.floor_bytes == two_layers  # the governor and the room read again hold it to two layers
     assert "the cache cycles, expect few hits" in (short.warning or "")
     assert "-c (the KV cache takes 384 MiB)" in (short.warning or "")
     # a room that leaves less than two layers: two layers all the same, and it says what it risks
     tight = attrs.evolve(RUN, compute_buffer_bytes=1270 * MIB)
-    least = resolve_budget(AUTO_CFG, memory=tight, token_cycle_bytes=cycle, layer_working_bytes=layer)
-    assert least.bytes == 2 * layer and least.overruled == "raised to two layers"
+    least = resolve_budget(AUTO_CFG, memory=tight, token_cycle_bytes=cycle, least_bytes=two_layers)
+    assert least.bytes == two_layers and least.overruled == "raised to two layers"
     assert "the run may be killed for memory" in (least.warning or "")
     # the room holds the cycle: one cycle is the floor, as before
-    roomy = resolve_budget(AUTO_CFG, memory=RUN, token_cycle_bytes=900 * MIB, layer_working_bytes=layer)
+    roomy = resolve_budget(AUTO_CFG, memory=RUN, token_cycle_bytes=900 * MIB, least_bytes=two_layers)
     assert roomy.bytes == 1197 * MIB and roomy.floor_bytes == 900 * MIB and roomy.warning is None
 
 
@@ -128,10 +128,10 @@ def test_auto_short_of_a_cycle_on_the_machine_takes_the_cycle_from_its_floor() -
     """Outside a cgroup the floor left to the machine is a reserve for other programs: the
     cycle may take from it, never beyond what is available."""
     machine = RunMemory(MemoryRoom(1500 * MIB, 24 * GIB))  # 1,536 MiB left to the machine
-    cycle = resolve_budget(AUTO_CFG, memory=machine, token_cycle_bytes=600 * MIB, layer_working_bytes=MIB)
+    cycle = resolve_budget(AUTO_CFG, memory=machine, token_cycle_bytes=600 * MIB, least_bytes=2 * MIB)
     assert cycle.bytes == 600 * MIB and cycle.overruled == "raised to one token cycle"
     assert "the run may be killed for memory" in (cycle.warning or "")
-    most = resolve_budget(AUTO_CFG, memory=machine, token_cycle_bytes=2000 * MIB, layer_working_bytes=MIB)
+    most = resolve_budget(AUTO_CFG, memory=machine, token_cycle_bytes=2000 * MIB, least_bytes=2 * MIB)
     assert most.bytes == 1500 * MIB and most.floor_bytes == 2 * MIB
 
 

@@ -273,8 +273,8 @@ class ExpertStreaming:
             prompt_states_bytes=prompt_states_bytes,
             run_margin_bytes=run_margin_bytes(config.io_threads, max(per_expert.values())),
         )
-        layer = max(per_expert.values()) * n_used
-        budget = resolve_budget(config, memory=memory, token_cycle_bytes=cycle, layer_working_bytes=layer)
+        two_layers = 2 * max(per_expert.values()) * n_used  # the least auto takes
+        budget = resolve_budget(config, memory=memory, token_cycle_bytes=cycle, least_bytes=two_layers)
         streamer.set_budget(budget.bytes)
         # 4. the routers, for the decode routing policies that evaluate them
         gates = None

@@ -130,7 +130,7 @@ def open_context(
         control.prompt_batch = batch
         info = streaming.info
         floor = lending_floor(info.token_cycle_bytes, batch.room.layer_bytes, info.budget.bytes)
-        control.lend_to_prompts(PrefillLending(per_token, floor, spare_bytes(streaming.info.budget)))
+        control.lend_to_prompts(PrefillLending(per_token, floor, spare_bytes(info.budget)))
         ctx.before_decode = control.before_decode
     hold_auto_to_room(control, memory_room, notes)
     ctx.explain_abort = control.check

@@ -198,7 +198,7 @@ class Plan:
         elif self.cycles:
             out.append(below_working_set(self.budget.bytes // MIB, m.token_cycle_bytes))
             holds = self.context_holding_cycle()
-            if self.budget.auto and holds >= 256:
+            if holds >= 256:
                 out.append(f"-c {holds} leaves the cache one token's working set")
         if self.resident_fits:
             out.append("fits resident: streaming is not needed (it still runs)")
@@ -326,7 +326,7 @@ def make_plan(
         config,
         memory=memory,
         token_cycle_bytes=model.token_cycle_bytes,
-        layer_working_bytes=model.entry_bytes * model.n_expert_used,
+        least_bytes=least_cache_bytes(model),
     )
     streamed = model.dense_bytes + kv + kept + least_cache_bytes(model) + memory.run_margin_bytes
     prompts = settings.prompt_tokens

@@ -102,7 +102,7 @@ class Budget:
 
 
 def resolve_budget(
-    config: StreamConfig, *, memory: RunMemory, token_cycle_bytes: int, layer_working_bytes: int = 0
+    config: StreamConfig, *, memory: RunMemory, token_cycle_bytes: int, least_bytes: int = 0
 ) -> Budget:
     """The cache budget in bytes.
 
@@ -119,9 +119,9 @@ def resolve_budget(
     gets a warning (but is honoured). ``auto`` is raised to one cycle where the room holds
     it (``least_auto_bytes``), never beyond a memory cgroup's room: measured, the 48-layer
     bench model at ``-c 4096`` in 2 GiB, its budget raised to the cycle (972 MiB) past what
-    the room left, was killed by its first prompt ubatch. ``layer_working_bytes`` (the
-    largest layer's k experts) sets the least it takes all the same: two layers, which a
-    step holds while it computes one and reads the next.
+    the room left, was killed by its first prompt ubatch. ``least_bytes`` is the least it
+    takes all the same: two layers' k experts, which a step holds while it computes one and
+    reads the next.
     """
     if config.cache_mb is not None:
         budget = config.cache_mb * MIB
@@ -138,7 +138,7 @@ def resolve_budget(
         budget, overruled = config.cache_ceil_mb * MIB, f"capped at --cache-ceil-mb {config.cache_ceil_mb}"
     warning = None
     if budget < token_cycle_bytes:
-        raised = least_auto_bytes(memory, token_cycle_bytes, layer_working_bytes)
+        raised = least_auto_bytes(memory, token_cycle_bytes, least_bytes)
         warning = short_of_cycle(budget, raised, token_cycle_bytes, memory)
         if raised > budget:
             budget = raised
@@ -152,17 +152,17 @@ def resolve_budget(
         compute_buffer_bytes=memory.compute_buffer_bytes,
         memory=memory,
         overruled=overruled,
-        floor_bytes=token_cycle_bytes if budget >= token_cycle_bytes else 2 * layer_working_bytes,
+        floor_bytes=token_cycle_bytes if budget >= token_cycle_bytes else least_bytes,
     )
 
 
-def least_auto_bytes(memory: RunMemory, token_cycle_bytes: int, layer_working_bytes: int) -> int:
+def least_auto_bytes(memory: RunMemory, token_cycle_bytes: int, least_bytes: int) -> int:
     """The least ``auto`` takes where the room leaves it less than one token cycle: the cycle
     as far as the room itself holds it (the machine's floor is a reserve for others, which a
     cycle may take; a cgroup's margin is this run's own, which it may not), at least two layers."""
     head = memory.headroom
     holds = head.free_bytes if head.limit == "cgroup" else head.room_bytes
-    return max(2 * layer_working_bytes, min(token_cycle_bytes, max(0, holds - memory.still_to_come_bytes)))
+    return max(least_bytes, min(token_cycle_bytes, max(0, holds - memory.still_to_come_bytes)))
 
 
 def short_of_cycle(room_leaves: int, taken: int, token_cycle_bytes: int, memory: RunMemory) -> str:
