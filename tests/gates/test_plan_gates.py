@@ -149,3 +149,28 @@ def test_the_compute_buffer_estimate_is_near_llama_cpps_and_the_kv_cache_exact(t
                 assert per_token * 0.9 <= figures.compute_per_token(n_ctx, flash) <= per_token * 1.6
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_a_prompt_token_counts_every_layers_weights_but_a_pruned_last_ffn(tiny_model_path, arch: str) -> None:
+    """Counted again with the ``gguf`` library's reader: every 2-D weight of every block,
+    the routed experts at k of n; qwen3moe's graph runs its last FFN for one token a batch
+    (tests/gates/test_route_recorder.py), so a prompt token skips that layer's FFN there."""
+    from gguf import GGUFReader
+
+    from bmoe.runtime.model_figures import model_figures
+
+    path = tiny_model_path(arch)
+    figures = model_figures(read_layout(path), path, arch)
+    reader = GGUFReader(path)
+    last = f"blk.{figures.n_layer - 1}.ffn_"
+    share = figures.n_expert_used / figures.n_expert
+    expected = 0.0
+    for t in reader.tensors:
+        if not t.name.startswith("blk.") or not t.name.endswith(".weight") or len(t.shape) < 2:
+            continue
+        if arch == "qwen3moe" and t.name.startswith(last):
+            continue
+        expected += int(t.n_elements) * (share if "_exps" in t.name else 1.0)
+    assert figures.prompt_weights == pytest.approx(expected, abs=2)
+    assert 0 < figures.prompt_weights < figures.active_bytes / figures.bytes_per_weight * 4

@@ -17,11 +17,11 @@ import pytest
 
 from bmoe.adapters.llama import ContextParams, LlamaContext, LlamaModel
 from bmoe.cext.route_recorder import RouteRecorder
+from bmoe.domain.moe_arch import prunes_last_ffn
 
 MOE_FIXTURES = ["qwen3moe", "qwen35moe", "gpt-oss", "qwen3moe-odd"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 N_DECODE = 6
-PRUNES_LAST_LAYER_ROWS = {"qwen3moe"}
 PARAMS = ContextParams(n_ctx=128, n_batch=64, n_ubatch=64, n_threads=2)
 
 
@@ -71,8 +71,9 @@ def test_one_record_per_moe_layer_per_ubatch_in_graph_order(model: LlamaModel) -
             assert probs is None
             assert ids.shape[1] == model.n_expert_used
             # qwen3moe's last layer runs only the rows whose logits are asked for (one);
-            # qwen35moe and gpt-oss prune rows after the last layer instead
-            pruned = layer == n_layer - 1 and model.arch in PRUNES_LAST_LAYER_ROWS
+            # qwen35moe and gpt-oss prune rows after the last layer instead: the registry's
+            # flag, which the plan's prefill counts by, says which
+            pruned = layer == n_layer - 1 and prunes_last_ffn(model.arch)
             expected_rows = n_prompt if ubatch == 0 and not pruned else 1
             assert ids.shape[0] == expected_rows
             assert ((ids >= 0) & (ids < model.n_expert)).all()

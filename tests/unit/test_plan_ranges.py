@@ -130,17 +130,22 @@ def test_a_prompt_s_attention_scores_grow_with_its_square_and_with_smaller_batch
     assert MODEL.attention_flops(2048, 2048) == 0.0  # head width unknown: no term
 
 
-def test_the_attention_rate_is_what_the_longer_prompt_took_beyond_its_share() -> None:
-    from bmoe.runtime.compute_calibration import ATTENTION_TOKENS, PREFILL_TOKENS, attention_rate
+def test_the_attention_rate_is_how_a_long_prompts_batches_grow() -> None:
+    from bmoe.runtime.compute_calibration import PREFILL_TOKENS, attention_rate
 
     heads = attrs.evolve(MODEL, n_head=32, head_dim=128, n_attn_layers=2)
-    rate, per_token = 50e9, 0.001
-    seconds = {
-        n: per_token * n + heads.attention_flops(n, n) / rate for n in (PREFILL_TOKENS, ATTENTION_TOKENS)
-    }
-    assert attention_rate(heads, seconds) == pytest.approx(rate)
-    linear = {n: per_token * n for n in (PREFILL_TOKENS, ATTENTION_TOKENS)}
-    assert attention_rate(heads, linear) == 0.0  # nothing beyond the share: not measured
+    rate, weights_s, batch = 50e9, 0.4, PREFILL_TOKENS
+
+    def scores(i: int) -> float:  # batch i's queries against the cells so far
+        return heads.attention_flops((i + 1) * batch, batch) - heads.attention_flops(i * batch, batch)
+
+    seconds = tuple(weights_s + scores(i) / rate for i in range(4))
+    assert attention_rate(heads, seconds, batch) == pytest.approx(rate)
+    noisy = tuple(t + d for t, d in zip(seconds, (0.01, -0.01, 0.01, -0.01), strict=True))
+    assert attention_rate(heads, noisy, batch) == pytest.approx(rate, rel=0.25)
+    assert attention_rate(heads, (weights_s,) * 4, batch) == 0.0  # no growth: not measured
+    assert attention_rate(heads, (0.7, 0.6, 0.5, 0.4), batch) == 0.0  # shrinking: not measured
+    assert attention_rate(heads, seconds[:1], batch) == 0.0  # one batch: no slope
 
 
 def test_a_measured_attention_rate_lengthens_the_prefill_of_a_long_prompt() -> None:

@@ -39,10 +39,15 @@ class MoeArch:
     """Shared-expert tensors (resident, always computed)."""
     dense_layers: str = ""
     """Which layers have no routed experts, if any (resident)."""
+    prunes_last_ffn: bool = False
+    """llama.cpp's graph keeps only the rows that want logits (one a prompt batch) before
+    the last layer's FFN, so a prompt runs that layer's experts for one token a batch (the
+    plan's prefill counts it: ``ModelFigures.prompt_weights``). Set only where a fixture
+    gates it (tests/gates/test_route_recorder.py); elsewhere the plan counts the layer whole."""
 
 
 _ARCHS = (
-    MoeArch("qwen3moe", "Qwen3-MoE (30B-A3B, 235B-A22B), Qwen3-Coder", SEPARATE),
+    MoeArch("qwen3moe", "Qwen3-MoE (30B-A3B, 235B-A22B), Qwen3-Coder", SEPARATE, prunes_last_ffn=True),
     MoeArch("qwen3vlmoe", "Qwen3-VL MoE (30B-A3B, 235B-A22B); images with its --mmproj", SEPARATE),
     MoeArch(
         "qwen2moe",
@@ -121,6 +126,12 @@ def expert_projections(arch: str) -> tuple[str, ...] | None:
     names = EXPERT_PROJECTIONS[arch]
     # either layout may occur in files of a listed arch: accept both
     return tuple(dict.fromkeys((*names, *FUSED, *SEPARATE)))
+
+
+def prunes_last_ffn(arch: str) -> bool:
+    """Whether a prompt runs ``arch``'s last FFN for one token a batch (``MoeArch``)."""
+    entry = ARCHS.get(arch)
+    return entry is not None and entry.prunes_last_ffn
 
 
 def expert_tensor_name(layer: int, projection: str) -> str:

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from bmoe.adapters.gguf_layout import ModelLayout, read_header_values
-from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
+from bmoe.domain.moe_arch import expert_projections, expert_tensor_name, prunes_last_ffn
 from bmoe.domain.plan.figures import ModelFigures
 from bmoe.errors import ConfigError
 
@@ -52,6 +52,8 @@ def model_figures(layout: ModelLayout, first: Path, name: str) -> ModelFigures:
         why = "not in bmoe's expert registry" if projections is None else "a model without routed experts"
         raise ConfigError(f"{name}: architecture {arch!r} is {why}: there is nothing to stream or plan")
     per_layer: dict[int, int] = {}
+    per_layer_weights: dict[int, int] = {}
+    expert_names: set[str] = set()
     slices: list[int] = []
     weights = 0
     down = None
@@ -61,6 +63,8 @@ def model_figures(layout: ModelLayout, first: Path, name: str) -> ModelFigures:
             if loc is None or len(loc.shape) != 3 or loc.shape[2] != n_expert:
                 continue
             per_layer[layer] = per_layer.get(layer, 0) + loc.n_bytes
+            per_layer_weights[layer] = per_layer_weights.get(layer, 0) + math.prod(loc.shape)
+            expert_names.add(loc.name)
             slices.append(loc.n_bytes // n_expert)
             weights += math.prod(loc.shape)
             if projection == "ffn_down_exps":
@@ -101,4 +105,31 @@ def model_figures(layout: ModelLayout, first: Path, name: str) -> ModelFigures:
         n_ff_exp=v.get("expert_feed_forward_length", down.shape[0] if down is not None else 0),
         n_ctx_train=v.get("context_length", 0),
         bytes_per_weight=expert_bytes / max(1, weights),
+        embedding_bytes=embd.n_bytes if embd is not None and "output.weight" in layout.tensors else 0,
+        prompt_weights=_prompt_weights(
+            layout, n_layer if prunes_last_ffn(arch) else -1, expert_names, per_layer_weights, k / n_expert
+        ),
     )
+
+
+def _prompt_weights(
+    layout: ModelLayout, pruned: int, expert_names: set[str], expert_weights: dict[int, int], share: float
+) -> int:
+    """The weights one prompt token multiplies by in llama.cpp's graph: every matrix of every
+    layer (attention, routers, shared and dense FFNs; not biases) and ``share`` (k of n) of each MoE
+    layer's routed experts, but not the embedding table (a row is looked up) nor the output
+    head (one token a batch wants logits), nor, where the architecture prunes there
+    (``prunes_last_ffn``), the FFN of layer ``pruned - 1`` (-1: none). What the plan's prefill
+    counts, and what its calibration reads its rates with (``bmoe.runtime.compute_calibration``)."""
+    last_ffn = f"blk.{pruned - 1}.ffn_"
+    dense = sum(
+        math.prod(loc.shape)
+        for name, loc in layout.tensors.items()
+        if name.startswith("blk.")
+        and name.endswith(".weight")
+        and len(loc.shape) >= 2
+        and name not in expert_names
+        and not (pruned > 0 and name.startswith(last_ffn))
+    )
+    routed = sum(n for layer, n in expert_weights.items() if layer != pruned - 1)
+    return dense + round(routed * share)

@@ -45,6 +45,9 @@ class ModelFigures:
     bytes_per_weight: float  # of the routed experts (the quantization)
     head_dim: int = 0  # attention's key width a head (0: unknown, no attention term)
     n_attn_layers: int = 0  # layers with attention (a KV cache)
+    # the token embedding table where the output head is a tensor of its own (a token reads a row)
+    embedding_bytes: int = 0
+    prompt_weights: int = 0  # weights a prompt token multiplies by (``model_figures``; 0: unknown)
 
     def attention_flops(self, tokens: int, batch: int) -> float:
         """The attention scores' FLOPs of a prompt of ``tokens`` in batches of ``batch``: each
@@ -73,7 +76,15 @@ class ModelFigures:
     def active_bytes(self) -> int:
         """Weight bytes one decode step computes with: the dense part (less the embedding
         table, of which a token reads one row) and one token's working set."""
-        return self.dense_bytes + self.token_cycle_bytes
+        return self.dense_bytes - self.embedding_bytes + self.token_cycle_bytes
+
+    @property
+    def prompt_token_weights(self) -> float:
+        """The weights a prompt token multiplies by (``prompt_weights``; where unknown, the
+        active bytes over the experts' bytes a weight)."""
+        if self.prompt_weights > 0:
+            return float(self.prompt_weights)
+        return self.active_bytes / max(self.bytes_per_weight, 1e-9)
 
     def cache_share(self, budget_bytes: int) -> float:
         """The share of every routed expert a cache of ``budget_bytes`` holds (0 where the

@@ -14,7 +14,8 @@ bounds, not measurements:
   a range from the lowest guess to the highest, with the expected one named;
 - prefill of P tokens: each prompt batch routes to nearly every expert of every layer, so it
   reads the experts ``ceil(P / batch)`` times over (once, where the cache holds them all),
-  while the compute is ``2 x active weights x P`` FLOPs at the matmul rate llama.cpp's
+  while the compute is ``2 x W x P`` FLOPs (W: the weights a prompt token multiplies by,
+  ``ModelFigures.prompt_token_weights``) at the matmul rate llama.cpp's
   kernels reached here where each expert computes on as many tokens as the plan's batch
   gives it, plus what a streamed prompt adds a MiB read (the repack, the faults: measured
   here), plus the attention scores (quadratic in the prompt: each batch's queries against
@@ -243,7 +244,7 @@ def prefill(
     once = model.expert_bytes * touched
     read = once if budget >= model.expert_bytes else once * ubatches
     disk = read / MIB / machine.disk_mib_s if machine.disk_mib_s > 0 else math.inf
-    weights = model.active_bytes / max(model.bytes_per_weight, 1e-9)
+    weights = model.prompt_token_weights
     flops = machine.matmul_flops_at(batch * model.n_expert_used / max(1, model.n_expert))
     compute = 2.0 * weights * tokens / flops if flops > 0 else math.inf
     if machine.attention_flops_s > 0:
