@@ -154,3 +154,18 @@ def test_a_measured_attention_rate_lengthens_the_prefill_of_a_long_prompt() -> N
     plain = make_plan(heads, machine(14), settings)
     slow = make_plan(heads, attrs.evolve(machine(14), attention_flops_s=50e9), settings)
     assert slow.prefills[0].seconds > plain.prefills[0].seconds
+
+
+def test_the_prefills_range_carries_the_calibrations_spread() -> None:
+    from bmoe.runtime.compute_calibration import spread
+
+    assert spread([[1.0, 1.2, 0.9], [2.0, 2.4, 1.8]]) == pytest.approx((0.9, 1.2))
+    assert spread([]) == (1.0, 1.0)
+    heads = attrs.evolve(MODEL, n_head=32, head_dim=128, n_attn_layers=48)
+    settings = PlanSettings(prompt_tokens=(2048,))
+    steady = make_plan(heads, machine(14), settings).prefills[0]
+    moving = make_plan(heads, attrs.evolve(machine(14), compute_spread=(0.8, 1.3)), settings).prefills[0]
+    assert moving.seconds == steady.seconds  # the expected figure is the medians'
+    assert steady.fastest_s == steady.seconds
+    assert moving.fastest_s < moving.seconds < moving.slowest_s
+    assert moving.slowest_s > steady.slowest_s

@@ -84,7 +84,8 @@ def rows(plan: Plan) -> list[tuple[str, str]]:
         out.append(
             (
                 f"prefill {p.tokens:,} tokens",
-                f"{_seconds(p.seconds)} to {_seconds(p.slowest_s)}, {p.bound}-bound "
+                f"{_seconds(p.seconds)} ({_seconds(p.fastest_s)} to {_seconds(p.slowest_s)}), "
+                f"{p.bound}-bound "
                 f"(reads {_mib(p.read_bytes)} at -b {plan.prompt_batch}{longer})",
             )
         )

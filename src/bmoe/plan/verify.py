@@ -127,9 +127,9 @@ def comparison(plan: Plan, got: Measured, prompt_tokens: int) -> list[str]:
     pre = next((p for p in plan.prefills if p.tokens == prompt_tokens), None)
     if pre is not None and got.prefill_s > 0:
         lines.append(
-            f"  prefill {prompt_tokens:,}  predicted {pre.seconds:.1f} s ({pre.seconds:.1f} to "
+            f"  prefill {prompt_tokens:,}  predicted {pre.seconds:.1f} s ({pre.fastest_s:.1f} to "
             f"{pre.slowest_s:.1f}), measured {got.prefill_s:.1f} s ({pre.seconds / got.prefill_s - 1:+.0%}): "
-            f"{_inside(got.prefill_s, pre.seconds, pre.slowest_s)}"
+            f"{_inside(got.prefill_s, pre.fastest_s, pre.slowest_s)}"
         )
     return lines
 

@@ -78,6 +78,7 @@ class Calibrated:
     source: str
     matmul_curve: tuple[tuple[float, float], ...] = ()
     attention_flops_s: float = 0.0  # the attention scores' rate (0: not measured)
+    spread: tuple[float, float] = (1.0, 1.0)  # the timings' fastest and slowest over their medians
 
 
 def calibration_model(quant: str) -> Path:
@@ -129,7 +130,7 @@ def _measured(quant: str, threads: int) -> Calibrated:
         matmul_flops=curve[-1][1],
     )
     source = f"llama.cpp's {quant.upper()} kernels timed here ({threads} threads)"
-    return Calibrated(rate, source, curve, attention)
+    return Calibrated(rate, source, curve, attention, timed.spread)
 
 
 def attention_rate(figures: ModelFigures, batch_seconds: tuple[float, ...], batch: int) -> float:
@@ -188,11 +189,12 @@ class Timed:
     """A context's prompts timed (tokens -> the median of ``TRIES``, or of ``SHORT_TRIES``
     below a batch, each from an empty context), a long prompt's batches (the median of
     ``TRIES`` for each) and its decode steps (the median step; the steps' mean stall and
-    MiB)."""
+    MiB); ``spread``: how far the tries moved (``spread``)."""
 
     prompts: dict[int, Sample]
     step: Sample
     batches: tuple[float, ...] = ()
+    spread: tuple[float, float] = (1.0, 1.0)  # the fastest and slowest tries over the medians
 
 
 def time_prompts_and_steps(
@@ -215,12 +217,14 @@ def time_prompts_and_steps(
 
     ctx.decode(tokens[:64], 0)  # warm: the weights paged in, the threads started
     prompts: dict[int, Sample] = {}
+    every: list[list[float]] = []  # each measure's tries, for the spread
     for n in sizes:
         tries = []
         for _ in range(TRIES if n >= PREFILL_TOKENS else SHORT_TRIES):
             ctx.clear()
             tries.append(timed(functools.partial(ctx.decode, tokens[:n], 0)))
         prompts[n] = sorted(tries, key=lambda t: t.seconds)[len(tries) // 2]
+        every.append([t.seconds for t in tries])
     batch = PREFILL_TOKENS
     passes = []
     for _ in range(TRIES if long_batches else 0):
@@ -232,10 +236,20 @@ def time_prompts_and_steps(
             ]
         )
     batches = tuple(float(np.median(times)) for times in zip(*passes, strict=True))
+    every.extend(list(times) for times in zip(*passes, strict=True))
     steps = [timed(functools.partial(ctx.decode, [tokens[i]], len(tokens) + i)) for i in range(DECODE_STEPS)]
     step = Sample(
         float(np.median([s.seconds for s in steps])),
         float(np.mean([s.stall_s for s in steps])),
         float(np.mean([s.read_mib for s in steps])),
     )
-    return Timed(prompts, step, batches)
+    return Timed(prompts, step, batches, spread(every))
+
+
+def spread(tries: list[list[float]]) -> tuple[float, float]:
+    """How far the calibration's measures moved within it: the sum of each one's fastest
+    try, and of its slowest, over the sum of its medians ((1, 1) where none was timed)."""
+    middle = sum(float(np.median(t)) for t in tries if t)
+    if middle <= 0:
+        return (1.0, 1.0)
+    return (sum(min(t) for t in tries if t) / middle, sum(max(t) for t in tries if t) / middle)

@@ -141,6 +141,7 @@ def read_machine(
         compute_source=calibrated.source,
         matmul_curve=calibrated.matmul_curve,
         attention_flops_s=calibrated.attention_flops_s,
+        compute_spread=calibrated.spread,
         stream_costs=stream_costs,
     )
 

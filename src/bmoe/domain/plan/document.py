@@ -86,6 +86,7 @@ def to_json(plan: Plan, source: str = "") -> dict[str, Any]:
                 {
                     "tokens": p.tokens,
                     "seconds": finite(p.seconds),
+                    "fastest_seconds": finite(p.fastest_s),
                     "slowest_seconds": finite(p.slowest_s),
                     "read_bytes": p.read_bytes,
                     "bound": p.bound,

@@ -20,7 +20,8 @@ bounds, not measurements:
   gives it, plus what a streamed prompt adds a MiB read (the repack, the faults: measured
   here), plus the attention scores (quadratic in the prompt: each batch's queries against
   every KV cell so far) at the rate they ran here; the read-ahead overlaps the reads with the
-  compute, so the time is the larger, and at most their sum (none overlapping): a range;
+  compute, so the time is the larger, and at most their sum (none overlapping): a range,
+  whose ends take the compute at the calibration's fastest and slowest tries;
   ``--verify``'s correction multiplies it where one was measured.
 """
 
@@ -81,13 +82,15 @@ class PlanSettings:
 @attrs.frozen
 class Prefill:
     """One prompt: ``seconds`` with the reads overlapping the compute (read ahead), the
-    larger of the two; ``slowest_s`` with none overlapping, their sum: the range's ends."""
+    larger of the two; ``fastest_s`` so at the calibration's fastest tries, ``slowest_s``
+    with none overlapping at its slowest: the range's ends."""
 
     tokens: int
     seconds: float
     read_bytes: int
     bound: str  # "disk" or "compute"
     slowest_s: float = 0.0
+    fastest_s: float = 0.0
 
 
 @attrs.frozen
@@ -253,7 +256,15 @@ def prefill(
         compute += read / MIB * machine.stream_costs.prefill_s_per_mib
     scale = factor or 1.0
     bound = "disk" if disk > compute else "compute"
-    return Prefill(tokens, max(disk, compute) * scale, int(read), bound, (disk + compute) * scale)
+    fast, slow = machine.compute_spread
+    return Prefill(
+        tokens,
+        max(disk, compute) * scale,
+        int(read),
+        bound,
+        (disk + compute * slow) * scale,
+        max(disk, compute * fast) * scale,
+    )
 
 
 def prefill_scale(
