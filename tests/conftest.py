@@ -21,6 +21,8 @@ def _own_profile_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     # the same for the expert stores ``--expert-store auto`` finds: only a test's own (the
     # output is the same either way; the counters and the notes are not)
     monkeypatch.setenv("BMOE_STORE_DIR", str(tmp_path_factory.mktemp("stores")))
+    # and the plan's calibrations, whose history widens the prefill's range
+    monkeypatch.setenv("BMOE_CALIBRATION_HISTORY", str(tmp_path_factory.mktemp("plan") / "calibrations.json"))
     # the busy-machine warning reads the load average, which the suite itself raises: tests
     # that count a session's notes would depend on it (its own tests set it back)
     monkeypatch.setenv("BMOE_BUSY_WARNING", "0")

@@ -34,10 +34,13 @@ import attrs
 import numpy as np
 
 from bmoe.adapters.cache_dirs import fixture_dir
+from bmoe.adapters.calibration_history_file import history_path, read_history, write_history
 from bmoe.adapters.compute_rate import ComputeRate, measure_compute
+from bmoe.adapters.cpu_features import machine_key
 from bmoe.adapters.file_writes import replacing
 from bmoe.adapters.gguf_layout import read_layout
 from bmoe.adapters.llama import ContextParams
+from bmoe.domain.plan.compute_spread import CalibrationRecord, spread_with_history, with_record
 from bmoe.domain.plan.figures import ModelFigures
 from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import BmoeError
@@ -130,7 +133,21 @@ def _measured(quant: str, threads: int) -> Calibrated:
         matmul_flops=curve[-1][1],
     )
     source = f"llama.cpp's {quant.upper()} kernels timed here ({threads} threads)"
-    return Calibrated(rate, source, curve, attention, timed.spread)
+    return Calibrated(rate, source, curve, attention, machine_spread(quant, threads, timed))
+
+
+def machine_spread(quant: str, threads: int, timed: Timed) -> tuple[float, float]:
+    """The calibration's own spread widened by this machine's earlier calibrations
+    (``bmoe.domain.plan.compute_spread``); this one kept for the next."""
+    record = CalibrationRecord(
+        at=time.time(),
+        key=machine_key(f"plan-calibration:{quant}:{threads}:{CALIBRATION_SHAPE}"),
+        seconds=timed.speed_s,
+    )
+    path = history_path()
+    history = read_history(path)
+    write_history(path, with_record(history, record))
+    return spread_with_history(timed.spread, record, history)
 
 
 def attention_rate(figures: ModelFigures, batch_seconds: tuple[float, ...], batch: int) -> float:
@@ -195,6 +212,7 @@ class Timed:
     step: Sample
     batches: tuple[float, ...] = ()
     spread: tuple[float, float] = (1.0, 1.0)  # the fastest and slowest tries over the medians
+    speed_s: float = 0.0  # the measures' medians summed (the calibration's speed: higher, slower)
 
 
 def time_prompts_and_steps(
@@ -243,7 +261,7 @@ def time_prompts_and_steps(
         float(np.mean([s.stall_s for s in steps])),
         float(np.mean([s.read_mib for s in steps])),
     )
-    return Timed(prompts, step, batches, spread(every))
+    return Timed(prompts, step, batches, spread(every), sum(float(np.median(t)) for t in every if t))
 
 
 def spread(tries: list[list[float]]) -> tuple[float, float]:
