@@ -45,6 +45,7 @@ def run(
     orphan_reads: bool = True,
     rank_worker: bool = True,
     projection_waits: bool = True,
+    wake_lanes: str = "each",
     **routing: object,
 ) -> Run:
     """A streamed run whose cache holds one layer's top-k and two entries more (``half``:
@@ -59,6 +60,7 @@ def run(
         orphan_reads=orphan_reads,
         rank_worker=rank_worker,
         projection_waits=projection_waits,
+        wake_lanes=wake_lanes,  # type: ignore[arg-type]
     )
     stream = StreamConfig(enabled=True, cache_mb=None, engine=engine, **routing)  # type: ignore[arg-type]
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
@@ -130,6 +132,18 @@ def test_nodes_that_wait_for_their_own_projection_compute_what_a_fast_disk_gives
     assert same_output(per_node, base) and same_output(at_topk, base)
     assert per_node[2].projection_waits > 0 and at_topk[2].projection_waits == 0
     assert per_node[2].decisions() == at_topk[2].decisions() == base[2].decisions()
+
+
+def test_waking_every_lane_or_one_a_read_computes_the_same(fixture: tuple[Path, Run]) -> None:
+    """Queued reads wake one waiting worker each (the default) or every worker: slow lanes
+    with reads ahead, so that reads queue behind each other; the output and the decisions
+    are the fast disk's either way."""
+    path, base = fixture
+    each = run(path, predict_prefetch=True, lane_delay_us=2000)
+    every = run(path, predict_prefetch=True, lane_delay_us=2000, wake_lanes="all")
+    assert same_output(each, base) and same_output(every, base)
+    assert each[2].decisions() == every[2].decisions()
+    assert each[2].prefetch_issued > 0
 
 
 def test_a_slow_disk_leaves_evicted_reads_to_their_lanes(tiny_model_path: TinyModel) -> None:

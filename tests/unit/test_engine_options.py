@@ -23,6 +23,7 @@ def test_each_variable_sets_its_option() -> None:
             "BMOE_PAGE_RECYCLE": "0",
             "BMOE_PAGE_RELEASE": "all",
             "BMOE_REPACK_PARTS": "dense",
+            "BMOE_WAKE_LANES": "all",
             "UNRELATED": "x",
         }
     )
@@ -33,6 +34,7 @@ def test_each_variable_sets_its_option() -> None:
         page_recycle=False,
         page_release="all",
         repack_parts="dense",
+        wake_lanes="all",
     )
 
 
@@ -48,6 +50,7 @@ def test_the_rank_worker_is_left_to_the_cpus_unless_set() -> None:
         ("BMOE_RANK_WORKER", "2"),
         ("BMOE_PAGE_RELEASE", "later"),
         ("BMOE_REPACK_PARTS", "none"),
+        ("BMOE_WAKE_LANES", "some"),
     ],
 )
 def test_a_value_that_is_not_a_choice_names_the_variable(name: str, value: str) -> None:
@@ -58,6 +61,8 @@ def test_a_value_that_is_not_a_choice_names_the_variable(name: str, value: str) 
 def test_fields_are_checked_when_built() -> None:
     with pytest.raises(ConfigError, match="page_release"):
         EngineOptions(page_release="later")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="wake_lanes"):
+        EngineOptions(wake_lanes="some")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="lane_delay_us"):
         EngineOptions(lane_delay_us=-1)
 

@@ -179,6 +179,7 @@ cdef class ExpertStreamer:
         if self.s == NULL:
             raise MemoryError()
         self.s.read_in_place = 1  # EngineOptions' default, until configure
+        self.s.wake_all = 0
         self._hook = None
 
     def __dealloc__(self):
@@ -497,6 +498,7 @@ cdef class ExpertStreamer:
         self.s.orphan_reads = 1 if engine.orphan_reads else 0
         self.s.recycle = 1 if engine.page_recycle else 0
         self.s.read_in_place = 1 if engine.read_in_place else 0
+        self.s.wake_all = 1 if engine.wake_lanes == "all" else 0
         self.s.defer_release = page_release
         self.s.lane_delay_us = lane_delay_us
         self.s.r.use_worker = 1 if engine.rank_worker else 0
@@ -551,6 +553,7 @@ cdef class ExpertStreamer:
                 "page_recycle": self.s.recycle != 0,
                 "page_release": PAGE_RELEASES[self.s.defer_release],
                 "read_in_place": self.s.read_in_place != 0,
+                "wake_lanes": "all" if self.s.wake_all else "each",
                 "lane_delay_us": self.s.lane_delay_us,
             },
         }

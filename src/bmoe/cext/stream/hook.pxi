@@ -94,7 +94,7 @@ cdef void load_and_wait(stream_t * s, int layer) noexcept nogil:
     pthread_mutex_lock(&s.lanes.mu)
     queue_plan_first(s)
     if s.lanes.queue_len > 1:
-        pthread_cond_broadcast(&s.lanes.work)
+        wake_lanes(s)
     while True:
         if s.lanes.queue_len > 0 and is_wanted(s, s.lanes.queue[s.lanes.queue_head], layer):
             idx = queue_pop(s)
@@ -126,7 +126,7 @@ cdef bint queue_loads(stream_t * s, int layer) noexcept nogil:
         return False
     pthread_mutex_lock(&s.lanes.mu)
     queue_plan_first(s)
-    pthread_cond_broadcast(&s.lanes.work)
+    wake_lanes(s)
     pthread_mutex_unlock(&s.lanes.mu)
     s.pw_n = 0
     for w in range(s.core.n_wanted):

@@ -122,6 +122,20 @@ cdef void * lane_main(void * arg) noexcept nogil:
     return NULL
 
 
+cdef void wake_lanes(stream_t * s) noexcept nogil:
+    """Wake as many waiting workers as there are queued reads (mutex held): a worker drains
+    the queue before it waits again, so one a read is enough. A broadcast woke every worker
+    for each layer's one or two reads; on two cores each woken one took a core from the
+    compute to find the queue empty."""
+    cdef int n = s.lanes.queue_len if s.lanes.queue_len < s.lanes.n_workers else s.lanes.n_workers
+    if s.wake_all:
+        pthread_cond_broadcast(&s.lanes.work)
+        return
+    while n > 0:
+        pthread_cond_signal(&s.lanes.work)
+        n -= 1
+
+
 cdef void queue_plan_first(stream_t * s) noexcept nogil:
     """Put the plan's loads, and the adopted entries' reads still queued, at the front of the
     lanes' queue, in plan order (mutex held)."""
@@ -159,7 +173,7 @@ cdef void issue_reads(stream_t * s) noexcept nogil:
         claim_for_read(s, idx)
         if queue_push(s, idx, False) < 0:
             read_popped(s, idx, 0)
-    pthread_cond_broadcast(&s.lanes.work)
+    wake_lanes(s)
     pthread_mutex_unlock(&s.lanes.mu)
 
 

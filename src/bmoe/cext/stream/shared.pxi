@@ -264,6 +264,7 @@ cdef struct stream_t:
     int n_files
     int odirect
     int read_in_place              # 1: a projection that lands as read is read into its slice
+    int wake_all                   # 1: queued reads wake every worker (BMOE_WAKE_LANES=all)
     int n_lanes
     char ** bounce                 # [n_lanes], each bounce_size bytes, page aligned
     int64_t bounce_size

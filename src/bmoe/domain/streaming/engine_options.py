@@ -27,6 +27,8 @@ variable                   what it switches                                     
 ``BMOE_READ_IN_PLACE``     ``1``: a projection that lands as read (no repack) is read   ``1``
                            straight into its slice's pages; ``0``: through a bounce
                            buffer, then copied
+``BMOE_WAKE_LANES``        ``each``: one waiting worker woken a queued read; ``all``:   ``each``
+                           every worker woken whenever reads are queued
 =========================  ==========================================================  =========
 """
 
@@ -40,6 +42,8 @@ import attrs
 from bmoe.errors import ConfigError
 
 PageRelease = Literal["inline", "ahead", "all"]
+WakeLanes = Literal["each", "all"]
+WAKE_LANES: tuple[WakeLanes, ...] = ("each", "all")
 RepackParts = Literal["all", "dense", "experts"]
 PAGE_RELEASES: tuple[PageRelease, ...] = ("inline", "ahead", "all")
 REPACK_PARTS: tuple[RepackParts, ...] = ("all", "dense", "experts")
@@ -51,6 +55,7 @@ ENV_PAGE_RECYCLE = "BMOE_PAGE_RECYCLE"
 ENV_PAGE_RELEASE = "BMOE_PAGE_RELEASE"
 ENV_REPACK_PARTS = "BMOE_REPACK_PARTS"
 ENV_READ_IN_PLACE = "BMOE_READ_IN_PLACE"
+ENV_WAKE_LANES = "BMOE_WAKE_LANES"
 
 
 @attrs.frozen
@@ -66,6 +71,7 @@ class EngineOptions:
     page_release: PageRelease = "ahead"
     repack_parts: RepackParts = "all"
     read_in_place: bool = True
+    wake_lanes: WakeLanes = "each"
     lane_delay_us: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -75,6 +81,9 @@ class EngineOptions:
         if self.repack_parts not in REPACK_PARTS:
             choices = ", ".join(REPACK_PARTS)
             raise ConfigError(f"repack_parts must be one of {choices}, not {self.repack_parts!r}")
+        if self.wake_lanes not in WAKE_LANES:
+            choices = ", ".join(WAKE_LANES)
+            raise ConfigError(f"wake_lanes must be one of {choices}, not {self.wake_lanes!r}")
         if self.lane_delay_us < 0:
             raise ConfigError(f"lane_delay_us must be >= 0, not {self.lane_delay_us}")
 
@@ -90,6 +99,7 @@ class EngineOptions:
             page_release=cast(PageRelease, _choice(environ, ENV_PAGE_RELEASE, PAGE_RELEASES) or "ahead"),
             repack_parts=cast(RepackParts, _choice(environ, ENV_REPACK_PARTS, REPACK_PARTS) or "all"),
             read_in_place=_flag(environ, ENV_READ_IN_PLACE) is not False,
+            wake_lanes=cast(WakeLanes, _choice(environ, ENV_WAKE_LANES, WAKE_LANES) or "each"),
         )
 
 
