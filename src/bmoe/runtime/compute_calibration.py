@@ -81,7 +81,7 @@ class Calibrated:
     source: str
     matmul_curve: tuple[tuple[float, float], ...] = ()
     attention_flops_s: float = 0.0  # the attention scores' rate (0: not measured)
-    spread: tuple[float, float] = (1.0, 1.0)  # the timings' fastest and slowest over their medians
+    spread: tuple[float, float] = (1.0, 1.0)  # ``machine_spread``: the tries', widened by the history
 
 
 def calibration_model(quant: str) -> Path:

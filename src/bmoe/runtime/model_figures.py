@@ -107,21 +107,30 @@ def model_figures(layout: ModelLayout, first: Path, name: str) -> ModelFigures:
         bytes_per_weight=expert_bytes / max(1, weights),
         embedding_bytes=embd.n_bytes if embd is not None and "output.weight" in layout.tensors else 0,
         prompt_weights=_prompt_weights(
-            layout, n_layer if prunes_last_ffn(arch) else -1, expert_names, per_layer_weights, k / n_expert
+            layout,
+            n_layer - 1 if prunes_last_ffn(arch) else None,
+            expert_names,
+            per_layer_weights,
+            k / n_expert,
         ),
     )
 
 
 def _prompt_weights(
-    layout: ModelLayout, pruned: int, expert_names: set[str], expert_weights: dict[int, int], share: float
+    layout: ModelLayout,
+    skipped: int | None,
+    expert_names: set[str],
+    expert_weights: dict[int, int],
+    share: float,
 ) -> int:
     """The weights one prompt token multiplies by in llama.cpp's graph: every matrix of every
-    layer (attention, routers, shared and dense FFNs; not biases) and ``share`` (k of n) of each MoE
-    layer's routed experts, but not the embedding table (a row is looked up) nor the output
-    head (one token a batch wants logits), nor, where the architecture prunes there
-    (``prunes_last_ffn``), the FFN of layer ``pruned - 1`` (-1: none). What the plan's prefill
-    counts, and what its calibration reads its rates with (``bmoe.runtime.compute_calibration``)."""
-    last_ffn = f"blk.{pruned - 1}.ffn_"
+    layer (attention, routers, shared and dense FFNs; not biases) and ``share`` (k of n) of
+    each MoE layer's routed experts, but not the embedding table (a row is looked up) nor the
+    output head (one token a batch wants logits), nor the FFN of layer ``skipped``, the last,
+    where the architecture prunes there (``prunes_last_ffn``; None: none skipped). What the
+    plan's prefill counts, and what its calibration reads its rates with
+    (``bmoe.runtime.compute_calibration``)."""
+    skipped_ffn = None if skipped is None else f"blk.{skipped}.ffn_"
     dense = sum(
         math.prod(loc.shape)
         for name, loc in layout.tensors.items()
@@ -129,7 +138,7 @@ def _prompt_weights(
         and name.endswith(".weight")
         and len(loc.shape) >= 2
         and name not in expert_names
-        and not (pruned > 0 and name.startswith(last_ffn))
+        and not (skipped_ffn is not None and name.startswith(skipped_ffn))
     )
-    routed = sum(n for layer, n in expert_weights.items() if layer != pruned - 1)
+    routed = sum(n for layer, n in expert_weights.items() if layer != skipped)
     return dense + round(routed * share)

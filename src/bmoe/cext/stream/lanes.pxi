@@ -127,10 +127,11 @@ cdef void wake_lanes(stream_t * s) noexcept nogil:
     the queue before it waits again, so one a read is enough. A broadcast woke every worker
     for each layer's one or two reads; on two cores each woken one took a core from the
     compute to find the queue empty."""
-    cdef int n = s.lanes.queue_len if s.lanes.queue_len < s.lanes.n_workers else s.lanes.n_workers
+    cdef int n
     if s.wake_all:
         pthread_cond_broadcast(&s.lanes.work)
         return
+    n = s.lanes.queue_len if s.lanes.queue_len < s.lanes.n_workers else s.lanes.n_workers
     while n > 0:
         pthread_cond_signal(&s.lanes.work)
         n -= 1

@@ -145,8 +145,8 @@ class MachineFigures:
     matmul_curve: tuple[tuple[float, float], ...] = ()
     stream_costs: StreamCosts | None = None  # None: not measured here
     attention_flops_s: float = 0.0  # a prompt's attention scores' FLOP/s here (0: not measured)
-    # the calibration's fastest and slowest tries over its medians: how far this machine's
-    # compute moved within seconds (the prefill's range carries it)
+    # the calibration's fastest and slowest tries over its medians, widened to this machine's
+    # calibrations of two weeks: how far its compute moves (the prefill's range carries it)
     compute_spread: tuple[float, float] = (1.0, 1.0)
 
     def matmul_flops_at(self, tokens_per_expert: float) -> float:
