@@ -14,9 +14,11 @@ from bmoe.domain.plan.compute_spread import (
     MAX_AGE_S,
     CalibrationRecord,
     kept,
+    recent_rates,
     spread_with_history,
     with_record,
 )
+from bmoe.domain.plan.prompt_rates import PromptRates
 
 NOW = 1_800_000_000.0
 
@@ -68,3 +70,18 @@ def test_a_folder_that_cannot_be_written_keeps_no_history_and_raises_nothing(tmp
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     assert not write_history(blocked / "calibrations.json", (record(8.0),))
+
+
+def test_the_records_keep_their_prompt_rates_and_the_recent_ones_are_handed_on(tmp_path: Path) -> None:
+    curve = ((1.0, 100e9), (64.0, 300e9))
+    rated = CalibrationRecord(
+        at=NOW - 60, key="here", seconds=9.0, matmul_curve=curve, attention_flops_s=80e9
+    )
+    path = tmp_path / "calibrations.json"
+    old = record(8.0)  # kept before records had rates: no curve
+    assert write_history(path, (old, rated, record(7.0, key="elsewhere")))
+    history = read_history(path)
+    assert history[1] == rated
+    now = record(10.0, ago=0.0)
+    assert recent_rates(now, history) == (PromptRates(curve, 80e9),)
+    assert recent_rates(record(10.0, ago=0.0, key="nowhere"), history) == ()

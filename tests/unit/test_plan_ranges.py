@@ -169,3 +169,23 @@ def test_the_prefills_range_carries_the_calibrations_spread() -> None:
     assert steady.fastest_s == steady.seconds
     assert moving.fastest_s < moving.seconds < moving.slowest_s
     assert moving.slowest_s > steady.slowest_s
+
+
+def test_the_prefills_range_spans_the_machine_s_recent_calibrations_rates() -> None:
+    """Rates read off a calibration's timings move between calibrations more than its total
+    time: the range counts the prompt at each recent calibration's rates too."""
+    from bmoe.domain.plan.prompt_rates import PromptRates
+
+    heads = attrs.evolve(MODEL, n_head=32, head_dim=128, n_attn_layers=48)
+    settings = PlanSettings(prompt_tokens=(2048,))
+    today = attrs.evolve(machine(14), matmul_curve=((1.0, 200e9), (64.0, 200e9)), attention_flops_s=100e9)
+    steady = make_plan(heads, today, settings).prefills[0]
+    faster, slower = PromptRates(((1.0, 400e9),), 200e9), PromptRates(((1.0, 100e9),), 50e9)
+    spanned = make_plan(heads, attrs.evolve(today, recent_rates=(faster, slower)), settings).prefills[0]
+    assert spanned.seconds == steady.seconds  # today's rates give the expected figure
+    assert spanned.fastest_s < steady.fastest_s and spanned.slowest_s > steady.slowest_s
+    only_fast = make_plan(heads, attrs.evolve(today, recent_rates=(faster,)), settings).prefills[0]
+    assert only_fast.slowest_s == steady.slowest_s  # a faster earlier calibration widens one end
+    # a prompt at twice the FLOP/s of both kinds takes half the compute
+    half = attrs.evolve(today, matmul_curve=((1.0, 400e9),), attention_flops_s=200e9)
+    assert make_plan(heads, half, settings).prefills[0].seconds == pytest.approx(only_fast.fastest_s)

@@ -40,8 +40,14 @@ from bmoe.adapters.cpu_features import machine_key
 from bmoe.adapters.file_writes import replacing
 from bmoe.adapters.gguf_layout import read_layout
 from bmoe.adapters.llama import ContextParams
-from bmoe.domain.plan.compute_spread import CalibrationRecord, spread_with_history, with_record
+from bmoe.domain.plan.compute_spread import (
+    CalibrationRecord,
+    recent_rates,
+    spread_with_history,
+    with_record,
+)
 from bmoe.domain.plan.figures import ModelFigures
+from bmoe.domain.plan.prompt_rates import PromptRates
 from bmoe.domain.streaming import StreamConfig
 from bmoe.errors import BmoeError
 from bmoe.runtime.model_figures import model_figures
@@ -82,6 +88,7 @@ class Calibrated:
     matmul_curve: tuple[tuple[float, float], ...] = ()
     attention_flops_s: float = 0.0  # the attention scores' rate (0: not measured)
     spread: tuple[float, float] = (1.0, 1.0)  # ``machine_spread``: the tries', widened by the history
+    recent_rates: tuple[PromptRates, ...] = ()  # this machine's recent calibrations' (``machine_spread``)
 
 
 def calibration_model(quant: str) -> Path:
@@ -133,21 +140,26 @@ def _measured(quant: str, threads: int) -> Calibrated:
         matmul_flops=curve[-1][1],
     )
     source = f"llama.cpp's {quant.upper()} kernels timed here ({threads} threads)"
-    return Calibrated(rate, source, curve, attention, machine_spread(quant, threads, timed))
+    spread, recent = machine_spread(quant, threads, timed, PromptRates(curve, attention))
+    return Calibrated(rate, source, curve, attention, spread, recent)
 
 
-def machine_spread(quant: str, threads: int, timed: Timed) -> tuple[float, float]:
-    """The calibration's own spread widened by this machine's earlier calibrations
-    (``bmoe.domain.plan.compute_spread``); this one kept for the next."""
+def machine_spread(
+    quant: str, threads: int, timed: Timed, rates: PromptRates
+) -> tuple[tuple[float, float], tuple[PromptRates, ...]]:
+    """The calibration's own spread widened by this machine's earlier calibrations, and
+    their prompt rates (``bmoe.domain.plan.compute_spread``); this one kept for the next."""
     record = CalibrationRecord(
         at=time.time(),
         key=machine_key(f"plan-calibration:{quant}:{threads}:{CALIBRATION_SHAPE}"),
         seconds=timed.speed_s,
+        matmul_curve=rates.matmul_curve,
+        attention_flops_s=rates.attention_flops_s,
     )
     path = history_path()
     history = read_history(path)
     write_history(path, with_record(history, record))
-    return spread_with_history(timed.spread, record, history)
+    return spread_with_history(timed.spread, record, history), recent_rates(record, history)
 
 
 def attention_rate(figures: ModelFigures, batch_seconds: tuple[float, ...], batch: int) -> float:

@@ -142,6 +142,7 @@ def read_machine(
         matmul_curve=calibrated.matmul_curve,
         attention_flops_s=calibrated.attention_flops_s,
         compute_spread=calibrated.spread,
+        recent_rates=calibrated.recent_rates,
         stream_costs=stream_costs,
     )
 

@@ -10,11 +10,10 @@ the compute rates a short matmul measured here.
 
 from __future__ import annotations
 
-import itertools
-
 import attrs
 
 from bmoe.domain.memory_room import MemoryRoom
+from bmoe.domain.plan.prompt_rates import PromptRates, curve_at
 
 MIB = 1024 * 1024
 F32 = 4
@@ -148,17 +147,17 @@ class MachineFigures:
     # the calibration's fastest and slowest tries over its medians, widened to this machine's
     # calibrations of two weeks: how far its compute moves (the prefill's range carries it)
     compute_spread: tuple[float, float] = (1.0, 1.0)
+    # this machine's recent calibrations' prompt rates (``compute_spread.recent_rates``): the
+    # prefill's range spans the prompt counted at each of them
+    recent_rates: tuple[PromptRates, ...] = ()
 
     def matmul_flops_at(self, tokens_per_expert: float) -> float:
         """The prefill's FLOP/s where each expert computes on ``tokens_per_expert`` tokens:
         the measured curve, a straight line between its points, its ends beyond them
         (``matmul_flops`` where there is no curve)."""
-        curve = self.matmul_curve
-        if not curve:
-            return self.matmul_flops
-        if tokens_per_expert <= curve[0][0]:
-            return curve[0][1]
-        for (t0, f0), (t1, f1) in itertools.pairwise(curve):
-            if tokens_per_expert <= t1:
-                return f0 + (f1 - f0) * (tokens_per_expert - t0) / (t1 - t0)
-        return curve[-1][1]
+        return curve_at(self.matmul_curve, tokens_per_expert, self.matmul_flops)
+
+    @property
+    def prompt_rates(self) -> PromptRates:
+        """Today's calibration's prompt rates."""
+        return PromptRates(self.matmul_curve, self.attention_flops_s)

@@ -21,7 +21,8 @@ bounds, not measurements:
   here), plus the attention scores (quadratic in the prompt: each batch's queries against
   every KV cell so far) at the rate they ran here; the read-ahead overlaps the reads with the
   compute, so the time is the larger, and at most their sum (none overlapping): a range,
-  whose ends take the compute at the calibration's fastest and slowest tries;
+  whose ends take the compute at the calibration's fastest and slowest tries, and at each of
+  this machine's recent calibrations' rates (``bmoe.domain.plan.prompt_rates``);
   ``--verify``'s correction multiplies it where one was measured.
 """
 
@@ -36,6 +37,7 @@ from bmoe.domain.plan.decode_range import DecodeCosts, DecodeRange, decode_range
 from bmoe.domain.plan.figures import MIB, MachineFigures, ModelFigures
 from bmoe.domain.plan.hit_guesses import PROFILE, hit_guesses
 from bmoe.domain.plan.hit_rate import CurvePoint, profile_curve
+from bmoe.domain.plan.prompt_rates import prompt_compute_s
 from bmoe.domain.plan.verified import VerifiedRun, nearest, prefill_run
 from bmoe.domain.streaming.budget import (
     Budget,
@@ -82,8 +84,9 @@ class PlanSettings:
 @attrs.frozen
 class Prefill:
     """One prompt: ``seconds`` with the reads overlapping the compute (read ahead), the
-    larger of the two; ``fastest_s`` so at the calibration's fastest tries, ``slowest_s``
-    with none overlapping at its slowest: the range's ends."""
+    larger of the two; ``fastest_s`` so at the calibration's fastest tries or the fastest of
+    this machine's recent calibrations, ``slowest_s`` with none overlapping at the slowest of
+    those: the range's ends."""
 
     tokens: int
     seconds: float
@@ -247,23 +250,24 @@ def prefill(
     once = model.expert_bytes * touched
     read = once if budget >= model.expert_bytes else once * ubatches
     disk = read / MIB / machine.disk_mib_s if machine.disk_mib_s > 0 else math.inf
-    weights = model.prompt_token_weights
-    flops = machine.matmul_flops_at(batch * model.n_expert_used / max(1, model.n_expert))
-    compute = 2.0 * weights * tokens / flops if flops > 0 else math.inf
-    if machine.attention_flops_s > 0:
-        compute += model.attention_flops(tokens, batch) / machine.attention_flops_s
+    streamed = 0.0
     if machine.stream_costs is not None and budget < model.expert_bytes:
-        compute += read / MIB * machine.stream_costs.prefill_s_per_mib
+        streamed = read / MIB * machine.stream_costs.prefill_s_per_mib
+    compute = prompt_compute_s(model, machine.prompt_rates, tokens, batch, machine.matmul_flops) + streamed
+    earlier = [
+        prompt_compute_s(model, rates, tokens, batch, machine.matmul_flops) + streamed
+        for rates in machine.recent_rates
+    ]
+    fast, slow = machine.compute_spread
     scale = factor or 1.0
     bound = "disk" if disk > compute else "compute"
-    fast, slow = machine.compute_spread
     return Prefill(
         tokens,
         max(disk, compute) * scale,
         int(read),
         bound,
-        (disk + compute * slow) * scale,
-        max(disk, compute * fast) * scale,
+        (disk + max([compute * slow, *earlier])) * scale,
+        max(disk, min([compute * fast, *earlier])) * scale,
     )
 
 
