@@ -28,7 +28,7 @@ from bmoe.adapters.llama import ContextParams
 from bmoe.adapters.llama.repack import CpuRepack
 from bmoe.adapters.usage_profile_file import model_key
 from bmoe.domain.generation import GenerateRequest
-from bmoe.domain.streaming import StreamConfig
+from bmoe.domain.streaming import EngineOptions, StreamConfig
 from bmoe.errors import ExpertStoreError
 from bmoe.runtime import Session, SessionConfig
 from bmoe.store.__main__ import main as store_command
@@ -263,3 +263,24 @@ def test_the_plan_says_whether_the_model_has_a_store(quantized: Callable[..., Pa
     assert (
         store_line(read_layout(path)) == f"expert store {store_of(path)} (its experts read without a repack)"
     )
+
+
+@pytest.mark.parametrize("name", ["q4_0", "mixtral"])
+@pytest.mark.parametrize("policy", ["fast", "reference"])
+def test_the_store_read_into_shuffled_rows_equals_resident(
+    name: str, policy: str, stored: Callable[[str], Path]
+) -> None:
+    """Each expert read from the store into another row of its tensors (``rows.pxi``; in place
+    where the row's address meets the store's offset modulo a page, as whole slices do)."""
+    path = stored(name)
+    tokens, logits = resident(path)
+    engine = EngineOptions(rank_worker=True, expert_rows="shuffled")
+    with session(path, StreamConfig(enabled=True, cache_mb=1, policy=policy, engine=engine)) as s:
+        assert s.streaming is not None and s.streaming.info.store.path == store_of(path)
+        got_tokens, got_logits = generated(s)
+        assert s.streaming.streaming.streamer.stats()["rows_rewritten"] > 0
+        counters = s.streaming.counters()
+        if policy == "fast" and name == "q4_0":
+            assert counters.bytes_in_place > counters.bytes_landed / 2
+    assert got_tokens == tokens
+    assert np.array_equal(got_logits, logits)

@@ -24,6 +24,7 @@ def test_each_variable_sets_its_option() -> None:
             "BMOE_PAGE_RELEASE": "all",
             "BMOE_REPACK_PARTS": "dense",
             "BMOE_WAKE_LANES": "all",
+            "BMOE_EXPERT_ROWS": "shuffled",
             "UNRELATED": "x",
         }
     )
@@ -35,6 +36,7 @@ def test_each_variable_sets_its_option() -> None:
         page_release="all",
         repack_parts="dense",
         wake_lanes="all",
+        expert_rows="shuffled",
     )
 
 
@@ -51,6 +53,7 @@ def test_the_rank_worker_is_left_to_the_cpus_unless_set() -> None:
         ("BMOE_PAGE_RELEASE", "later"),
         ("BMOE_REPACK_PARTS", "none"),
         ("BMOE_WAKE_LANES", "some"),
+        ("BMOE_EXPERT_ROWS", "mine"),
     ],
 )
 def test_a_value_that_is_not_a_choice_names_the_variable(name: str, value: str) -> None:
@@ -63,6 +66,8 @@ def test_fields_are_checked_when_built() -> None:
         EngineOptions(page_release="later")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="wake_lanes"):
         EngineOptions(wake_lanes="some")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="expert_rows"):
+        EngineOptions(expert_rows="mine")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="lane_delay_us"):
         EngineOptions(lane_delay_us=-1)
 

@@ -79,6 +79,8 @@ from bmoe.cext.cache_core cimport (
 )
 from bmoe.cext.ggml cimport (
     GGML_MAX_SRC,
+    GGML_OP_ADD_ID,
+    GGML_OP_GET_ROWS,
     GGML_OP_MUL_MAT,
     GGML_OP_MUL_MAT_ID,
     GGML_OP_NONE,
@@ -121,6 +123,8 @@ from bmoe.cext.pthreads cimport (
     pthread_mutex_unlock,
     pthread_t,
 )
+import numpy as np
+
 from bmoe.cext.route_policy cimport (
     rp_agreement,
     rp_drop,
@@ -133,6 +137,7 @@ from bmoe.cext.route_policy cimport (
 
 include "stream/shared.pxi"
 include "stream/faults.pxi"
+include "stream/rows.pxi"
 include "stream/pages.pxi"
 include "stream/reads.pxi"
 include "stream/lanes.pxi"
@@ -142,6 +147,13 @@ include "stream/routing.pxi"
 include "stream/ahead.pxi"
 include "stream/hook.pxi"
 include "stream/reference.pxi"
+
+def shuffled_rows(int n_layer, int n_expert):
+    """A fixed permutation of each layer's rows (``BMOE_EXPERT_ROWS=shuffled``): reversed,
+    then turned by the layer's index, so that layers differ and almost no expert keeps its row."""
+    experts = np.arange(n_expert, dtype=np.int64)
+    return np.stack([(n_expert - 1 - experts + layer) % n_expert for layer in range(n_layer)]).astype(np.int32)
+
 
 MODE_OFF = C_MODE_OFF
 MODE_CAPTURE = C_MODE_CAPTURE
@@ -499,6 +511,8 @@ cdef class ExpertStreamer:
         self.s.recycle = 1 if engine.page_recycle else 0
         self.s.read_in_place = 1 if engine.read_in_place else 0
         self.s.wake_all = 1 if engine.wake_lanes == "all" else 0
+        n_layer, n_expert = self.s.core.n_layer, self.s.core.n_expert
+        self.set_rows(shuffled_rows(n_layer, n_expert) if engine.expert_rows == "shuffled" else None)
         self.s.defer_release = page_release
         self.s.lane_delay_us = lane_delay_us
         self.s.r.use_worker = 1 if engine.rank_worker else 0
@@ -575,6 +589,27 @@ cdef class ExpertStreamer:
     def rule(self) -> str:
         """The eviction rule in charge now (adaptive: the chooser's)."""
         return RULES[self.s.core.rule]
+
+    def set_rows(self, rows):
+        """Where each expert's bytes live (``stream/rows.pxi``): ``rows`` ``[n_layer][n_expert]``
+        int32, each layer's a permutation of its experts (the routing ids are rewritten to
+        rows before the expert matmuls read them); None: expert e in row e. Before the first
+        read only (``ValueError`` after, or for rows that are not permutations)."""
+        cdef int32_t[:, ::1] view
+        cdef core_t * c = self.s.core
+        if c.resident_bytes > 0 or self.s.landed_bytes > 0:
+            raise ValueError("the experts' rows are set before the first read")
+        if rows is None:
+            set_rows(self.s, NULL)
+            return
+        table = np.ascontiguousarray(rows, dtype=np.int32)
+        if table.shape != (c.n_layer, c.n_expert):
+            raise ValueError(f"rows must be [{c.n_layer}][{c.n_expert}], not {list(table.shape)}")
+        if not (np.sort(table, axis=1) == np.arange(c.n_expert, dtype=np.int32)).all():
+            raise ValueError("each layer's rows must be a permutation of its experts")
+        view = table
+        if set_rows(self.s, &view[0, 0]) != 0:
+            raise MemoryError()
 
     def set_budget(self, int64_t budget_bytes):
         """Change the byte budget between decodes; evicts LRU-first down to it (waiting for
@@ -671,6 +706,7 @@ cdef class ExpertStreamer:
             "projection_waits": s.proj_splits,
             "pages_recycled": s.recycled,
             "topk_stops": s.topk_stops,
+            "rows_rewritten": s.rows_rewritten,
             "unplanned_waits": s.unplanned_waits,
             "passed": c.passed,
             "recycling": s.recycle != 0,

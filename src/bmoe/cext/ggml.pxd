@@ -26,6 +26,8 @@ cdef extern from "ggml.h" nogil:
         GGML_OP_MUL_MAT_ID
         GGML_OP_ARGSORT
         GGML_OP_VIEW
+        GGML_OP_GET_ROWS
+        GGML_OP_ADD_ID
 
     struct ggml_tensor:
         ggml_type type

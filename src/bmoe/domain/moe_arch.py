@@ -44,6 +44,12 @@ class MoeArch:
     the last layer's FFN, so a prompt runs that layer's experts for one token a batch (the
     plan's prefill counts it: ``ModelFigures.prompt_weights``). Set only where a fixture
     gates it (tests/gates/test_route_recorder.py); elsewhere the plan counts the layer whole."""
+    gathers_by_id: bool = False
+    """Besides the router's weights and the experts' matrices, llama.cpp's graph reads a
+    per-expert tensor by routing id (gpt-oss's biases through ``ADD_ID``, gemma4's
+    down-projection scales through a second ``GET_ROWS``): experts cannot live in other
+    rows than their own (``cext/stream/rows.pxi`` faults; gated in
+    tests/gates/test_expert_rows_gates.py)."""
 
 
 _ARCHS = (
@@ -61,7 +67,7 @@ _ARCHS = (
         FUSED,
         shared=(*_SHEXP, "ffn_gate_inp_shexp"),
     ),
-    MoeArch("gpt-oss", "OpenAI gpt-oss (20B, 120B)", SEPARATE),
+    MoeArch("gpt-oss", "OpenAI gpt-oss (20B, 120B)", SEPARATE, gathers_by_id=True),
     MoeArch("olmoe", "OLMoE (1B-7B)", SEPARATE),
     MoeArch("llama", "Mixtral 8x7B / 8x22B (llama with llama.expert_count > 0)", SEPARATE),
     MoeArch(
@@ -84,6 +90,7 @@ _ARCHS = (
         FUSED,
         shared=("ffn_gate", "ffn_up", "ffn_down"),
         dense_layers="layers without ffn_gate_inp",
+        gathers_by_id=True,
     ),
     MoeArch("granitemoe", "IBM Granite 3.x MoE (1B-A400M, 3B-A800M)", SEPARATE),
     MoeArch(
@@ -132,6 +139,13 @@ def prunes_last_ffn(arch: str) -> bool:
     """Whether a prompt runs ``arch``'s last FFN for one token a batch (``MoeArch``)."""
     entry = ARCHS.get(arch)
     return entry is not None and entry.prunes_last_ffn
+
+
+def serves_expert_rows(arch: str) -> bool:
+    """Whether ``arch``'s experts may live in other rows than their own, their routing ids
+    rewritten to rows (``MoeArch.gathers_by_id`` unset)."""
+    entry = ARCHS.get(arch)
+    return entry is not None and not entry.gathers_by_id
 
 
 def expert_tensor_name(layer: int, projection: str) -> str:

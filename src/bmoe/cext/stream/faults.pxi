@@ -10,6 +10,7 @@ _GRAPH_REASONS = {
     GRAPH_ID_RANGE: "the router selected an expert id out of range",
     GRAPH_IDS_TYPE: "the routing ids are not 32-bit integers",
     GRAPH_ON_DEVICE: "the routing ids live on a device and could not be copied back",
+    GRAPH_ROWS: "the graph reads the routing ids where the experts' rows are not rewritten",
 }
 
 

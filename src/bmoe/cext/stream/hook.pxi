@@ -349,14 +349,19 @@ cdef void capture(stream_t * s, ggml_tensor * t) noexcept nogil:
 
 cdef bool stream_callback(ggml_tensor * t, bool ask, void * user_data) noexcept nogil:
     cdef stream_t * s = <stream_t *> user_data
-    cdef int layer, p
+    cdef int layer, p, rows
     if s.mode == C_MODE_CAPTURE:
         if ask:
             capture(s, t)
             return 0
         return 1
-    if (s.mode != C_MODE_STREAM and s.mode != C_MODE_REFERENCE) or s.fault:
+    if s.fault:
         return ask == 0  # after a fault the abort callback stops the decode at the next node
+    rows = rows_node(s, t, ask)
+    if rows >= 0:
+        return rows
+    if s.mode != C_MODE_STREAM and s.mode != C_MODE_REFERENCE:
+        return ask == 0
     if strncmp(t.name, b"ffn_moe_topk-", TOPK_PREFIX_LEN) != 0:
         if ask and s.pw_layer >= 0 and s.mode == C_MODE_STREAM:
             p = reads_projection(s, t)

@@ -17,7 +17,7 @@ cdef inline int64_t interior(stream_t * s, int layer, int expert, int p, uintptr
     p0[0] = 0
     if pr.base == NULL:
         return 0
-    start = <uintptr_t> pr.base + <uintptr_t> (expert * pr.slice_bytes)
+    start = <uintptr_t> pr.base + <uintptr_t> (row_at(s, layer, expert) * pr.slice_bytes)
     end = start + <uintptr_t> pr.slice_bytes
     p0[0] = (start + PAGE - 1) & ~(<uintptr_t> (PAGE - 1))
     p1 = end & ~(<uintptr_t> (PAGE - 1))

@@ -119,7 +119,7 @@ cdef int run_job(stream_t * s, job_t * job, int lane) noexcept nogil:
 
 cdef void fill_job(stream_t * s, job_t * job, int layer, int expert, int p) noexcept nogil:
     cdef proj_t * pr = &s.projs[layer * s.n_proj + p]
-    job.dest = pr.base + expert * pr.slice_bytes
+    job.dest = pr.base + row_at(s, layer, expert) * pr.slice_bytes
     job.fd = s.fds[pr.file_index]
     job.file_index = pr.file_index
     job.offset = pr.file_offset + expert * pr.slice_bytes

@@ -55,6 +55,7 @@ cdef enum:
     GRAPH_ID_RANGE = 2
     GRAPH_IDS_TYPE = 3
     GRAPH_ON_DEVICE = 4
+    GRAPH_ROWS = 5
 
 
 cdef struct proj_t:
@@ -323,6 +324,11 @@ cdef struct stream_t:
     int lane_delay_us              # option, tests only: worker lanes sleep this long before each
                                    # projection (a slow disk), so reads ahead are still
                                    # running when later plans evict them
+    # expert rows (``rows.pxi``): entry ``idx``'s bytes live in row ``row_of[idx]`` of its
+    # layer's expert tensors; NULL: each in its own (the ids are then never rewritten)
+    int32_t * row_of               # [n_layer * n_expert]
+    int rows_layer                 # the layer call whose ids are rows now; -1: none
+    int64_t rows_rewritten         # layer calls whose ids were rewritten to rows
     # reads ahead (--prefetch K): the previous decode token's routing of each layer
     int prefetch_k
     int prefill_ahead              # read the whole next layer ahead in a prefill batch
@@ -423,6 +429,7 @@ cdef stream_t * stream_new(int n_layer, int n_expert, int n_proj, int * fault_fl
     s.pw_ids = <int32_t *> calloc(n_expert, sizeof(int32_t))
     s.pw_layer = -1
     s.pass_wait = -1
+    s.rows_layer = -1
     s.r.gate_open = 1  # no auto gate until configure asks for one
     for i in range(n_proj):
         s.proj_order[i] = i
@@ -481,6 +488,7 @@ cdef void stream_free(stream_t * s) noexcept nogil:
     free(s.layer_elsewhere)
     free(s.routed)
     free(s.dev_copy)
+    free(s.row_of)
     free(s.lanes.queue)
     free(s.lanes.rel)
     free(s.r.gate_w)

@@ -29,6 +29,10 @@ variable                   what it switches                                     
                            buffer, then copied
 ``BMOE_WAKE_LANES``        ``each``: one waiting worker woken a queued read; ``all``:   ``each``
                            every worker woken whenever reads are queued
+``BMOE_EXPERT_ROWS``       ``own``: expert e's bytes in row e of its tensors;           ``own``
+                           ``shuffled``: in a fixed permutation of the rows, the
+                           routing ids rewritten to rows (the mechanism a slot-stable
+                           cache needs, proven exact by the gates)
 =========================  ==========================================================  =========
 """
 
@@ -44,6 +48,8 @@ from bmoe.errors import ConfigError
 PageRelease = Literal["inline", "ahead", "all"]
 WakeLanes = Literal["each", "all"]
 WAKE_LANES: tuple[WakeLanes, ...] = ("each", "all")
+ExpertRows = Literal["own", "shuffled"]
+EXPERT_ROWS: tuple[ExpertRows, ...] = ("own", "shuffled")
 RepackParts = Literal["all", "dense", "experts"]
 PAGE_RELEASES: tuple[PageRelease, ...] = ("inline", "ahead", "all")
 REPACK_PARTS: tuple[RepackParts, ...] = ("all", "dense", "experts")
@@ -56,6 +62,7 @@ ENV_PAGE_RELEASE = "BMOE_PAGE_RELEASE"
 ENV_REPACK_PARTS = "BMOE_REPACK_PARTS"
 ENV_READ_IN_PLACE = "BMOE_READ_IN_PLACE"
 ENV_WAKE_LANES = "BMOE_WAKE_LANES"
+ENV_EXPERT_ROWS = "BMOE_EXPERT_ROWS"
 
 
 @attrs.frozen
@@ -72,6 +79,7 @@ class EngineOptions:
     repack_parts: RepackParts = "all"
     read_in_place: bool = True
     wake_lanes: WakeLanes = "each"
+    expert_rows: ExpertRows = "own"
     lane_delay_us: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -84,6 +92,9 @@ class EngineOptions:
         if self.wake_lanes not in WAKE_LANES:
             choices = ", ".join(WAKE_LANES)
             raise ConfigError(f"wake_lanes must be one of {choices}, not {self.wake_lanes!r}")
+        if self.expert_rows not in EXPERT_ROWS:
+            choices = ", ".join(EXPERT_ROWS)
+            raise ConfigError(f"expert_rows must be one of {choices}, not {self.expert_rows!r}")
         if self.lane_delay_us < 0:
             raise ConfigError(f"lane_delay_us must be >= 0, not {self.lane_delay_us}")
 
@@ -100,6 +111,7 @@ class EngineOptions:
             repack_parts=cast(RepackParts, _choice(environ, ENV_REPACK_PARTS, REPACK_PARTS) or "all"),
             read_in_place=_flag(environ, ENV_READ_IN_PLACE) is not False,
             wake_lanes=cast(WakeLanes, _choice(environ, ENV_WAKE_LANES, WAKE_LANES) or "each"),
+            expert_rows=cast(ExpertRows, _choice(environ, ENV_EXPERT_ROWS, EXPERT_ROWS) or "own"),
         )
 
 
