@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from bmoe.cext.cache_core import ExpertCacheCore
 from bmoe.domain.streaming import ExpertCachePolicy
-from bmoe.domain.streaming.cache_policy import Entry, Eviction, LayerPlan
+from bmoe.domain.streaming.cache_policy import Entry, Eviction, LayerPlan, Victims
 
 N_LAYER = 5
 N_EXPERT = 16
@@ -51,6 +51,7 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         half_life=st.sampled_from([1, 2, 5, 64]),
         window_tokens=st.sampled_from([1, 2]),
         margin_permille=st.sampled_from([0, 10, 200]),
+        victims=st.sampled_from(["global", "layer", "layer"]),
     )
     def start(
         self,
@@ -62,12 +63,13 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         half_life: int,
         window_tokens: int,
         margin_permille: int,
+        victims: Victims,
     ) -> None:
         if not any(sizes):
             sizes = [*sizes[:-1], 5]
         self.sizes = sizes
         budget = budget_entries * unit
-        chooser = {"window_tokens": window_tokens, "margin_permille": margin_permille}
+        chooser = {"window_tokens": window_tokens, "margin_permille": margin_permille, "victims": victims}
         self.policy = ExpertCachePolicy(
             budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life, **chooser
         )
@@ -268,3 +270,23 @@ def test_lfu_counts_halve_every_half_life_of_decode_tokens(make: type) -> None:
     assert cache.uses(0, 0) == 3 and cache.uses(2, 5) == 1
     cache.request(2, [5])  # the fourth decode request: halved after it
     assert cache.uses(0, 0) == 1 and cache.uses(2, 5) == 1
+
+
+@pytest.mark.parametrize("make", [ExpertCachePolicy, ExpertCacheCore])
+@pytest.mark.parametrize("eviction", ["lru", "slru", "lfu", "adaptive"])
+def test_victims_from_the_missing_layer_where_its_share_holds_two_tokens(make: type, eviction: str) -> None:
+    """Two layers of four experts, k 1, four entries: each layer's share is 2 = two tokens'
+    top-k, so a miss of layer 1 evicts layer 1's entry where the global choice takes layer 0's."""
+    plans = {}
+    for victims in ("global", "layer"):
+        cache = make(4, [1, 1], 4, 1, eviction=eviction, victims=victims)
+        for layer, e in ((0, 0), (1, 0), (0, 1), (1, 1)):
+            cache.request(layer, [e])
+        plans[victims] = cache.request(1, [2])
+    evictions = {v: (p.evictions if isinstance(p, LayerPlan) else p[1]) for v, p in plans.items()}
+    assert evictions["global"] == ((0, 0),) and evictions["layer"] == ((1, 0),)
+    small = make(3, [1, 1], 4, 1, eviction=eviction, victims="layer")  # share 1: below two tokens
+    for layer, e in ((0, 0), (1, 0), (0, 1)):
+        small.request(layer, [e])
+    plan = small.request(1, [2])
+    assert (plan.evictions if isinstance(plan, LayerPlan) else plan[1]) == ((0, 0),)

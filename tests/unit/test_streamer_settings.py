@@ -23,6 +23,7 @@ RESOLVED = EngineOptions(rank_worker=True)
 PASSING = StreamerSettings(
     eviction="slru",
     half_life=7,
+    victims="layer",
     prefetch_k=2,
     prefill_ahead=False,
     pass_layers=True,
@@ -32,6 +33,7 @@ PASSING = StreamerSettings(
         rank_worker=False,
         page_recycle=False,
         page_release="all",
+        expert_rows="shuffled",
         lane_delay_us=5,
     ),
 )
@@ -137,6 +139,7 @@ def held(settings: StreamerSettings) -> dict[str, Any]:
     return {
         "eviction": settings.eviction,
         "half_life": settings.half_life,
+        "victims": settings.victims,
         "prefetch_k": settings.prefetch_k,
         "prefill_ahead": settings.prefill_ahead,
         "pass_layers": settings.pass_layers,
@@ -169,7 +172,7 @@ def test_a_routing_policy_starts_the_rank_worker_where_it_may_run(streamer: Expe
     assert not streamer.routing_stats()["rank_worker"]  # stopped again
 
 
-def test_under_the_reference_policy_the_streamer_takes_only_the_eviction_rule_and_the_engine() -> None:
+def test_under_the_reference_policy_the_streamer_takes_only_the_cache_rule_and_the_engine() -> None:
     """The reference policy decides the rest in Python: the C side keeps a new streamer's
     read-ahead, routing and passing knobs (no rank worker either)."""
     fresh = ExpertStreamer(n_layer=2, n_expert=4, n_proj=1)
@@ -179,7 +182,9 @@ def test_under_the_reference_policy_the_streamer_takes_only_the_eviction_rule_an
         s = ExpertStreamer(n_layer=2, n_expert=4, n_proj=1)  # no router: none is needed
         try:
             s.configure(settings.for_reference())
-            taken = {k: v for k, v in held(settings).items() if k in ("eviction", "half_life", "engine")}
+            taken = {
+                k: v for k, v in held(settings).items() if k in ("eviction", "half_life", "victims", "engine")
+            }
             assert s.settings() == {**new, **taken}
             assert not s.routing_stats()["rank_worker"]
         finally:

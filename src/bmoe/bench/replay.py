@@ -1,7 +1,7 @@
 """Replay routing traces through the expert cache under each eviction rule: hit rates, no
 timing, deterministic.
 
-    python -m bmoe.bench.replay [--trace FILE.npz ...] [--tokens N] [--reference]
+    python -m bmoe.bench.replay [--trace FILE.npz ...] [--tokens N] [--reference] [--victims layer]
 
 Each regime (``bmoe.bench.routing_regimes``: a recency-only trace on the published
 Qwen3-MoE LRU curve, per-layer Zipf popularity, a shift from the one to the other, the
@@ -12,7 +12,8 @@ all the experts (5, 10, 25 and 50%), under ``lru``, ``slru``, ``lfu`` and ``adap
 (``--cache-policy``). Hits count every request from a cold cache (the published curves
 count their cold misses too). The C cache core runs the replays (it follows the reference
 policy decision for decision: tests/unit/test_cache_core_equals_policy.py);
-``--reference`` runs the Python policy itself (slower).
+``--reference`` runs the Python policy itself (slower); ``--victims layer``: a miss evicts its
+own layer's entries first (``--cache-victims``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import attrs
 import numpy as np
 
 from bmoe.bench import routing_regimes
-from bmoe.domain.streaming.cache_policy import Eviction, ExpertCachePolicy
+from bmoe.domain.streaming.cache_policy import VICTIMS, Eviction, ExpertCachePolicy, Victims
 
 RULES: tuple[Eviction, ...] = ("lru", "slru", "lfu", "adaptive")
 SHARES = (0.05, 0.10, 0.25, 0.50)
@@ -44,10 +45,12 @@ class Regime:
         return int(self.experts.shape[0])
 
 
-def reference_hits(regime: Regime, budget: int, eviction: Eviction) -> tuple[int, int]:
+def reference_hits(
+    regime: Regime, budget: int, eviction: Eviction, victims: Victims = "global"
+) -> tuple[int, int]:
     """``(hits, requested)`` through the Python policy."""
     n_layer = regime.experts.shape[1]
-    policy = ExpertCachePolicy(budget, [1] * n_layer, regime.n_expert, eviction=eviction)
+    policy = ExpertCachePolicy(budget, [1] * n_layer, regime.n_expert, eviction=eviction, victims=victims)
     rows = regime.experts.tolist()
     for token in rows:
         for layer, ids in enumerate(token):
@@ -56,12 +59,14 @@ def reference_hits(regime: Regime, budget: int, eviction: Eviction) -> tuple[int
     return c.hits, c.hits + c.misses
 
 
-def core_hits(regime: Regime, budget: int, eviction: Eviction) -> tuple[int, int]:
+def core_hits(
+    regime: Regime, budget: int, eviction: Eviction, victims: Victims = "global"
+) -> tuple[int, int]:
     """``(hits, requested)`` through the C cache core (``request_many``)."""
     from bmoe.cext.cache_core import ExpertCacheCore
 
     n_tokens, n_layer, k = regime.experts.shape
-    core = ExpertCacheCore(budget, [1] * n_layer, regime.n_expert, eviction=eviction)
+    core = ExpertCacheCore(budget, [1] * n_layer, regime.n_expert, eviction=eviction, victims=victims)
     rows = np.empty((n_tokens, n_layer, k + 1), dtype=np.int32)
     rows[:, :, 0] = np.arange(n_layer)
     rows[:, :, 1:] = regime.experts
@@ -123,8 +128,17 @@ def main(argv: list[str] | None = None) -> int:
         help="decode tokens of each regime (default: 800 generated, every recorded one)",
     )
     parser.add_argument("--reference", action="store_true", help="the Python policy (slower)")
+    parser.add_argument(
+        "--victims", choices=VICTIMS, default="global", help="whose entries a miss evicts (--cache-victims)"
+    )
     args = parser.parse_args(argv)
-    print(table(regimes(args.tokens, args.trace), replayer=reference_hits if args.reference else core_hits))
+    base = reference_hits if args.reference else core_hits
+    victims: Victims = args.victims
+
+    def replayer(regime: Regime, budget: int, eviction: Eviction) -> tuple[int, int]:
+        return base(regime, budget, eviction, victims)
+
+    print(table(regimes(args.tokens, args.trace), replayer=replayer))
     return 0
 
 

@@ -66,6 +66,9 @@ cdef enum:
 
 # the eviction rules, in ``bmoe.domain.streaming.ghost_caches.RULES``' order
 cdef enum:
+    LAYER_VICTIM_CYCLES = 2        # ``bmoe.domain.streaming.cache_policy.LAYER_VICTIM_CYCLES``
+
+cdef enum:
     RULE_LRU = 0
     RULE_SLRU = 1
     RULE_LFU = 2
@@ -122,6 +125,7 @@ cdef struct core_t:
     int64_t warm_issued            # read ahead by a usage profile's warm-up: not a prefetch
     int64_t passed                 # layer calls the layer, held whole, served without a request
     # the rule in charge, and eviction by frequency
+    uint8_t layer_victims          # a miss evicts its own layer's entries first (``core_layer_first``)
     uint8_t rule                   # RULE_LRU, RULE_SLRU (evict from the head), RULE_LFU (fewest uses)
     uint8_t counting               # keep the use counts (lfu, adaptive)
     int32_t half_life              # decode tokens between halvings of every count
@@ -411,11 +415,37 @@ cdef inline void core_age(core_t * c) noexcept nogil:
     heap_rebuild(c)  # halving made equals of unequal counts: the order within them changed
 
 
-cdef inline void core_evict_until(core_t * c, int64_t incoming, int keep_layer) noexcept nogil:
+cdef inline int32_t core_layer_victim(core_t * c, int layer) noexcept nogil:
+    """The resident entry of ``layer`` not wanted that goes first: the fewest uses (the heap's
+    order) under LFU, else the first of the layer in the list's order; -1 when there is none."""
+    cdef int32_t i, best = -1
+    cdef int e
+    if c.rule == RULE_LFU:
+        for e in range(c.n_expert):
+            i = layer * c.n_expert + e
+            if c.resident[i] and not c.wanted[e] and (best < 0 or heap_less(c, i, best)):
+                best = i
+        return best
+    i = c.head
+    while i >= 0:
+        if i // c.n_expert == layer and not c.wanted[i % c.n_expert]:
+            return i
+        i = c.next[i]
+    return -1
+
+
+cdef inline void core_evict_until(core_t * c, int64_t incoming, int keep_layer, bint first=False) noexcept nogil:
     """Evict from the head (or fewest uses first), skipping the wanted entries of
-    ``keep_layer``, until it fits."""
+    ``keep_layer``, until it fits; with ``first``, ``keep_layer``'s own entries before any
+    other's (``core_layer_first``)."""
     cdef int32_t i = c.head
     cdef int32_t nxt
+    while first and c.resident_bytes + incoming > c.budget_bytes:
+        i = core_layer_victim(c, keep_layer)
+        if i < 0:
+            break
+        core_evict(c, i)
+    i = c.head
     if c.rule == RULE_LFU:
         while c.resident_bytes + incoming > c.budget_bytes:
             i = core_lfu_victim(c, keep_layer, False)
@@ -464,6 +494,14 @@ cdef inline int core_share(core_t * c, int layer) noexcept nogil:
             n_moe += 1
     share = c.budget_bytes // c.entry_bytes[layer] // (n_moe if n_moe > 0 else 1)
     return <int> share if share >= 1 else 1
+
+
+cdef inline bint core_layer_first(core_t * c, int layer) noexcept nogil:
+    """A miss of ``layer`` evicts the layer's own entries first: ``layer_victims`` and a share
+    of at least ``LAYER_VICTIM_CYCLES`` tokens' top-k, k known (as
+    ``ExpertCachePolicy.layer_first``)."""
+    cdef int k = c.n_expert_used if c.n_expert_used > 0 else c.k_seen
+    return c.layer_victims != 0 and k > 0 and core_share(c, layer) >= LAYER_VICTIM_CYCLES * k
 
 
 cdef inline void core_mark_hot(core_t * c, int layer, int n_tokens) noexcept nogil:
@@ -543,7 +581,7 @@ cdef inline int core_plan_one(core_t * c, int layer, int n_tokens, int as_decode
         if decode and c.counting:
             core_age(c)
         return 0
-    core_evict_until(c, c.n_loads * size, layer)
+    core_evict_until(c, c.n_loads * size, layer, core_layer_first(c, layer))
     for w in range(c.n_loads):
         idx = c.plan_loads[w]
         if c.evicted_once[idx]:

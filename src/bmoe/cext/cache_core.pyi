@@ -17,6 +17,9 @@ class ExpertCacheCore:
         *,
         eviction: str = "slru",
         half_life: int = 64,
+        window_tokens: int | None = None,
+        margin_permille: int | None = None,
+        victims: str = "global",
     ) -> None: ...
     def uses(self, layer: int, expert: int) -> int: ...
     def holds_layer(self, layer: int) -> bool: ...

@@ -31,13 +31,14 @@ EVICTION_CODES = {"lru": RULE_LRU, "slru": RULE_SLRU, "lfu": RULE_LFU, "adaptive
 cdef class ExpertCacheCore:
     """``entry_bytes[layer]``: one entry's size per layer (0: no routed experts);
     ``n_expert_used``: experts per token for the protected segment's cap (0: from the decode
-    requests), ``eviction`` and ``half_life``, as the domain policy's; adaptive's chooser
+    requests), ``eviction``, ``half_life`` and ``victims``, as the domain policy's; adaptive's chooser
     ``window_tokens`` and ``margin_permille`` (``bmoe.domain.streaming.rule_chooser``)."""
 
     cdef core_t * c
 
     def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert, int n_expert_used=0, *,
-                  str eviction="slru", int half_life=64, window_tokens=None, margin_permille=None):
+                  str eviction="slru", int half_life=64, window_tokens=None, margin_permille=None,
+                  str victims="global"):
         cdef int layer
         if budget_bytes < 0 or n_expert <= 0 or len(entry_bytes) == 0:
             raise ValueError("need budget >= 0, n_expert > 0 and at least one layer")
@@ -58,6 +59,9 @@ cdef class ExpertCacheCore:
             self.c.entry_bytes[layer] = size
         self.c.budget_bytes = budget_bytes
         self.c.n_expert_used = n_expert_used
+        if victims not in ("global", "layer"):
+            raise ValueError("victims is global or layer")
+        self.c.layer_victims = 1 if victims == "layer" else 0  # before the ghosts copy it
         if core_set_rule(self.c, EVICTION_CODES[eviction], half_life, window_tokens, margin_permille) != 0:
             raise MemoryError()
 

@@ -92,6 +92,7 @@ cdef inline int core_set_rule(core_t * c, int eviction, int half_life, int windo
         g.n_expert_used = c.n_expert_used
         g.half_life = half_life
         g.rule = r
+        g.layer_victims = c.layer_victims
         g.counting = r == RULE_LFU
         c.ghost[r] = g
     return 0

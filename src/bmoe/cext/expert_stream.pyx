@@ -516,7 +516,9 @@ cdef class ExpertStreamer:
         self.s.defer_release = page_release
         self.s.lane_delay_us = lane_delay_us
         self.s.r.use_worker = 1 if engine.rank_worker else 0
-        # the cache's eviction rule (the reference policy's cache has its own, the same)
+        # the cache's eviction rule (the reference policy's cache has its own, the same); the
+        # victims' scope first: the ghosts copy it
+        self.s.core.layer_victims = 1 if settings.victims == "layer" else 0
         if core_set_rule(self.s.core, EVICTION_CODES[settings.eviction], half_life,
                          rule_chooser.WINDOW_TOKENS, rule_chooser.MARGIN_PERMILLE) != 0:
             raise MemoryError("no memory for the adaptive cache's ghosts")
@@ -548,6 +550,7 @@ cdef class ExpertStreamer:
         return {
             "eviction": self.eviction,
             "half_life": self.s.core.half_life,
+            "victims": "layer" if self.s.core.layer_victims else "global",
             "prefetch_k": self.s.prefetch_k,
             "prefill_ahead": self.s.prefill_ahead != 0,
             "pass_layers": self.s.pass_layers != 0,
@@ -568,6 +571,7 @@ cdef class ExpertStreamer:
                 "page_release": PAGE_RELEASES[self.s.defer_release],
                 "read_in_place": self.s.read_in_place != 0,
                 "wake_lanes": "all" if self.s.wake_all else "each",
+                "expert_rows": "own" if self.s.row_of == NULL else "shuffled",
                 "lane_delay_us": self.s.lane_delay_us,
             },
         }

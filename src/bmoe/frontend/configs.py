@@ -101,6 +101,7 @@ def stream_config(args: argparse.Namespace) -> StreamConfig:
         odirect=not args.no_odirect,
         policy=args.stream_policy,
         eviction=args.cache_policy,
+        victims=args.cache_victims,
         half_life=args.cache_half_life,
         prefetch=args.prefetch,
         prefill_ahead=not args.no_prefill_ahead,

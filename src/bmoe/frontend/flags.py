@@ -16,7 +16,13 @@ from bmoe.domain.decide import PREFIX_CACHE_MODES
 from bmoe.domain.prompt_cache import DEFAULT_CACHE_RAM_MIB
 from bmoe.domain.slots import DEFAULT_SIMILARITY
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES
-from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS
+from bmoe.domain.streaming.cache_policy import (
+    DEFAULT_EVICTION,
+    DEFAULT_HALF_LIFE,
+    DEFAULT_VICTIMS,
+    EVICTIONS,
+    VICTIMS,
+)
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
 from bmoe.frontend.draft_option import add_draft_option
 from bmoe.frontend.vision_options import add_vision_options
@@ -244,6 +250,15 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         f"no protected segment) or adaptive (whichever of the three hit most on the last decode "
         f"tokens, judged by ghost caches beside the cache); lossless either way "
         f"(default {DEFAULT_EVICTION}; docs/streaming.md)",
+    )
+    m.add_argument(
+        "--cache-victims",
+        choices=VICTIMS,
+        default=DEFAULT_VICTIMS,
+        help=f"whose experts a miss evicts: global (the --cache-policy's choice over every layer) or layer "
+        f"(the missing layer's own first, where its share of the cache holds two tokens' experts: each miss "
+        f"is read into the memory its victim held, no page moved); lossless either way "
+        f"(default {DEFAULT_VICTIMS}; docs/streaming.md)",
     )
     m.add_argument(
         "--cache-half-life",

@@ -91,6 +91,7 @@ class StreamingControl:
                 routers=routers,
                 eviction=settings.eviction,
                 half_life=settings.half_life,
+                victims=settings.victims,
                 pass_layers=settings.pass_layers,
             )
             streamer.set_reference_hook(self._serve)

@@ -33,7 +33,14 @@ from bmoe.domain.streaming import (
     StreamCounters,
     StreamFault,
 )
-from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, Eviction, PrefetchPlan
+from bmoe.domain.streaming.cache_policy import (
+    DEFAULT_EVICTION,
+    DEFAULT_HALF_LIFE,
+    DEFAULT_VICTIMS,
+    Eviction,
+    PrefetchPlan,
+    Victims,
+)
 from bmoe.domain.streaming.decode_routing import (
     DecodeRouting,
     Routers,
@@ -61,6 +68,7 @@ class PolicyStreaming:
         eviction: Eviction = DEFAULT_EVICTION,
         half_life: int = DEFAULT_HALF_LIFE,
         pass_layers: bool = False,
+        victims: Victims = DEFAULT_VICTIMS,
     ) -> None:
         """``routing`` (with the ``routers`` it evaluates): the decode routing policies;
         None, or settings that are all off, for none. ``eviction``, ``half_life``: the cache's
@@ -70,7 +78,7 @@ class PolicyStreaming:
         self.source = source
         sizes = [source.entry_bytes(layer) for layer in range(source.n_layer)]
         self.policy = ExpertCachePolicy(
-            budget_bytes, sizes, source.n_expert, eviction=eviction, half_life=half_life
+            budget_bytes, sizes, source.n_expert, eviction=eviction, half_life=half_life, victims=victims
         )
         self.prefetcher = PreviousTokenPrefetch(prefetch_depth, sizes)
         self.prefill_ahead = prefill_ahead

@@ -49,6 +49,15 @@ protected segment's cap is 0 (a plain LRU). ``"adaptive"``: ghost caches of thos
 rules (``ghost_caches``) are fed every request, and the rule chooser (``rule_chooser``)
 hands the victim choice (``rule``) to the one whose ghost hits most on the routing met.
 
+**Victims from the layer that misses** (``victims="layer"``): where each layer's share of
+the budget (``share``) holds at least ``LAYER_VICTIM_CYCLES`` tokens' top-k, a decode or
+prefill request's misses evict the layer's own entries first (the rule's choice among them:
+the head of the list among the layer's, or its fewest uses), the others only when the layer
+has none left to give. The engine then reads each miss into the row its victim held, in the
+same tensors, no page moved (``cext/stream/rows.pxi``). Replayed, it hits as the global
+choice does or better at a quarter of the experts and more (docs/benchmarks.md); below
+that share the global choice keeps the hot layers' experts, and stays.
+
 **A layer held whole** (``holds_layer``: every expert resident, none waiting for its first
 use after a read ahead) needs nothing from a call: ``pass_layer`` counts the call in
 ``passed`` and changes nothing else; with ``StreamConfig.pass_layers`` on, the engine
@@ -72,16 +81,25 @@ from bmoe.domain.streaming.use_counts import DEFAULT_HALF_LIFE, UseCounts
 __all__ = [
     "DEFAULT_EVICTION",
     "DEFAULT_HALF_LIFE",
+    "DEFAULT_VICTIMS",
     "EVICTIONS",
+    "VICTIMS",
     "CacheCounters",
     "Entry",
     "Eviction",
     "ExpertCachePolicy",
     "LayerPlan",
     "PrefetchPlan",
+    "Victims",
 ]
 
 Eviction = Literal["slru", "lfu", "lru", "adaptive"]
+Victims = Literal["global", "layer"]
+VICTIMS: tuple[Victims, ...] = ("global", "layer")
+DEFAULT_VICTIMS: Victims = "global"
+LAYER_VICTIM_CYCLES = 2
+"""``victims="layer"`` applies where a layer's share of the budget holds this many tokens'
+top-k (below it the layers' hot experts differ too much for a fixed split)."""
 EVICTIONS: tuple[Eviction, ...] = ("slru", "lfu", "lru", "adaptive")
 DEFAULT_EVICTION: Eviction = "adaptive"
 """What streaming uses unless told (``StreamConfig.eviction``, ``--cache-policy``): within
@@ -110,6 +128,7 @@ class ExpertCachePolicy:
         half_life: int = DEFAULT_HALF_LIFE,
         window_tokens: int | None = None,
         margin_permille: int | None = None,
+        victims: Victims = "global",
     ) -> None:
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
@@ -119,7 +138,10 @@ class ExpertCachePolicy:
             raise ValueError("n_expert_used must be >= 0 (0: from the decode requests)")
         if eviction not in EVICTIONS:
             raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
+        if victims not in VICTIMS:
+            raise ValueError(f"victims must be one of {', '.join(VICTIMS)}, not {victims!r}")
         self.eviction = eviction
+        self.victims = victims
         self.half_life = half_life
         n_moe = sum(1 for size in entry_bytes if size > 0)
         self._uses = UseCounts(half_life, n_moe)  # lfu's (and adaptive's: lfu may take charge)
@@ -130,7 +152,13 @@ class ExpertCachePolicy:
         if eviction == "adaptive":
             self.ghosts = GhostCaches(
                 lambda rule: ExpertCachePolicy(
-                    budget_bytes, entry_bytes, n_expert, n_expert_used, eviction=rule, half_life=half_life
+                    budget_bytes,
+                    entry_bytes,
+                    n_expert,
+                    n_expert_used,
+                    eviction=rule,
+                    half_life=half_life,
+                    victims=victims,
                 )
             )
             self.chooser = RuleChooser(n_moe, window_tokens=window_tokens, margin_permille=margin_permille)
@@ -214,6 +242,13 @@ class ExpertCachePolicy:
         n_moe = sum(1 for size in self.entry_bytes if size > 0)
         return max(1, self.budget_bytes // self.entry_bytes[layer] // max(1, n_moe))
 
+    def layer_first(self, layer: int) -> bool:
+        """Whether a miss of ``layer`` evicts the layer's own entries first (module
+        docstring): ``victims="layer"`` and a share of at least ``LAYER_VICTIM_CYCLES``
+        tokens' top-k (k known: given, or seen in a decode request)."""
+        k = self.n_expert_used or self._k_seen
+        return self.victims == "layer" and k > 0 and self.share(layer) >= LAYER_VICTIM_CYCLES * k
+
     def request(
         self, layer: int, experts: Iterable[int], n_tokens: int = 1, decode: bool | None = None
     ) -> LayerPlan:
@@ -254,7 +289,8 @@ class ExpertCachePolicy:
                 self._fit_kept(cap)
             elif entry in hot:
                 self._touch(entry)
-        evictions = self._evict_until(len(loads) * size, keep=frozenset(wanted)) if loads else ()
+        first = layer if self.layer_first(layer) else None
+        evictions = self._evict_until(len(loads) * size, keep=frozenset(wanted), first=first) if loads else ()
         if loads:  # only a request that loads evicts: the budget may be exceeded by it alone
             self._last_request_bytes = len(wanted) * size
         for entry in loads:
@@ -345,12 +381,21 @@ class ExpertCachePolicy:
         return self._uses[(layer, expert)]
 
     def _evict_until(
-        self, incoming: int, keep: frozenset[Entry], everything: bool = False
+        self, incoming: int, keep: frozenset[Entry], everything: bool = False, first: int | None = None
     ) -> tuple[Entry, ...]:
         """Evict until ``incoming`` more bytes fit (``everything``: all), never an entry of
         ``keep``: from the list's head (slru, or everything), or the smallest use count
-        first, the list's order among equals (lfu)."""
+        first, the list's order among equals (lfu); layer ``first``'s entries before any
+        other's (``layer_first``)."""
         evicted: list[Entry] = []
+        while first is not None and not everything and self.resident_bytes + incoming > self.budget_bytes:
+            mine = [e for e in self.resident() if e[0] == first and e not in keep]
+            if not mine:
+                break
+            victim = self._uses.fewest(mine, keep) if self.rule == "lfu" else mine[0]
+            assert victim is not None
+            self._evict(victim)
+            evicted.append(victim)
         if self.rule == "lfu" and not everything:
             while self.resident_bytes + incoming > self.budget_bytes:
                 victim = self._uses.fewest(self.resident(), keep)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import attrs
 
-from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS, Eviction
+from bmoe.domain.streaming.cache_policy import (
+    DEFAULT_EVICTION,
+    DEFAULT_HALF_LIFE,
+    DEFAULT_VICTIMS,
+    EVICTIONS,
+    VICTIMS,
+    Eviction,
+    Victims,
+)
 from bmoe.domain.streaming.decode_routing import MAX_PREDICT_DEPTH
 from bmoe.domain.streaming.engine_options import EngineOptions
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
@@ -44,6 +52,10 @@ class StreamConfig:
       its ghost caches found hitting most on the last decode tokens,
       :mod:`bmoe.domain.streaming.rule_chooser`), :mod:`bmoe.domain.streaming.cache_policy`.
       Lossless either way: only what is read changes.
+    - ``victims``: whose entries a miss evicts (``--cache-victims``): ``"global"`` (the
+      rule's choice over every layer) or ``"layer"`` (the missing layer's own first, where
+      its share of the budget holds two tokens' top-k; each miss is then read into its
+      victim's row, no page moved), ``ExpertCachePolicy``.
     - ``pass_layers``: a call of a layer the cache holds whole (every expert resident) is
       passed: no request, and llama.cpp's graph does not stop at the layer's routing for the
       callback (``ExpertCachePolicy.pass_layer``; never under the decode routing policies and
@@ -88,6 +100,7 @@ class StreamConfig:
     odirect: bool = True
     policy: str = "fast"
     eviction: Eviction = DEFAULT_EVICTION  # --cache-policy
+    victims: Victims = DEFAULT_VICTIMS  # --cache-victims
     half_life: int = DEFAULT_HALF_LIFE  # --cache-half-life, decode tokens
     pass_layers: bool = False
     prefetch: int = 0
@@ -145,6 +158,8 @@ class StreamConfig:
             raise ConfigError("--cache-governor on needs the cache: not with --cache-mb 0")
         if self.policy not in STREAM_POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(STREAM_POLICIES)}, not {self.policy!r}")
+        if self.victims not in VICTIMS:
+            raise ConfigError(f"--cache-victims must be one of {', '.join(VICTIMS)}, not {self.victims!r}")
         if self.eviction not in EVICTIONS:
             raise ConfigError(f"--cache-policy must be one of {', '.join(EVICTIONS)}, not {self.eviction!r}")
         if self.half_life < 1:

@@ -34,7 +34,15 @@ from __future__ import annotations
 
 import attrs
 
-from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS, Eviction
+from bmoe.domain.streaming.cache_policy import (
+    DEFAULT_EVICTION,
+    DEFAULT_HALF_LIFE,
+    DEFAULT_VICTIMS,
+    EVICTIONS,
+    VICTIMS,
+    Eviction,
+    Victims,
+)
 from bmoe.domain.streaming.config import StreamConfig
 from bmoe.domain.streaming.decode_routing import MAX_PREDICT_DEPTH, RoutingSettings
 from bmoe.domain.streaming.engine_options import EngineOptions
@@ -48,6 +56,7 @@ class StreamerSettings:
 
     eviction: Eviction = DEFAULT_EVICTION
     half_life: int = DEFAULT_HALF_LIFE  # decode tokens
+    victims: Victims = DEFAULT_VICTIMS
     prefetch_k: int = 0
     prefill_ahead: bool = True
     pass_layers: bool = False
@@ -59,6 +68,8 @@ class StreamerSettings:
             raise ConfigError(f"eviction must be one of {', '.join(EVICTIONS)}, not {self.eviction!r}")
         if self.half_life < 1:
             raise ConfigError(f"half_life must be >= 1 decode token, not {self.half_life}")
+        if self.victims not in VICTIMS:
+            raise ConfigError(f"victims must be one of {', '.join(VICTIMS)}, not {self.victims!r}")
         if self.prefetch_k < 0:
             raise ConfigError(f"prefetch_k must be >= 0 layers, not {self.prefetch_k}")
         r = self.routing
@@ -104,6 +115,7 @@ class StreamerSettings:
         return cls(
             eviction=config.eviction,
             half_life=config.half_life,
+            victims=config.victims,
             prefetch_k=config.prefetch,
             prefill_ahead=config.prefill_ahead,
             pass_layers=config.layers_passed,
