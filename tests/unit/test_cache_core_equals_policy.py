@@ -69,12 +69,12 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             sizes = [*sizes[:-1], 5]
         self.sizes = sizes
         budget = budget_entries * unit
-        chooser = {"window_tokens": window_tokens, "margin_permille": margin_permille, "victims": victims}
+        chooser = {"window_tokens": window_tokens, "margin_permille": margin_permille}
         self.policy = ExpertCachePolicy(
-            budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life, **chooser
+            budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life, victims=victims, **chooser
         )
         self.core = ExpertCacheCore(
-            budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life, **chooser
+            budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life, victims=victims, **chooser
         )
         self.in_flight: list[Entry] = []  # read ahead, not landed yet, in issue order
 
