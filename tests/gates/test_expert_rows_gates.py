@@ -124,3 +124,40 @@ def test_rows_are_permutations_set_before_the_first_read(tiny_model_path: TinyMo
         with pytest.raises(ValueError, match="before the first read"):
             streamer.set_rows(shuffled_rows(n_layer, n_expert))
         assert streamer.stats()["rows_rewritten"] == 0  # rows never set: no id rewritten
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_misses_read_into_their_victims_rows_give_the_resident_output(
+    tiny_model_path: TinyModel, name: str
+) -> None:
+    """``--cache-victims layer``: each layer's share holds two tokens' top-k, a miss evicts its
+    own layer's entry and is read into that entry's row (no page moved)."""
+    path = tiny_model_path(name)
+    tokens, logits = resident(path)
+    stream = StreamConfig(enabled=True, cache_mb=None, victims="layer")
+    with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
+        assert s.streaming is not None
+        m = s.model
+        n_moe = sum(1 for layer in range(m.n_layer) if s.streaming.streaming.streamer.entry_bytes(layer) > 0)
+        s.streaming.set_budget(2 * m.n_expert_used * n_moe * s.streaming.info.entry_bytes)
+        result = s.generate(REQUEST)
+        stats = s.streaming.streaming.streamer.stats()
+        assert tuple(result.tokens) == tokens and np.array_equal(s.last_logits(), logits)
+        assert stats["rows_rewritten"] > 0
+        if 2 * m.n_expert_used < m.n_expert:  # else the share holds every expert: nothing evicted
+            assert stats["rows_swapped"] > 0
+
+
+@pytest.mark.parametrize("name", GATHERED)
+def test_layer_victims_where_rows_cannot_serve_fall_back_to_global_victims(
+    tiny_model_path: TinyModel, name: str
+) -> None:
+    path = tiny_model_path(name)
+    tokens, logits = resident(path)
+    stream = StreamConfig(enabled=True, cache_mb=None, victims="layer")
+    with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
+        assert s.streaming is not None
+        s.streaming.set_budget((s.model.n_expert_used + 2) * s.streaming.info.entry_bytes)
+        result = s.generate(REQUEST)
+        assert tuple(result.tokens) == tokens and np.array_equal(s.last_logits(), logits)
+        assert s.streaming.streaming.streamer.settings()["victims"] == "global"

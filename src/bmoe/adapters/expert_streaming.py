@@ -50,7 +50,7 @@ from bmoe.adapters.streaming_repack import repack_weights
 from bmoe.adapters.streaming_store import StoreUse, find_store, use_store
 from bmoe.cext import expert_stream
 from bmoe.domain.memory_room import MemoryRoom
-from bmoe.domain.moe_arch import expert_projections, expert_tensor_name
+from bmoe.domain.moe_arch import expert_projections, expert_tensor_name, serves_expert_rows
 from bmoe.domain.streaming import (
     Budget,
     ReadFault,
@@ -152,6 +152,9 @@ class StreamingInfo:
     recycling_off: str = ""  # why not, when it is off
     repack: WeightLayout = attrs.field(factory=lambda: WeightLayout(asked=False))
     store: StoreUse = attrs.field(factory=StoreUse)  # the expert store read from, if any
+    # experts may live in other rows than their own, the ids rewritten (``MoeArch.gathers_by_id``
+    # unset): what ``--cache-victims layer`` needs to read a miss into its victim's row
+    rows: bool = True
 
 
 class ExpertStreaming:
@@ -311,6 +314,7 @@ class ExpertStreaming:
             recycling_off=recycling_off,
             repack=repacked,
             store=stored,
+            rows=serves_expert_rows(model.arch),
         )
         return cls(streamer, layout, info, engine, gates)
 

@@ -512,7 +512,13 @@ cdef class ExpertStreamer:
         self.s.read_in_place = 1 if engine.read_in_place else 0
         self.s.wake_all = 1 if engine.wake_lanes == "all" else 0
         n_layer, n_expert = self.s.core.n_layer, self.s.core.n_expert
-        self.set_rows(shuffled_rows(n_layer, n_expert) if engine.expert_rows == "shuffled" else None)
+        if engine.expert_rows == "shuffled":
+            self.set_rows(shuffled_rows(n_layer, n_expert))
+        elif settings.victims == "layer":  # a miss read into its victim's row: rows in order at first
+            self.set_rows(np.tile(np.arange(n_expert, dtype=np.int32), (n_layer, 1)))
+        else:
+            self.set_rows(None)
+        self.s.rows_shuffled = 1 if engine.expert_rows == "shuffled" else 0
         self.s.defer_release = page_release
         self.s.lane_delay_us = lane_delay_us
         self.s.r.use_worker = 1 if engine.rank_worker else 0
@@ -571,7 +577,7 @@ cdef class ExpertStreamer:
                 "page_release": PAGE_RELEASES[self.s.defer_release],
                 "read_in_place": self.s.read_in_place != 0,
                 "wake_lanes": "all" if self.s.wake_all else "each",
-                "expert_rows": "own" if self.s.row_of == NULL else "shuffled",
+                "expert_rows": "shuffled" if self.s.rows_shuffled else "own",
                 "lane_delay_us": self.s.lane_delay_us,
             },
         }
@@ -711,6 +717,7 @@ cdef class ExpertStreamer:
             "pages_recycled": s.recycled,
             "topk_stops": s.topk_stops,
             "rows_rewritten": s.rows_rewritten,
+            "rows_swapped": s.rows_swapped,
             "unplanned_waits": s.unplanned_waits,
             "passed": c.passed,
             "recycling": s.recycle != 0,

@@ -69,6 +69,8 @@ class StreamingControl:
         self._layers = tuple(layer for layer in range(streamer.n_layer) if streamer.entry_bytes(layer) > 0)
         # the setup knobs, one value for the C streamer and the reference policy alike
         self.settings = settings = StreamerSettings.of(config, streaming.engine)
+        if settings.victims == "layer" and not self.info.rows:  # its graph gathers by expert id
+            self.settings = settings = attrs.evolve(settings, victims="global")
         if config.policy == "reference":
             streamer.configure(settings.for_reference())  # the decisions are the policy's
             self._source = LaneExpertSource(

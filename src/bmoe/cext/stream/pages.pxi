@@ -64,31 +64,55 @@ cdef int move_pages(stream_t * s, int32_t victim, int32_t target) noexcept nogil
     return 1
 
 
-cdef void recycle_planned(stream_t * s) noexcept nogil:
-    """Hand the plan's evicted entries' pages to its loads, pair by pair, marking the victims
-    handled (``recycled_mark`` 1). Victims must be settled; orphans (mark 2) and loads whose
-    orphaned read still runs are skipped."""
-    cdef int m, j = 0, r
-    cdef int32_t v
-    if not s.recycle:
-        return
+cdef void swap_planned(stream_t * s) noexcept nogil:
+    """Rows (``rows.pxi``): each victim of the plan hands its row to a load of its own layer,
+    marking both (the victim 1, handled; the load 3, taken: ``recycle_planned`` clears it)."""
+    cdef int m, j
+    cdef int32_t v, t
     for m in range(s.core.n_evictions):
-        while j < s.core.n_loads and s.io_state[s.core.plan_loads[j]] == IO_ORPHAN:
-            j += 1  # its orphaned read still runs into its pages: no move there
-        if j >= s.core.n_loads:
-            return
         v = s.core.plan_evictions[m]
         if s.recycled_mark[v]:
             continue  # orphaned
+        for j in range(s.core.n_loads):
+            t = s.core.plan_loads[j]
+            if s.recycled_mark[t] == 0 and swap_rows(s, v, t):
+                s.recycled_mark[v] = 1
+                s.recycled_mark[t] = 3
+                break
+
+
+cdef void recycle_planned(stream_t * s) noexcept nogil:
+    """Hand the plan's evicted entries' rows to its loads of the same layer (rows), then the
+    others' pages (moved: recycling), pair by pair, marking the victims handled
+    (``recycled_mark`` 1). Victims must be settled; orphans (mark 2) and loads whose orphaned
+    read still runs are skipped."""
+    cdef int m, j = 0, r
+    cdef int32_t v
+    if s.row_of != NULL:
+        swap_planned(s)
+    for m in range(s.core.n_evictions if s.recycle else 0):
+        while j < s.core.n_loads and (
+            s.io_state[s.core.plan_loads[j]] == IO_ORPHAN or s.recycled_mark[s.core.plan_loads[j]] == 3
+        ):
+            j += 1  # its orphaned read still runs into its pages, or it took a row: no move there
+        if j >= s.core.n_loads:
+            break
+        v = s.core.plan_evictions[m]
+        if s.recycled_mark[v]:
+            continue  # orphaned, or handed its row
         r = move_pages(s, v, s.core.plan_loads[j])
         if r == 0:
             continue
         s.recycled_mark[v] = 1
         if r < 0:
             s.recycle = 0
-            return
+            break
         s.recycled += 1
         j += 1
+    if s.row_of != NULL:
+        for j in range(s.core.n_loads):
+            if s.recycled_mark[s.core.plan_loads[j]] == 3:
+                s.recycled_mark[s.core.plan_loads[j]] = 0
 
 
 cdef bint settle_entry(stream_t * s, int32_t i, bint wait) noexcept nogil:

@@ -8,11 +8,16 @@
 # expert (a second ``GET_ROWS``, an ``ADD_ID`` of per-expert biases) or an expert matmul that
 # reads them before it is a graph fault: the layout is not one rows can serve.
 #
-# This is the mechanism a slot-stable cache needs (a miss read into the row its layer's
-# victim left, no page moved); the permutation only proves it exact on every architecture.
+# Rows are set for ``--cache-victims layer`` (each layer's rows in order at first): a plan's
+# victim hands its row to a load of its own layer (``swap_rows``: the victim takes the load's
+# empty row), so the load is read over the victim's pages where a page move (``mremap``, a
+# TLB shootdown to every core the process runs on) took them before. ``shuffled`` (tests)
+# starts from a permutation instead, to prove the rewrite exact on every architecture.
 #
-# Owns: ``row_of``, ``rows_layer``, ``rows_rewritten``. Calls: faults.
-# Locks: none (the eval thread; ``row_of`` is set before the first read and never moves).
+# Owns: ``row_of``, ``rows_layer``, ``rows_rewritten``, ``rows_swapped``. Calls: faults.
+# Locks: none. The eval thread swaps the rows of a settled victim and of a load not queued
+# (IO_IDLE), so no lane reads either row meanwhile; a lane reads the row of the entry it
+# reads, which no plan swaps while that read is queued or running.
 
 cdef inline int64_t row_at(stream_t * s, int layer, int expert) noexcept nogil:
     """The row holding ``expert`` of ``layer``."""
@@ -81,6 +86,21 @@ cdef int rows_node(stream_t * s, ggml_tensor * t, bint ask) noexcept nogil:
             graph_fault(s, layer, GRAPH_ROWS)  # biases by row, or experts by id
             return ask == 0
     return -1
+
+
+cdef bint swap_rows(stream_t * s, int32_t victim, int32_t target) noexcept nogil:
+    """Hand evicted ``victim``'s row (its pages, read over) to ``target``, a load of the same
+    layer not queued (IO_IDLE: its own row holds no page), and the empty row to the victim;
+    False (nothing done) where rows are off or they are not so."""
+    cdef int n = s.core.n_expert
+    cdef int32_t row
+    if s.row_of == NULL or victim // n != target // n or s.io_state[target] != IO_IDLE:
+        return False
+    row = s.row_of[victim]
+    s.row_of[victim] = s.row_of[target]
+    s.row_of[target] = row
+    s.rows_swapped += 1
+    return True
 
 
 cdef int set_rows(stream_t * s, const int32_t * rows) noexcept nogil:

@@ -328,7 +328,9 @@ cdef struct stream_t:
     # layer's expert tensors; NULL: each in its own (the ids are then never rewritten)
     int32_t * row_of               # [n_layer * n_expert]
     int rows_layer                 # the layer call whose ids are rows now; -1: none
+    int rows_shuffled              # option (tests): the rows started as ``shuffled_rows``
     int64_t rows_rewritten         # layer calls whose ids were rewritten to rows
+    int64_t rows_swapped           # misses read into their victim's row (no page moved)
     # reads ahead (--prefetch K): the previous decode token's routing of each layer
     int prefetch_k
     int prefill_ahead              # read the whole next layer ahead in a prefill batch
