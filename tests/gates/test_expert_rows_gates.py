@@ -109,7 +109,7 @@ def test_a_long_prompt_and_reads_ahead_into_shuffled_rows_give_the_resident_outp
 
 
 def test_rows_are_permutations_set_before_the_first_read(tiny_model_path: TinyModel) -> None:
-    stream = StreamConfig(enabled=True, cache_mb=None)
+    stream = StreamConfig(enabled=True, cache_mb=None, victims="global")
     with Session.open(
         SessionConfig(model_path=tiny_model_path("qwen3moe"), context=PARAMS, stream=stream)
     ) as s:
@@ -123,7 +123,7 @@ def test_rows_are_permutations_set_before_the_first_read(tiny_model_path: TinyMo
         s.generate(REQUEST)
         with pytest.raises(ValueError, match="before the first read"):
             streamer.set_rows(shuffled_rows(n_layer, n_expert))
-        assert streamer.stats()["rows_rewritten"] == 0  # rows never set: no id rewritten
+        assert streamer.stats()["rows_rewritten"] == 0  # global victims, no rows: no id rewritten
 
 
 @pytest.mark.parametrize("name", SERVED)

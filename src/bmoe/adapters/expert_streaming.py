@@ -153,7 +153,8 @@ class StreamingInfo:
     repack: WeightLayout = attrs.field(factory=lambda: WeightLayout(asked=False))
     store: StoreUse = attrs.field(factory=StoreUse)  # the expert store read from, if any
     # experts may live in other rows than their own, the ids rewritten (``MoeArch.gathers_by_id``
-    # unset): what ``--cache-victims layer`` needs to read a miss into its victim's row
+    # unset, and every layer routed on the host): what ``--cache-victims layer`` needs to read
+    # a miss into its victim's row
     rows: bool = True
 
 
@@ -314,7 +315,8 @@ class ExpertStreaming:
             recycling_off=recycling_off,
             repack=repacked,
             store=stored,
-            rows=serves_expert_rows(model.arch),
+            # the ids of a layer routed on a device are copied to the host: rows need them here
+            rows=serves_expert_rows(model.arch) and not streamer.captured_on_devices(),
         )
         return cls(streamer, layout, info, engine, gates)
 

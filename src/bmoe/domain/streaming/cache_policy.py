@@ -96,7 +96,11 @@ __all__ = [
 Eviction = Literal["slru", "lfu", "lru", "adaptive"]
 Victims = Literal["global", "layer"]
 VICTIMS: tuple[Victims, ...] = ("global", "layer")
-DEFAULT_VICTIMS: Victims = "global"
+DEFAULT_VICTIMS: Victims = "layer"
+"""What streaming uses unless told (``StreamConfig.victims``, ``--cache-victims``): the
+trained bench model at a quarter of its experts decoded 1.48x as fast (no page moved, the
+same hits), the 16-layer bench model 1.08x; docs/benchmarks.md. The class defaults to
+``global``, the rule its docstring starts from."""
 LAYER_VICTIM_CYCLES = 2
 """``victims="layer"`` applies where a layer's share of the budget holds this many tokens'
 top-k (below it the layers' hot experts differ too much for a fixed split)."""
