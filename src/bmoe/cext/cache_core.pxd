@@ -66,7 +66,7 @@ cdef enum:
 
 # the eviction rules, in ``bmoe.domain.streaming.ghost_caches.RULES``' order
 cdef enum:
-    LAYER_VICTIM_CYCLES = 2        # ``bmoe.domain.streaming.cache_policy.LAYER_VICTIM_CYCLES``
+    LAYER_VICTIM_CYCLES = 2        # ``bmoe.domain.streaming.victims.LAYER_VICTIM_CYCLES``
 
 cdef enum:
     RULE_LRU = 0

@@ -49,14 +49,11 @@ protected segment's cap is 0 (a plain LRU). ``"adaptive"``: ghost caches of thos
 rules (``ghost_caches``) are fed every request, and the rule chooser (``rule_chooser``)
 hands the victim choice (``rule``) to the one whose ghost hits most on the routing met.
 
-**Victims from the layer that misses** (``victims="layer"``): where each layer's share of
-the budget (``share``) holds at least ``LAYER_VICTIM_CYCLES`` tokens' top-k, a decode or
-prefill request's misses evict the layer's own entries first (the rule's choice among them:
-the head of the list among the layer's, or its fewest uses), the others only when the layer
-has none left to give. The engine then reads each miss into the row its victim held, in the
-same tensors, no page moved (``cext/stream/rows.pxi``). Replayed, it hits as the global
-choice does or better at a quarter of the experts and more (docs/benchmarks.md); below
-that share the global choice keeps the hot layers' experts, and stays.
+**Victims from the layer that misses** (``victims="layer"``, ``bmoe.domain.streaming.victims``):
+where each layer's share of the budget (``share``) holds two tokens' top-k, a request's
+misses evict the layer's own entries first (the rule's choice among them: the head of the
+list among the layer's, or its fewest uses), the others only when the layer has none left
+to give.
 
 **A layer held whole** (``holds_layer``: every expert resident, none waiting for its first
 use after a read ahead) needs nothing from a call: ``pass_layer`` counts the call in
@@ -77,6 +74,7 @@ from bmoe.domain.streaming.cache_reads_ahead import plan_reads_ahead
 from bmoe.domain.streaming.ghost_caches import GhostCaches, Rule
 from bmoe.domain.streaming.rule_chooser import RuleChooser
 from bmoe.domain.streaming.use_counts import DEFAULT_HALF_LIFE, UseCounts
+from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS, Victims, layer_first, layer_victim
 
 __all__ = [
     "DEFAULT_EVICTION",
@@ -94,16 +92,6 @@ __all__ = [
 ]
 
 Eviction = Literal["slru", "lfu", "lru", "adaptive"]
-Victims = Literal["global", "layer"]
-VICTIMS: tuple[Victims, ...] = ("global", "layer")
-DEFAULT_VICTIMS: Victims = "layer"
-"""What streaming uses unless told (``StreamConfig.victims``, ``--cache-victims``): the
-trained bench model at a quarter of its experts decoded 1.48x as fast (no page moved, the
-same hits), the 16-layer bench model 1.08x; docs/benchmarks.md. The class defaults to
-``global``, the rule its docstring starts from."""
-LAYER_VICTIM_CYCLES = 2
-"""``victims="layer"`` applies where a layer's share of the budget holds this many tokens'
-top-k (below it the layers' hot experts differ too much for a fixed split)."""
 EVICTIONS: tuple[Eviction, ...] = ("slru", "lfu", "lru", "adaptive")
 DEFAULT_EVICTION: Eviction = "adaptive"
 """What streaming uses unless told (``StreamConfig.eviction``, ``--cache-policy``): within
@@ -248,10 +236,9 @@ class ExpertCachePolicy:
 
     def layer_first(self, layer: int) -> bool:
         """Whether a miss of ``layer`` evicts the layer's own entries first (module
-        docstring): ``victims="layer"`` and a share of at least ``LAYER_VICTIM_CYCLES``
-        tokens' top-k (k known: given, or seen in a decode request)."""
+        docstring, ``victims.layer_first``; k given, or seen in a decode request)."""
         k = self.n_expert_used or self._k_seen
-        return self.victims == "layer" and k > 0 and self.share(layer) >= LAYER_VICTIM_CYCLES * k
+        return layer_first(self.victims, k, self.share(layer))
 
     def request(
         self, layer: int, experts: Iterable[int], n_tokens: int = 1, decode: bool | None = None
@@ -393,11 +380,9 @@ class ExpertCachePolicy:
         other's (``layer_first``)."""
         evicted: list[Entry] = []
         while first is not None and not everything and self.resident_bytes + incoming > self.budget_bytes:
-            mine = [e for e in self.resident() if e[0] == first and e not in keep]
-            if not mine:
+            victim = layer_victim(self.resident(), first, keep, self._uses if self.rule == "lfu" else None)
+            if victim is None:
                 break
-            victim = self._uses.fewest(mine, keep) if self.rule == "lfu" else mine[0]
-            assert victim is not None
             self._evict(victim)
             evicted.append(victim)
         if self.rule == "lfu" and not everything:

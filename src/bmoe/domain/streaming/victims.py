@@ -1,0 +1,47 @@
+"""Whose entries a miss evicts (``--cache-victims``): the rule's choice over every layer, or
+the missing layer's own first.
+
+``"layer"`` (streaming's default) applies where the layer's share of the budget (the budget
+in entries of that layer over the MoE layers) holds at least ``LAYER_VICTIM_CYCLES`` tokens'
+top-k; below it the layers' hot experts differ too much for a fixed split, and the global
+choice keeps the hot layers' experts. The engine reads each such miss into the row its
+victim held (``cext/stream/rows.pxi``): no page moved. ``ExpertCachePolicy`` decides with
+these; the C core (``cache_core.pxd``: ``core_layer_first``) follows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from bmoe.domain.streaming.cache_plans import Entry
+from bmoe.domain.streaming.use_counts import UseCounts
+
+Victims = Literal["global", "layer"]
+VICTIMS: tuple[Victims, ...] = ("global", "layer")
+DEFAULT_VICTIMS: Victims = "layer"
+"""What streaming uses unless told (``StreamConfig.victims``, ``--cache-victims``): the
+trained bench model at a quarter of its experts decoded 1.17-1.48x as fast (no page moved,
+the same hits), the bench models 1.03-1.20x; docs/benchmarks.md. ``ExpertCachePolicy``
+defaults to ``global``, the rule its docstring starts from."""
+LAYER_VICTIM_CYCLES = 2
+"""``"layer"`` applies where a layer's share holds this many tokens' top-k."""
+
+
+def layer_first(victims: Victims, k: int, share: int) -> bool:
+    """Whether a miss evicts its layer's own entries first: ``victims`` is ``"layer"``, ``k``
+    (experts a token) is known, and the layer's ``share`` of the budget holds
+    ``LAYER_VICTIM_CYCLES`` tokens' top-k."""
+    return victims == "layer" and k > 0 and share >= LAYER_VICTIM_CYCLES * k
+
+
+def layer_victim(
+    resident: Sequence[Entry], layer: int, keep: frozenset[Entry], by_uses: UseCounts | None
+) -> Entry | None:
+    """The entry of ``layer`` to evict first, never one of ``keep``: the fewest uses
+    (``by_uses``; ``resident``'s order among equals) or the first in ``resident``'s order
+    (the eviction order); None where the layer has none to give."""
+    mine = [e for e in resident if e[0] == layer and e not in keep]
+    if not mine:
+        return None
+    return by_uses.fewest(mine, keep) if by_uses is not None else mine[0]
