@@ -52,11 +52,12 @@ class StreamConfig:
       its ghost caches found hitting most on the last decode tokens,
       :mod:`bmoe.domain.streaming.rule_chooser`), :mod:`bmoe.domain.streaming.cache_policy`.
       Lossless either way: only what is read changes.
-    - ``victims``: whose entries a miss evicts (``--cache-victims``): ``"layer"`` (the
-      default: the missing layer's own first, where its share of the budget holds two
-      tokens' top-k; each miss is then read into its victim's row, no page moved; where the
-      model's graph gathers per-expert tensors by id, gpt-oss and gemma4, ``"global"``) or
-      ``"global"`` (the rule's choice over every layer), ``ExpertCachePolicy``.
+    - ``victims``: whose entries a miss evicts (``--cache-victims``): ``"global"`` (the
+      default: the rule's choice over every layer) or ``"layer"`` (the missing layer's own
+      first, where its share of the budget holds two tokens' top-k; each miss is then read
+      into its victim's row, no page moved: faster where a page move is dear and the disk
+      fast, a few points fewer hits; where the model's graph gathers per-expert tensors by
+      id, gpt-oss and gemma4, ``"global"``), ``bmoe.domain.streaming.victims``.
     - ``pass_layers``: a call of a layer the cache holds whole (every expert resident) is
       passed: no request, and llama.cpp's graph does not stop at the layer's routing for the
       callback (``ExpertCachePolicy.pass_layer``; never under the decode routing policies and

@@ -19,11 +19,15 @@ from bmoe.domain.streaming.use_counts import UseCounts
 
 Victims = Literal["global", "layer"]
 VICTIMS: tuple[Victims, ...] = ("global", "layer")
-DEFAULT_VICTIMS: Victims = "layer"
-"""What streaming uses unless told (``StreamConfig.victims``, ``--cache-victims``): the
-trained bench model at a quarter of its experts decoded 1.17-1.48x as fast (no page moved,
-the same hits), the bench models 1.03-1.20x; docs/benchmarks.md. ``ExpertCachePolicy``
-defaults to ``global``, the rule its docstring starts from."""
+DEFAULT_VICTIMS: Victims = "global"
+"""What streaming uses unless told (``StreamConfig.victims``, ``--cache-victims``). ``layer``
+trades hits for page moves: on this project's VM (a page move's TLB shootdown exits to the
+hypervisor, the disk reads 2-3 GB/s) the trained bench model at a quarter of its experts
+decoded 1.11-1.48x as fast with it, the bench models 1.03-1.20x; but over 248 tokens it hit
+44.9% where the global choice hit 47.5% (5% more bytes read), and with the disk held to
+400 MiB/s it decoded 0.96x. Where moves are cheap (a phone's broadcast TLB invalidation, no
+VM) and the disk slow, the global choice wins; docs/benchmarks.md. Choosing from the
+measured cost of a move and of a read is the next step."""
 LAYER_VICTIM_CYCLES = 2
 """``"layer"`` applies where a layer's share holds this many tokens' top-k."""
 
