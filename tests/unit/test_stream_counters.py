@@ -30,6 +30,7 @@ def test_a_difference_subtracts_every_count_and_keeps_the_sizes() -> None:
             "budget_bytes": 10,
             "rank_worker": 10,  # a state, kept from the later snapshot
             "cache_rule": 10,  # the rule in charge: a state too
+            "cache_victims": 10,  # --cache-victims in force: a state
             "predict_layers": ((4, 2), (1, 1)),
             "stall_layers": (0.25, 0.25),
         }.get(name, 6)
@@ -164,3 +165,17 @@ def test_the_cache_line_names_the_rule_in_charge_and_the_ghosts_hit_rates() -> N
         decode_wall_s=0.1,
     )
     assert stream_lines(attrs.evolve(result, stream=fixed))[1].endswith("; evicting by slru")
+
+
+def test_the_cache_line_says_where_misses_took_their_victims_rows() -> None:
+    report = StreamReport(
+        prefill=StreamCounters(cache_victims="layer"),
+        decode=StreamCounters(hits=4, misses=2, cache_rule="lfu", cache_victims="layer", rows_swapped=2),
+        decode_steps=2,
+        decode_wall_s=0.2,
+    )
+    result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
+    assert stream_lines(result)[1].endswith(
+        "; evicting by lfu; victims from the missing layer (2 read into their victim's row)"
+    )
+    assert StreamCounters(rows_swapped=5).decisions() == StreamCounters()  # the mechanism's

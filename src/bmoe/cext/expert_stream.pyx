@@ -726,6 +726,7 @@ cdef class ExpertStreamer:
             "prefetch_wasted": c.prefetch_wasted,
             "warm_issued": c.warm_issued,
             "cache_rule": RULES[c.rule],
+            "cache_victims": "layer" if c.layer_victims else "global",
             "rule_switches": c.switches,
             "ghost_wanted": c.ghost_wanted,
             "ghost_lru_hits": c.ghost_hits[RULE_LRU],

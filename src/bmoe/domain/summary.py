@@ -114,15 +114,19 @@ def stream_lines(result: RunResult) -> list[str]:
 
 def _rule_text(d: StreamCounters) -> str:
     """The eviction rule in charge at the end and, under ``--cache-policy adaptive``, the
-    chooser's switches in decode and each ghost cache's decode hit rate."""
+    chooser's switches in decode and each ghost cache's decode hit rate; under
+    ``--cache-victims layer``, how many misses took their victim's row."""
     if not d.cache_rule:
         return ""
+    victims = ""
+    if d.cache_victims == "layer":
+        victims = f"; victims from the missing layer ({d.rows_swapped} read into their victim's row)"
     ghosts = d.ghost_pcts()
     if not ghosts:
-        return f"; evicting by {d.cache_rule}"
+        return f"; evicting by {d.cache_rule}{victims}"
     rates = ", ".join(f"{rule} {pct:.1f}%" for rule, pct in ghosts.items())
     switches = f"{d.rule_switches} switch" + ("" if d.rule_switches == 1 else "es")
-    return f"; evicting by {d.cache_rule} (adaptive, {switches}; ghosts hit {rates})"
+    return f"; evicting by {d.cache_rule} (adaptive, {switches}; ghosts hit {rates}){victims}"
 
 
 def kernel_line(report: StreamReport) -> str:

@@ -19,7 +19,7 @@ def _layer_delta(
 
 
 # states: a difference keeps the later one
-_SIZES = ("resident_bytes", "budget_bytes", "rank_worker", "cache_rule")
+_SIZES = ("resident_bytes", "budget_bytes", "rank_worker", "cache_rule", "cache_victims")
 _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages went back
     "io_s": 0.0,
     "mgmt_s": 0.0,
@@ -29,6 +29,7 @@ _MECHANISM = {  # how the mechanism executed the policy: timers, and when pages 
     "releases_deferred": 0,
     "releases_cancelled": 0,
     "pages_recycled": 0,
+    "rows_swapped": 0,
     "evict_waits": 0,
     "evict_wait_s": 0.0,
     "reads_orphaned": 0,
@@ -80,11 +81,13 @@ class StreamCounters:
     ghost_lru_hits: int = 0
     ghost_slru_hits: int = 0
     ghost_lfu_hits: int = 0
+    cache_victims: str = ""  # --cache-victims in force ("" where not reported)
     release_s: float = 0.0  # moving or giving evicted pages back, on the eval thread (inside mgmt_s)
     release_lanes_s: float = 0.0  # ... on the worker lanes
     releases_deferred: int = 0  # evictions whose pages were given back off the read path
     releases_cancelled: int = 0  # ... kept instead: the entry was read again first
     pages_recycled: int = 0  # evictions whose pages moved under a read's slices (none released)
+    rows_swapped: int = 0  # ... whose row went to a read of their own layer (--cache-victims layer)
     evict_waits: int = 0  # evictions that waited for their own read, still running, to end
     evict_wait_s: float = 0.0  # ... the eval thread's wait (inside mgmt_s)
     reads_orphaned: int = 0  # evictions left to their read's lane, which gave the pages back after
