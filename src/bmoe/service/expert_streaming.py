@@ -234,12 +234,14 @@ class PolicyStreaming:
         )
 
     def _rule_counters(self) -> dict[str, Any]:
-        """The rule in charge and, adaptive, the chooser's switches and the ghosts' hits."""
+        """The rule in charge, the victims' scope and, adaptive, the chooser's switches and
+        the ghosts' hits."""
         ghosts, chooser = self.policy.ghosts, self.policy.chooser
         if ghosts is None or chooser is None:
-            return {"cache_rule": self.policy.rule}
+            return {"cache_rule": self.policy.rule, "cache_victims": self.policy.victims}
         return {
             "cache_rule": self.policy.rule,
+            "cache_victims": self.policy.victims,
             "rule_switches": chooser.switches,
             "ghost_wanted": ghosts.wanted,
             "ghost_lru_hits": ghosts.hits["lru"],
