@@ -31,7 +31,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from bmoe.cext.cache_core import ExpertCacheCore
 from bmoe.domain.streaming import ExpertCachePolicy
-from bmoe.domain.streaming.cache_policy import Entry, Eviction, LayerPlan, Victims
+from bmoe.domain.streaming.cache_policy import Entry, Eviction, LayerPlan
+from bmoe.domain.streaming.victims import Victims
 
 N_LAYER = 5
 N_EXPERT = 16

@@ -27,7 +27,8 @@ import attrs
 import numpy as np
 
 from bmoe.bench import routing_regimes
-from bmoe.domain.streaming.cache_policy import VICTIMS, Eviction, ExpertCachePolicy, Victims
+from bmoe.domain.streaming.cache_policy import Eviction, ExpertCachePolicy
+from bmoe.domain.streaming.victims import VICTIMS, Victims
 
 RULES: tuple[Eviction, ...] = ("lru", "slru", "lfu", "adaptive")
 SHARES = (0.05, 0.10, 0.25, 0.50)

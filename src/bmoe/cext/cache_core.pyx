@@ -23,6 +23,7 @@ from bmoe.cext.cache_core cimport (
     RULE_SLRU,
 )
 import bmoe.domain.streaming.rule_chooser as rule_chooser
+from bmoe.domain.streaming.victims import VICTIMS
 
 RULES = ("lru", "slru", "lfu")
 EVICTION_CODES = {"lru": RULE_LRU, "slru": RULE_SLRU, "lfu": RULE_LFU, "adaptive": -1}
@@ -59,8 +60,8 @@ cdef class ExpertCacheCore:
             self.c.entry_bytes[layer] = size
         self.c.budget_bytes = budget_bytes
         self.c.n_expert_used = n_expert_used
-        if victims not in ("global", "layer"):
-            raise ValueError("victims is global or layer")
+        if victims not in VICTIMS:
+            raise ValueError(f"victims is one of {', '.join(VICTIMS)}")
         self.c.layer_victims = 1 if victims == "layer" else 0  # before the ghosts copy it
         if core_set_rule(self.c, EVICTION_CODES[eviction], half_life, window_tokens, margin_permille) != 0:
             raise MemoryError()

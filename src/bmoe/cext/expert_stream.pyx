@@ -556,7 +556,7 @@ cdef class ExpertStreamer:
         return {
             "eviction": self.eviction,
             "half_life": self.s.core.half_life,
-            "victims": "layer" if self.s.core.layer_victims else "global",
+            "victims": self.victims,
             "prefetch_k": self.s.prefetch_k,
             "prefill_ahead": self.s.prefill_ahead != 0,
             "pass_layers": self.s.pass_layers != 0,
@@ -599,6 +599,11 @@ cdef class ExpertStreamer:
     def rule(self) -> str:
         """The eviction rule in charge now (adaptive: the chooser's)."""
         return RULES[self.s.core.rule]
+
+    @property
+    def victims(self) -> str:
+        """Whose entries a miss evicts now (``--cache-victims``)."""
+        return "layer" if self.s.core.layer_victims else "global"
 
     def set_rows(self, rows):
         """Where each expert's bytes live (``stream/rows.pxi``): ``rows`` ``[n_layer][n_expert]``
@@ -726,7 +731,7 @@ cdef class ExpertStreamer:
             "prefetch_wasted": c.prefetch_wasted,
             "warm_issued": c.warm_issued,
             "cache_rule": RULES[c.rule],
-            "cache_victims": "layer" if c.layer_victims else "global",
+            "cache_victims": self.victims,
             "rule_switches": c.switches,
             "ghost_wanted": c.ghost_wanted,
             "ghost_lru_hits": c.ghost_hits[RULE_LRU],

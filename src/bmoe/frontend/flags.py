@@ -16,14 +16,9 @@ from bmoe.domain.decide import PREFIX_CACHE_MODES
 from bmoe.domain.prompt_cache import DEFAULT_CACHE_RAM_MIB
 from bmoe.domain.slots import DEFAULT_SIMILARITY
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES
-from bmoe.domain.streaming.cache_policy import (
-    DEFAULT_EVICTION,
-    DEFAULT_HALF_LIFE,
-    DEFAULT_VICTIMS,
-    EVICTIONS,
-    VICTIMS,
-)
+from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
+from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS
 from bmoe.frontend.draft_option import add_draft_option
 from bmoe.frontend.vision_options import add_vision_options
 

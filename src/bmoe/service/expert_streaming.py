@@ -33,14 +33,7 @@ from bmoe.domain.streaming import (
     StreamCounters,
     StreamFault,
 )
-from bmoe.domain.streaming.cache_policy import (
-    DEFAULT_EVICTION,
-    DEFAULT_HALF_LIFE,
-    DEFAULT_VICTIMS,
-    Eviction,
-    PrefetchPlan,
-    Victims,
-)
+from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, Eviction, PrefetchPlan
 from bmoe.domain.streaming.decode_routing import (
     DecodeRouting,
     Routers,
@@ -49,6 +42,7 @@ from bmoe.domain.streaming.decode_routing import (
     Scorer,
 )
 from bmoe.domain.streaming.prefetch import PreviousTokenPrefetch, next_moe_layer, prefill_reads_ahead
+from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, Victims
 from bmoe.ports.expert_source import IExpertSource
 from bmoe.ports.router_view import IRouterView
 

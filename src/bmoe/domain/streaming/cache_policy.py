@@ -74,21 +74,18 @@ from bmoe.domain.streaming.cache_reads_ahead import plan_reads_ahead
 from bmoe.domain.streaming.ghost_caches import GhostCaches, Rule
 from bmoe.domain.streaming.rule_chooser import RuleChooser
 from bmoe.domain.streaming.use_counts import DEFAULT_HALF_LIFE, UseCounts
-from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS, Victims, layer_first, layer_victim
+from bmoe.domain.streaming.victims import VICTIMS, Victims, layer_first, layer_victim
 
 __all__ = [
     "DEFAULT_EVICTION",
     "DEFAULT_HALF_LIFE",
-    "DEFAULT_VICTIMS",
     "EVICTIONS",
-    "VICTIMS",
     "CacheCounters",
     "Entry",
     "Eviction",
     "ExpertCachePolicy",
     "LayerPlan",
     "PrefetchPlan",
-    "Victims",
 ]
 
 Eviction = Literal["slru", "lfu", "lru", "adaptive"]

@@ -34,18 +34,11 @@ from __future__ import annotations
 
 import attrs
 
-from bmoe.domain.streaming.cache_policy import (
-    DEFAULT_EVICTION,
-    DEFAULT_HALF_LIFE,
-    DEFAULT_VICTIMS,
-    EVICTIONS,
-    VICTIMS,
-    Eviction,
-    Victims,
-)
+from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS, Eviction
 from bmoe.domain.streaming.config import StreamConfig
 from bmoe.domain.streaming.decode_routing import MAX_PREDICT_DEPTH, RoutingSettings
 from bmoe.domain.streaming.engine_options import EngineOptions
+from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS, Victims
 from bmoe.errors import ConfigError
 
 
