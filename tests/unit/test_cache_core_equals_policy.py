@@ -22,6 +22,7 @@ seconds); a longer run: ``BMOE_CORE_EXAMPLES=2000 pytest tests/unit/test_cache_c
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterable
 
 import pytest
@@ -53,6 +54,7 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         window_tokens=st.sampled_from([1, 2]),
         margin_permille=st.sampled_from([0, 10, 200]),
         victims=st.sampled_from(["global", "layer", "layer"]),
+        scope_twin=st.booleans(),
     )
     def start(
         self,
@@ -65,12 +67,17 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         window_tokens: int,
         margin_permille: int,
         victims: Victims,
+        scope_twin: bool,
     ) -> None:
         if not any(sizes):
             sizes = [*sizes[:-1], 5]
         self.sizes = sizes
         budget = budget_entries * unit
-        chooser = {"window_tokens": window_tokens, "margin_permille": margin_permille}
+        chooser = {
+            "window_tokens": window_tokens,
+            "margin_permille": margin_permille,
+            "scope_twin": scope_twin,
+        }
         self.policy = ExpertCachePolicy(
             budget, sizes, N_EXPERT, k, eviction=eviction, half_life=half_life, victims=victims, **chooser
         )
@@ -187,6 +194,13 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
         assert self.core.set_budget(budget) == evicted
         self._landed(evicted)
 
+    @rule(victims=st.sampled_from(["global", "layer"]))
+    def set_victims(self, victims: Victims) -> None:
+        """--cache-victims auto's switch: the live scope changes, the twin takes the other."""
+        self.policy.set_victims(victims)
+        self.core.set_victims(victims)
+        assert self.core.victims == victims
+
     @rule()
     def evict_all(self) -> None:
         evicted = self.policy.evict_all()
@@ -210,7 +224,12 @@ class CoreAgainstPolicy(RuleBasedStateMachine):
             "prefetch_wasted": c.prefetch_wasted,
             "warm_issued": c.warm_issued,
             "passed": c.passed,
+            "cross_evictions": c.cross_evictions,
         }
+        assert self.core.twin_counters() == self.policy.twin_counters()
+        if self.policy.twin is not None:
+            assert isinstance(self.policy.twin.cache, ExpertCachePolicy)
+            assert self.core.twin_resident() == self.policy.twin.cache.resident()
         assert self.core.resident() == self.policy.resident()
         assert self.core.kept() == self.policy.kept()
         assert self.core.kept_bytes == self.policy.kept_bytes
@@ -291,3 +310,31 @@ def test_victims_from_the_missing_layer_where_its_share_holds_two_tokens(make: t
         small.request(layer, [e])
     plan = small.request(1, [2])
     assert (plan.evictions if isinstance(plan, LayerPlan) else plan[1]) == ((0, 0),)
+
+
+@pytest.mark.parametrize("eviction", ["adaptive", "lfu", "slru", "lru"])
+def test_the_scope_twin_runs_the_other_scope_under_the_rule_in_charge(eviction: str) -> None:
+    """``--cache-victims auto``'s twin, in the core as in the policy: fed every request, it
+    follows the adaptive chooser's switches (window 1, margin 0: it switches often) and takes
+    the other scope when the live cache changes its own."""
+    rng = random.Random(7)
+    routing = [[rng.sample(range(16), 2) for _ in range(3)] for _ in range(300)]
+    runs = []
+    for make in (ExpertCachePolicy, ExpertCacheCore):
+        cache = make(
+            24, [1, 1, 1], 16, 2, eviction=eviction, window_tokens=1, margin_permille=0, scope_twin=True
+        )
+        seen = []
+        for t, token in enumerate(routing):
+            if t in (100, 200):
+                cache.set_victims("layer" if t == 100 else "global")
+            for layer, ids in enumerate(token):
+                cache.request(layer, ids)
+            seen.append((cache.twin_counters(), cache.rule, cache.victims))
+        twin = cache.twin_resident() if isinstance(cache, ExpertCacheCore) else cache.twin.cache.resident()
+        runs.append((seen, twin, cache.resident()))
+    assert runs[0] == runs[1]
+    counts = runs[0][0]
+    assert counts[99][0]["cross_evictions"] < counts[99][0]["misses"]  # the twin took layer victims first
+    if eviction == "adaptive":
+        assert len({rule for _, rule, _ in counts}) > 1  # the chooser switched: the twin followed

@@ -149,6 +149,10 @@ cdef struct core_t:
     int64_t switches
     int64_t ghost_wanted           # entries every request fed to the ghosts wanted
     int64_t ghost_hits[N_RULES]    # ... and each ghost's hits on them
+    # --cache-victims auto: the scope twin (NULL: none), this core under the other victims'
+    # scope and the rule in charge, fed every request (``cache_twin.pxi``)
+    core_t * twin
+    int64_t cross_evictions        # evictions of another layer's entry by a request
 
 
 cdef inline core_t * core_new(int n_layer, int n_expert) noexcept nogil:
@@ -208,6 +212,8 @@ cdef inline void core_free(core_t * c) noexcept nogil:
     for r in range(N_RULES):
         core_free(c.ghost[r])
         c.ghost[r] = NULL
+    core_free(c.twin)
+    c.twin = NULL
     if not c.shares_sizes:
         free(c.entry_bytes)
     free(c.prev)
@@ -582,6 +588,9 @@ cdef inline int core_plan_one(core_t * c, int layer, int n_tokens, int as_decode
             core_age(c)
         return 0
     core_evict_until(c, c.n_loads * size, layer, core_layer_first(c, layer))
+    for w in range(c.n_evictions):
+        if c.plan_evictions[w] // c.n_expert != layer:
+            c.cross_evictions += 1
     for w in range(c.n_loads):
         idx = c.plan_loads[w]
         if c.evicted_once[idx]:
@@ -627,6 +636,8 @@ cdef inline void core_set_budget(core_t * c, int64_t budget_bytes) noexcept nogi
     for r in range(N_RULES):
         if c.ghost[r] != NULL:
             core_set_budget(c.ghost[r], budget_bytes)
+    if c.twin != NULL:
+        core_set_budget(c.twin, budget_bytes)
     core_begin(c)
     c.budget_bytes = budget_bytes
     core_evict_until(c, 0, -1)
@@ -639,6 +650,8 @@ cdef inline void core_evict_all(core_t * c) noexcept nogil:
     for r in range(N_RULES):
         if c.ghost[r] != NULL:
             core_evict_all(c.ghost[r])
+    if c.twin != NULL:
+        core_evict_all(c.twin)
     core_begin(c)
     while c.head >= 0:
         core_evict(c, c.head)
@@ -694,4 +707,5 @@ cdef inline int core_prefetch(core_t * c, int layer, bint hot, bint warm=False) 
 
 
 
+include "cache_twin.pxi"
 include "cache_ghosts.pxi"

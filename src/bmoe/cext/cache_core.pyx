@@ -10,12 +10,14 @@ from bmoe.cext.cache_core cimport (
     core_evict_all,
     core_free,
     core_holds_layer,
+    core_make_twin,
     core_new,
     core_pass_layer,
     core_plan,
     core_prefetch,
     core_set_budget,
     core_set_rule,
+    core_set_victims,
     core_t,
     core_want,
     RULE_LFU,
@@ -32,14 +34,14 @@ EVICTION_CODES = {"lru": RULE_LRU, "slru": RULE_SLRU, "lfu": RULE_LFU, "adaptive
 cdef class ExpertCacheCore:
     """``entry_bytes[layer]``: one entry's size per layer (0: no routed experts);
     ``n_expert_used``: experts per token for the protected segment's cap (0: from the decode
-    requests), ``eviction``, ``half_life`` and ``victims``, as the domain policy's; adaptive's chooser
-    ``window_tokens`` and ``margin_permille`` (``bmoe.domain.streaming.rule_chooser``)."""
+    requests), ``eviction``, ``half_life``, ``victims`` and ``scope_twin``, as the domain policy's;
+    adaptive's chooser ``window_tokens`` and ``margin_permille`` (``bmoe.domain.streaming.rule_chooser``)."""
 
     cdef core_t * c
 
     def __cinit__(self, int64_t budget_bytes, entry_bytes, int n_expert, int n_expert_used=0, *,
                   str eviction="slru", int half_life=64, window_tokens=None, margin_permille=None,
-                  str victims="global"):
+                  str victims="global", bint scope_twin=False):
         cdef int layer
         if budget_bytes < 0 or n_expert <= 0 or len(entry_bytes) == 0:
             raise ValueError("need budget >= 0, n_expert > 0 and at least one layer")
@@ -64,6 +66,8 @@ cdef class ExpertCacheCore:
             raise ValueError(f"victims is one of {', '.join(VICTIMS)}")
         self.c.layer_victims = 1 if victims == "layer" else 0  # before the ghosts copy it
         if core_set_rule(self.c, EVICTION_CODES[eviction], half_life, window_tokens, margin_permille) != 0:
+            raise MemoryError()
+        if scope_twin and core_make_twin(self.c, eviction in ("lfu", "adaptive")) != 0:
             raise MemoryError()
 
     def __dealloc__(self):
@@ -190,6 +194,35 @@ cdef class ExpertCacheCore:
         return out
 
     @property
+    def victims(self):
+        """Whose entries a miss evicts now."""
+        return "layer" if self.c.layer_victims else "global"
+
+    def set_victims(self, str victims):
+        """As ``ExpertCachePolicy.set_victims``: from the next request on; the twin takes the other."""
+        if victims not in VICTIMS:
+            raise ValueError(f"victims is one of {', '.join(VICTIMS)}")
+        core_set_victims(self.c, 1 if victims == "layer" else 0)
+
+    def twin_counters(self):
+        """As ``ExpertCachePolicy.twin_counters``: the scope twin's hits, misses and evictions of
+        another layer's entry (``{}`` without a twin)."""
+        cdef core_t * g = self.c.twin
+        if g == NULL:
+            return {}
+        return {"hits": g.hits, "misses": g.misses, "cross_evictions": g.cross_evictions}
+
+    def twin_resident(self):
+        """The scope twin's entries in its eviction order (``[]`` without a twin)."""
+        cdef core_t * g = self.c.twin
+        out = []
+        cdef int32_t i = g.head if g != NULL else -1
+        while i >= 0:
+            out.append((i // g.n_expert, i % g.n_expert))
+            i = g.next[i]
+        return out
+
+    @property
     def kept_bytes(self):
         return self.c.kept_bytes
 
@@ -248,4 +281,5 @@ cdef class ExpertCacheCore:
             "prefetch_wasted": c.prefetch_wasted,
             "warm_issued": c.warm_issued,
             "passed": c.passed,
+            "cross_evictions": c.cross_evictions,
         }

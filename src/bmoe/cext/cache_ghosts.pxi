@@ -37,12 +37,16 @@ cdef inline void core_choose(core_t * c) noexcept nogil:
 
 cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1) noexcept nogil:
     """Decide the request (``core_plan_one``); adaptive, then feed it to the ghosts and, for a
-    decode request, to the chooser's window. Returns the number of loads, or -1 (nothing
+    decode request, to the chooser's window; then to the scope twin, if any (``cache_twin``).
+    Returns the number of loads, or -1 (nothing
     changed) when the layer has no routed experts."""
     cdef int r
     cdef int n_loads = core_plan_one(c, layer, n_tokens, as_decode)
     cdef bint decode = n_tokens <= 1 if as_decode < 0 else as_decode != 0
-    if n_loads < 0 or c.ghost[0] == NULL:
+    if n_loads < 0:
+        return n_loads
+    if c.ghost[0] == NULL:
+        core_feed_twin(c, layer, n_tokens, as_decode)
         return n_loads
     for r in range(N_RULES):
         core_feed_ghost(c.ghost[r], c, layer, n_tokens, as_decode)
@@ -55,6 +59,7 @@ cdef inline int core_plan(core_t * c, int layer, int n_tokens, int as_decode=-1)
             c.win_hits[r] += c.ghost[r].n_hits
         if c.win_seen >= c.window_requests:
             core_choose(c)
+    core_feed_twin(c, layer, n_tokens, as_decode)
     return n_loads
 
 

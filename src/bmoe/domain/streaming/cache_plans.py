@@ -45,3 +45,5 @@ class CacheCounters:
     warm_issued: int = 0  # entries a usage profile's warm-up read ahead (not prefetches)
     prefetch_wasted: int = 0  # prefetched entries evicted before any request used them
     passed: int = 0  # layer calls that needed nothing: the layer held whole (``pass_layer``)
+    cross_evictions: int = 0  # evictions of another layer's entry by a request (the engine moves
+    # its pages under the miss; one of the missing layer's own takes its row: ``victims``)

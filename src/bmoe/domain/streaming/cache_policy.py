@@ -42,39 +42,33 @@ a higher precision than others.
 Reads ahead (``prefetch``: guesses, committed routings, a usage profile's warm-up) follow
 their own rules (``bmoe.domain.streaming.cache_reads_ahead``).
 
-**Eviction by frequency** (``eviction="lfu"``, ``--cache-policy lfu``): the list, its
-segments and every rule above stay as they are; only the choice of what to evict changes:
-the smallest decayed use count first (``bmoe.domain.streaming.use_counts``). ``"lru"``: the
-protected segment's cap is 0 (a plain LRU). ``"adaptive"``: ghost caches of those three
-rules (``ghost_caches``) are fed every request, and the rule chooser (``rule_chooser``)
-hands the victim choice (``rule``) to the one whose ghost hits most on the routing met.
+What else decides, each in its module: ``eviction="lfu"`` evicts the smallest decayed use
+count first, the list and segments as they are (``use_counts``); ``"lru"`` caps the protected
+segment at 0; ``"adaptive"`` feeds ghost caches of those rules and hands the victim choice
+(``rule``) to the one whose ghost hits most (``ghost_caches``, ``rule_chooser``);
+``victims="layer"`` evicts the missing layer's own entries first (``victims``); a scope twin
+(``scope_twin``) runs the other scope beside it for ``--cache-victims auto``.
 
-**Victims from the layer that misses** (``victims="layer"``, ``bmoe.domain.streaming.victims``):
-where each layer's share of the budget (``share``) holds two tokens' top-k, a request's
-misses evict the layer's own entries first (the rule's choice among them: the head of the
-list among the layer's, or its fewest uses), the others only when the layer has none left
-to give.
-
-**A layer held whole** (``holds_layer``: every expert resident, none waiting for its first
-use after a read ahead) needs nothing from a call: ``pass_layer`` counts the call in
-``passed`` and changes nothing else; with ``StreamConfig.pass_layers`` on, the engine
-passes such calls without stopping llama.cpp's graph at the layer's routing (so their
-routing is not seen: no hits, no use counts, no recency, no aging), and a cache that holds
-every expert decodes without a stop.
+**A layer held whole** (``holds_layer``) needs nothing from a call: ``pass_layer`` counts it
+in ``passed``, nothing else; with ``StreamConfig.pass_layers`` the engine does not even stop
+the graph at its routing (no hits, use counts, recency or aging).
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Literal
 
+from bmoe.domain.streaming.cache_companions import companions
+from bmoe.domain.streaming.cache_eviction import evict_until
+from bmoe.domain.streaming.cache_invariants import check_arguments, check_policy
 from bmoe.domain.streaming.cache_plans import CacheCounters, Entry, LayerPlan, PrefetchPlan
 from bmoe.domain.streaming.cache_reads_ahead import plan_reads_ahead
-from bmoe.domain.streaming.ghost_caches import GhostCaches, Rule
-from bmoe.domain.streaming.rule_chooser import RuleChooser
+from bmoe.domain.streaming.ghost_caches import Rule
 from bmoe.domain.streaming.use_counts import DEFAULT_HALF_LIFE, UseCounts
-from bmoe.domain.streaming.victims import VICTIMS, Victims, layer_first, layer_victim
+from bmoe.domain.streaming.victims import VICTIMS, Victims, layer_first
 
 __all__ = [
     "DEFAULT_EVICTION",
@@ -118,39 +112,29 @@ class ExpertCachePolicy:
         window_tokens: int | None = None,
         margin_permille: int | None = None,
         victims: Victims = "global",
+        scope_twin: bool = False,
     ) -> None:
-        if budget_bytes < 0:
-            raise ValueError("budget must be >= 0")
-        if n_expert <= 0 or any(b < 0 for b in entry_bytes):
-            raise ValueError("n_expert must be > 0 and entry sizes >= 0")
-        if n_expert_used < 0:
-            raise ValueError("n_expert_used must be >= 0 (0: from the decode requests)")
-        if eviction not in EVICTIONS:
-            raise ValueError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
-        if victims not in VICTIMS:
-            raise ValueError(f"victims must be one of {', '.join(VICTIMS)}, not {victims!r}")
+        check_arguments(budget_bytes, entry_bytes, n_expert, n_expert_used, eviction, EVICTIONS, victims)
         self.eviction = eviction
         self.victims = victims
         self.half_life = half_life
         n_moe = sum(1 for size in entry_bytes if size > 0)
         self._uses = UseCounts(half_life, n_moe)  # lfu's (and adaptive's: lfu may take charge)
         self._counting = eviction in ("lfu", "adaptive")
-        self.ghosts: GhostCaches | None = None
-        self.chooser: RuleChooser | None = None
         self.rule: Rule = "slru" if eviction == "slru" else "lfu" if eviction == "lfu" else "lru"
-        if eviction == "adaptive":
-            self.ghosts = GhostCaches(
-                lambda rule: ExpertCachePolicy(
-                    budget_bytes,
-                    entry_bytes,
-                    n_expert,
-                    n_expert_used,
-                    eviction=rule,
-                    half_life=half_life,
-                    victims=victims,
-                )
-            )
-            self.chooser = RuleChooser(n_moe, window_tokens=window_tokens, margin_permille=margin_permille)
+        # adaptive's ghosts and chooser, the scope twin (``cache_companions``)
+        self.ghosts, self.chooser, self.twin = companions(
+            partial(
+                ExpertCachePolicy, budget_bytes, entry_bytes, n_expert, n_expert_used, half_life=half_life
+            ),
+            eviction,
+            victims,
+            n_moe,
+            scope_twin=scope_twin,
+            window_tokens=window_tokens,
+            margin_permille=margin_permille,
+        )
+        if self.chooser is not None:
             self.rule = self.chooser.rule
         self.budget_bytes = budget_bytes
         self.entry_bytes = tuple(entry_bytes)
@@ -214,17 +198,42 @@ class ExpertCachePolicy:
         if budget_bytes < 0:
             raise ValueError("budget must be >= 0")
         self.budget_bytes = budget_bytes
-        evicted = self._evict_until(0, keep=frozenset())
+        evicted = evict_until(self, 0, keep=frozenset())
         self._fit_kept(self.kept_cap())
         if self.ghosts is not None:
             self.ghosts.set_budget(budget_bytes)
+        if self.twin is not None:
+            self.twin.cache.set_budget(budget_bytes)
         return evicted
 
     def evict_all(self) -> tuple[Entry, ...]:
         """Evict every resident entry in eviction order and return them."""
         if self.ghosts is not None:
             self.ghosts.evict_all()
-        return self._evict_until(0, keep=frozenset(), everything=True)
+        if self.twin is not None:
+            self.twin.cache.evict_all()
+        return evict_until(self, 0, keep=frozenset(), everything=True)
+
+    def set_victims(self, victims: Victims) -> None:
+        """Whose entries a miss evicts from the next request on (the ghosts too; the twin, if
+        any, the other scope)."""
+        if victims not in VICTIMS:
+            raise ValueError(f"victims must be one of {', '.join(VICTIMS)}, not {victims!r}")
+        self.victims = victims
+        for ghost in self.ghosts.caches.values() if self.ghosts is not None else ():
+            ghost.set_victims(victims)
+        if self.twin is not None:
+            self.twin.set_victims(victims)
+
+    def take_rule(self, rule: Rule) -> None:
+        """The rule in charge from the next eviction on (the protected segment refitted)."""
+        if rule != self.rule:
+            self.rule = rule
+            self._fit_kept(self.kept_cap())
+
+    def twin_counters(self) -> dict[str, int]:
+        """The scope twin's hits, misses and evictions of another layer's entry ({}: none)."""
+        return {} if self.twin is None else self.twin.counters()
 
     def share(self, layer: int) -> int:
         """How many of a prefill request's experts stay hot at ``layer`` (at least 1)."""
@@ -278,7 +287,7 @@ class ExpertCachePolicy:
             elif entry in hot:
                 self._touch(entry)
         first = layer if self.layer_first(layer) else None
-        evictions = self._evict_until(len(loads) * size, keep=frozenset(wanted), first=first) if loads else ()
+        evictions = evict_until(self, len(loads) * size, keep=frozenset(wanted), first=first) if loads else ()
         if loads:  # only a request that loads evicts: the budget may be exceeded by it alone
             self._last_request_bytes = len(wanted) * size
         for entry in loads:
@@ -294,13 +303,15 @@ class ExpertCachePolicy:
         c.misses += len(loads)
         c.bytes_read += len(loads) * size
         c.prefetch_hits += len(prefetch_hits)
+        c.cross_evictions += sum(1 for entry in evictions if entry[0] != layer)
         if decode and self._counting:
             self._uses.tick()
         if self.ghosts is not None and self.chooser is not None:  # adaptive
             n_wanted, ghost_hits = self.ghosts.request(layer, routed, n_tokens, decode)
             if decode and self.chooser.observe(n_wanted, ghost_hits):
-                self.rule = self.chooser.rule  # another victim choice from the next eviction on
-                self._fit_kept(self.kept_cap())
+                self.take_rule(self.chooser.rule)  # another victim choice from the next eviction on
+        if self.twin is not None:
+            self.twin.request(layer, routed, n_tokens, decode, self.rule)
         return LayerPlan(
             layer=layer,
             hits=hits,
@@ -368,55 +379,6 @@ class ExpertCachePolicy:
         """The entry's decayed use count (``lfu`` and ``adaptive``; 0 under the others)."""
         return self._uses[(layer, expert)]
 
-    def _evict_until(
-        self, incoming: int, keep: frozenset[Entry], everything: bool = False, first: int | None = None
-    ) -> tuple[Entry, ...]:
-        """Evict until ``incoming`` more bytes fit (``everything``: all), never an entry of
-        ``keep``: from the list's head (slru, or everything), or the smallest use count
-        first, the list's order among equals (lfu); layer ``first``'s entries before any
-        other's (``layer_first``)."""
-        evicted: list[Entry] = []
-        while first is not None and not everything and self.resident_bytes + incoming > self.budget_bytes:
-            victim = layer_victim(self.resident(), first, keep, self._uses if self.rule == "lfu" else None)
-            if victim is None:
-                break
-            self._evict(victim)
-            evicted.append(victim)
-        if self.rule == "lfu" and not everything:
-            while self.resident_bytes + incoming > self.budget_bytes:
-                victim = self._uses.fewest(self.resident(), keep)
-                if victim is None:
-                    break
-                self._evict(victim)
-                evicted.append(victim)
-            return tuple(evicted)
-        for entry in self.resident():
-            if not everything and self.resident_bytes + incoming <= self.budget_bytes:
-                break
-            if entry in keep:
-                continue
-            self._evict(entry)
-            evicted.append(entry)
-        return tuple(evicted)
-
     def check_valid(self) -> None:
-        """Invariants: sizes and counters add up; the budget holds unless the last request
-        that loaded needed more than it; the protected segment is within its cap and holds
-        no entry read ahead and not yet used."""
-        c = self.counters
-        resident = self.resident()
-        assert len(set(resident)) == len(resident)
-        assert self.resident_bytes == sum(self.entry_bytes[layer] for layer, _ in resident)
-        assert self.kept_bytes == sum(self.entry_bytes[layer] for layer, _ in self._kept)
-        assert self.kept_bytes <= self.kept_cap()
-        assert not self._prefetched & self._kept.keys()
-        assert c.misses + c.prefetch_issued + c.warm_issued - c.evictions == len(resident)
-        assert self._prefetched <= set(resident)
-        assert self._warmed <= set(resident)
-        assert not self._warmed & self._prefetched
-        assert not self._warmed & self._kept.keys()
-        assert c.prefetch_hits + c.prefetch_wasted + len(self._prefetched) == c.prefetch_issued
-        assert c.rereads <= c.misses + c.prefetch_issued + c.warm_issued
-        assert c.bytes_read >= self.resident_bytes
-        assert all(self.entry_bytes[layer] > 0 and 0 <= e < self.n_expert for layer, e in resident)
-        assert self.resident_bytes <= max(self.budget_bytes, self._last_request_bytes)
+        """Its invariants hold (``cache_invariants``), or AssertionError."""
+        check_policy(self)

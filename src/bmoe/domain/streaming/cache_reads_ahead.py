@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from bmoe.domain.streaming.cache_eviction import evict_until
 from bmoe.domain.streaming.cache_plans import Entry, PrefetchPlan
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def plan_reads_ahead(
             if hot:
                 policy._touch(entry)
             continue
-        evictions += policy._evict_until(size, keep)
+        evictions += evict_until(policy, size, keep)
         if policy.resident_bytes + size > policy.budget_bytes:
             break  # no room without evicting what is in use: issue no more
         if entry in policy._evicted_once:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal, Protocol
 
 from bmoe.domain.streaming.cache_plans import Entry, LayerPlan
+from bmoe.domain.streaming.victims import Victims
 
 Rule = Literal["lru", "slru", "lfu"]
 RULES: tuple[Rule, ...] = ("lru", "slru", "lfu")
@@ -35,6 +36,8 @@ class GhostCache(Protocol):
     def set_budget(self, budget_bytes: int) -> tuple[Entry, ...]: ...
 
     def evict_all(self) -> tuple[Entry, ...]: ...
+
+    def set_victims(self, victims: Victims) -> None: ...
 
 
 class GhostCaches:
