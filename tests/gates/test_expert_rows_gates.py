@@ -7,6 +7,7 @@ named fault, never another output."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,12 @@ from bmoe.domain.generation import GenerateRequest
 from bmoe.domain.moe_arch import serves_expert_rows
 from bmoe.domain.sampling import SamplingParams
 from bmoe.domain.streaming import EngineOptions, StreamConfig
+from bmoe.domain.streaming.scope_twin import other_scope
+from bmoe.domain.streaming.victims import VictimsSetting
+from bmoe.domain.streaming.victims_chooser import ScopeVerdict, ScopeWindow, VictimsChooser
 from bmoe.errors import ExpertGraphError
-from bmoe.runtime import Session, SessionConfig
+from bmoe.runtime import Session, SessionConfig, victims_control
+from bmoe.runtime import streaming as streaming_runtime
 from bmoe.testing.fixtures import ARCH_FIXTURES
 
 TinyModel = Callable[[str], Path]
@@ -148,13 +153,51 @@ def test_misses_read_into_their_victims_rows_give_the_resident_output(
             assert stats["rows_swapped"] > 0
 
 
+class FlippingChooser(VictimsChooser):
+    """Changes the scope at every window, whatever the costs: the switch itself under test."""
+
+    def observe(self, window: ScopeWindow) -> ScopeVerdict:
+        self.scope = other_scope(self.scope)
+        self.switches += 1
+        return ScopeVerdict(other_scope(self.scope), None, None, True)
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_the_victims_scope_changed_between_decode_steps_gives_the_resident_output(
+    tiny_model_path: TinyModel, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--cache-victims auto``: the scope changes every 2 decode steps (a scripted chooser),
+    the twin runs the other; the output is the resident run's bit for bit."""
+    monkeypatch.setattr(victims_control, "VictimsChooser", FlippingChooser)
+    monkeypatch.setattr(
+        streaming_runtime, "VictimsControl", partial(victims_control.VictimsControl, window_tokens=2)
+    )
+    path = tiny_model_path(name)
+    tokens, logits = resident(path)
+    stream = StreamConfig(enabled=True, cache_mb=None, victims="auto")
+    with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
+        assert s.streaming is not None
+        m = s.model
+        streamer = s.streaming.streaming.streamer
+        n_moe = sum(1 for layer in range(m.n_layer) if streamer.entry_bytes(layer) > 0)
+        s.streaming.set_budget(2 * m.n_expert_used * n_moe * s.streaming.info.entry_bytes)
+        result = s.generate(REQUEST)
+        counters = s.streaming.counters()
+        assert tuple(result.tokens) == tokens and np.array_equal(s.last_logits(), logits)
+        assert streamer.settings()["victims"] == "auto"
+        assert counters.victims_switches >= 4 and counters.twin_misses > 0
+        if 2 * m.n_expert_used < m.n_expert:  # else the share holds every expert: nothing evicted
+            assert streamer.stats()["rows_swapped"] > 0
+
+
 @pytest.mark.parametrize("name", GATHERED)
+@pytest.mark.parametrize("victims", ["layer", "auto"])
 def test_layer_victims_where_rows_cannot_serve_fall_back_to_global_victims(
-    tiny_model_path: TinyModel, name: str
+    tiny_model_path: TinyModel, name: str, victims: VictimsSetting
 ) -> None:
     path = tiny_model_path(name)
     tokens, logits = resident(path)
-    stream = StreamConfig(enabled=True, cache_mb=None, victims="layer")
+    stream = StreamConfig(enabled=True, cache_mb=None, victims=victims)
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
         assert s.streaming is not None
         s.streaming.set_budget((s.model.n_expert_used + 2) * s.streaming.info.entry_bytes)

@@ -135,13 +135,14 @@ def test_the_prefetch_line_says_whose_reads_ahead_and_nothing_without_any() -> N
 def test_the_engine_reports_every_counter_under_its_field_name() -> None:
     """Counters named once: the C streamer's reports carry ``StreamCounters``' field names,
     so the adapter keeps them without renaming any (``StreamCounters.of``); only the
-    process's own figures (getrusage) come from elsewhere."""
+    process's own figures (getrusage) and the victims' chooser's switches (the runtime's)
+    come from elsewhere."""
     from bmoe.cext.expert_stream import ExpertStreamer
 
     streamer = ExpertStreamer(n_layer=2, n_expert=4, n_proj=1)
     reported = {**streamer.stats(), **streamer.routing_stats()}
-    process = {"minor_faults", "system_s"}
-    assert {f.name for f in attrs.fields(StreamCounters)} - process <= set(reported)
+    elsewhere = {"minor_faults", "system_s", "victims_switches"}
+    assert {f.name for f in attrs.fields(StreamCounters)} - elsewhere <= set(reported)
     counters = StreamCounters.of(reported)
     assert counters.budget_bytes == reported["budget_bytes"] and counters.stall_layers == (0.0, 0.0)
     assert StreamCounters.of({"hits": 3, "topk_stops": 9}) == StreamCounters(hits=3)
@@ -179,3 +180,16 @@ def test_the_cache_line_says_where_misses_took_their_victims_rows() -> None:
         "; evicting by lfu; victims from the missing layer (2 read into their victim's row)"
     )
     assert StreamCounters(rows_swapped=5).decisions() == StreamCounters()  # the mechanism's
+
+
+def test_the_cache_line_names_the_victims_scope_chosen_and_what_its_twin_missed_and_moved() -> None:
+    decode = StreamCounters(
+        hits=90, misses=10, cache_rule="lfu", cache_victims="layer", cross_evictions=1,
+        twin_misses=8, twin_cross_evictions=9, victims_switches=1,
+    )  # fmt: skip
+    report = StreamReport(prefill=StreamCounters(), decode=decode, decode_steps=2, decode_wall_s=0.2)
+    result = RunResult("", "", (), n_prompt=1, n_past=3, prefill_s=0.1, decode_s=0.2, stream=report)
+    assert stream_lines(result)[1].endswith(
+        "; victims' scope by cost (auto): layer now, 1 switch; under the other scope 8 misses, "
+        "9 page moves (this cache 10, 1)"
+    )

@@ -105,12 +105,14 @@ POLICY_FLAGS: dict[str, tuple[str, type | None, str, Mapping[str, object]]] = {
     "no-store": ("", None, "--expert-store off", {"expert_store": "off"}),
     "layer-victims": ("", None, "--cache-victims layer", {"victims": "layer"}),
     "global-victims": ("", None, "--cache-victims global", {"victims": "global"}),
+    "auto-victims": ("", None, "--cache-victims auto", {"victims": "auto"}),
 }
 """The decode routing policies the bench can run beside each cache budget: name ->
 (``StreamConfig`` field, value type (None: a switch), the CLI flag, the other fields the
 policy needs set; a switch without a field only sets those)."""
 CACHE_RULES = frozenset(
     {"slru", "lfu", "lfu-half", "lru", "adaptive", "no-store", "layer-victims", "global-victims"}
+    | {"auto-victims"}
 )
 """The entries of ``POLICY_FLAGS`` that choose the cache's eviction or where the experts are
 read from (``no-store``: the model file, where an expert store would serve), not a routing

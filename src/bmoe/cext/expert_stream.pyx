@@ -65,12 +65,14 @@ from bmoe.cext.cache_core cimport (
     core_begin,
     core_evict_all,
     core_free,
+    core_make_twin,
     core_new,
     core_pass_layer,
     core_plan,
     core_prefetch,
     core_set_budget,
     core_set_rule,
+    core_set_victims,
     core_t,
     core_want,
     RULE_LFU,
@@ -514,7 +516,7 @@ cdef class ExpertStreamer:
         n_layer, n_expert = self.s.core.n_layer, self.s.core.n_expert
         if engine.expert_rows == "shuffled":
             self.set_rows(shuffled_rows(n_layer, n_expert))
-        elif settings.victims == "layer":  # a miss read into its victim's row: rows in order at first
+        elif settings.victims in ("layer", "auto"):  # a miss read into its victim's row: rows in order at first
             self.set_rows(np.tile(np.arange(n_expert, dtype=np.int32), (n_layer, 1)))
         else:
             self.set_rows(None)
@@ -528,6 +530,10 @@ cdef class ExpertStreamer:
         if core_set_rule(self.s.core, EVICTION_CODES[settings.eviction], half_life,
                          rule_chooser.WINDOW_TOKENS, rule_chooser.MARGIN_PERMILLE) != 0:
             raise MemoryError("no memory for the adaptive cache's ghosts")
+        core_free(self.s.core.twin)  # auto: the scope twin (global first, the twin layer)
+        self.s.core.twin = NULL
+        if settings.victims == "auto" and core_make_twin(self.s.core, settings.eviction in ("lfu", "adaptive")) != 0:
+            raise MemoryError("no memory for the cache's scope twin")
         # reads ahead
         self.s.prefetch_k = prefetch_k
         self.s.prefill_ahead = 1 if settings.prefill_ahead else 0
@@ -556,7 +562,7 @@ cdef class ExpertStreamer:
         return {
             "eviction": self.eviction,
             "half_life": self.s.core.half_life,
-            "victims": self.victims,
+            "victims": "auto" if self.s.core.twin != NULL else self.victims,
             "prefetch_k": self.s.prefetch_k,
             "prefill_ahead": self.s.prefill_ahead != 0,
             "pass_layers": self.s.pass_layers != 0,
@@ -602,8 +608,18 @@ cdef class ExpertStreamer:
 
     @property
     def victims(self) -> str:
-        """Whose entries a miss evicts now (``--cache-victims``)."""
+        """Whose entries a miss evicts now (``--cache-victims``; under ``auto``, the scope chosen)."""
         return "layer" if self.s.core.layer_victims else "global"
+
+    def set_victims(self, str victims):
+        """``--cache-victims auto``'s choice (``global`` or ``layer``), from the next request on;
+        between decodes (the eval thread reads it in the callback). Needs the rows
+        (``ValueError`` for ``layer`` without them: a miss must be read into its victim's row)."""
+        if victims not in ("global", "layer"):
+            raise ValueError("victims is global or layer")
+        if victims == "layer" and self.s.row_of == NULL:
+            raise ValueError("victims from the missing layer need the expert rows")
+        core_set_victims(self.s.core, 1 if victims == "layer" else 0)
 
     def set_rows(self, rows):
         """Where each expert's bytes live (``stream/rows.pxi``): ``rows`` ``[n_layer][n_expert]``
@@ -732,6 +748,9 @@ cdef class ExpertStreamer:
             "warm_issued": c.warm_issued,
             "cache_rule": RULES[c.rule],
             "cache_victims": self.victims,
+            "cross_evictions": c.cross_evictions,
+            "twin_misses": c.twin.misses if c.twin != NULL else 0,
+            "twin_cross_evictions": c.twin.cross_evictions if c.twin != NULL else 0,
             "rule_switches": c.switches,
             "ghost_wanted": c.ghost_wanted,
             "ghost_lru_hits": c.ghost_hits[RULE_LRU],

@@ -115,12 +115,20 @@ def stream_lines(result: RunResult) -> list[str]:
 def _rule_text(d: StreamCounters) -> str:
     """The eviction rule in charge at the end and, under ``--cache-policy adaptive``, the
     chooser's switches in decode and each ghost cache's decode hit rate; under
-    ``--cache-victims layer``, how many misses took their victim's row."""
+    ``--cache-victims layer``, how many misses took their victim's row; under ``auto``, the
+    scope now, its switches and what the twin under the other scope missed and moved."""
     if not d.cache_rule:
         return ""
     victims = ""
     if d.cache_victims == "layer":
         victims = f"; victims from the missing layer ({d.rows_swapped} read into their victim's row)"
+    if d.twin_misses or d.victims_switches:  # --cache-victims auto
+        switches = f"{d.victims_switches} switch" + ("" if d.victims_switches == 1 else "es")
+        victims += (
+            f"; victims' scope by cost (auto): {d.cache_victims or 'global'} now, {switches}; "
+            f"under the other scope {d.twin_misses} misses, {d.twin_cross_evictions} page moves "
+            f"(this cache {d.misses}, {d.cross_evictions})"
+        )
     ghosts = d.ghost_pcts()
     if not ghosts:
         return f"; evicting by {d.cache_rule}{victims}"

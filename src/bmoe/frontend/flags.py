@@ -18,7 +18,7 @@ from bmoe.domain.slots import DEFAULT_SIMILARITY
 from bmoe.domain.streaming import GOVERNOR_MODES, STREAM_POLICIES
 from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LIFE, EVICTIONS
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
-from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS
+from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS_SETTINGS
 from bmoe.frontend.draft_option import add_draft_option
 from bmoe.frontend.vision_options import add_vision_options
 
@@ -248,11 +248,12 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
     )
     m.add_argument(
         "--cache-victims",
-        choices=VICTIMS,
+        choices=VICTIMS_SETTINGS,
         default=DEFAULT_VICTIMS,
         help=f"whose experts a miss evicts: global (the --cache-policy's choice over every layer) or layer "
         f"(the missing layer's own first, where its share of the cache holds two tokens' experts: each miss "
-        f"is read into the memory its victim held, no page moved); lossless either way "
+        f"is read into the memory its victim held, no page moved) or auto (whichever costs this machine "
+        f"less, weighed as the run goes from the reads and page moves it measures); lossless either way "
         f"(default {DEFAULT_VICTIMS}; docs/streaming.md)",
     )
     m.add_argument(

@@ -131,7 +131,7 @@ def open_context(
         info = streaming.info
         floor = lending_floor(info.token_cycle_bytes, batch.room.layer_bytes, info.budget.bytes)
         control.lend_to_prompts(PrefillLending(per_token, floor, spare_bytes(info.budget)))
-        ctx.before_decode = control.before_decode
+    ctx.before_decode = control.before_decode  # lending (if any) and --cache-victims auto's windows
     hold_auto_to_room(control, memory_room, notes)
     ctx.explain_abort = control.check
     if config.stream.policy == "reference":

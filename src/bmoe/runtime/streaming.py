@@ -43,6 +43,7 @@ from bmoe.domain.streaming.decode_routing import Routers
 from bmoe.domain.streaming.prefill_memory import LEND_FROM_TOKENS, PrefillLending, PromptBatch
 from bmoe.domain.streaming.streamer_settings import StreamerSettings
 from bmoe.errors import StreamingFaultError
+from bmoe.runtime.victims_control import VictimsControl
 from bmoe.service.expert_streaming import PolicyStreaming
 
 
@@ -69,7 +70,7 @@ class StreamingControl:
         self._layers = tuple(layer for layer in range(streamer.n_layer) if streamer.entry_bytes(layer) > 0)
         # the setup knobs, one value for the C streamer and the reference policy alike
         self.settings = settings = StreamerSettings.of(config, streaming.engine)
-        if settings.victims == "layer" and not self.info.rows:  # its graph gathers by expert id
+        if settings.victims != "global" and not self.info.rows:  # its graph gathers by expert id
             self.settings = settings = attrs.evolve(settings, victims="global")
         if config.policy == "reference":
             streamer.configure(settings.for_reference())  # the decisions are the policy's
@@ -108,6 +109,11 @@ class StreamingControl:
                     None if config.io_trace is None else Path(config.io_trace),
                 )
             streamer.mode = expert_stream.MODE_STREAM
+        self._victims: VictimsControl | None = None  # --cache-victims auto
+        if settings.victims == "auto":
+            target = self._reference if self._reference is not None else streamer
+            counters = self._reference.counters if self._reference is not None else streaming.counters
+            self._victims = VictimsControl(counters, target)
 
     def _serve(self, layer: int, ids: list[int], n_tokens: int) -> int:
         """The C callback's reference hook: 1 once every routed expert is in memory, 2 where
@@ -132,7 +138,8 @@ class StreamingControl:
         """The cache's counters, with the process's minor faults and system time so far."""
         counters = self._reference.counters() if self._reference is not None else self.streaming.counters()
         faults, system_s = faults_and_system()
-        return attrs.evolve(counters, minor_faults=faults, system_s=system_s)
+        switches = self._victims.chooser.switches if self._victims is not None else 0
+        return attrs.evolve(counters, minor_faults=faults, system_s=system_s, victims_switches=switches)
 
     def resident_entries(self) -> list[Entry]:
         """Resident entries in eviction order (the next to go first)."""
@@ -249,7 +256,10 @@ class StreamingControl:
         """``ctx.before_decode``: a ``llama_decode`` of ``n_tokens`` comes. A prompt-sized
         one lowers the budget by its compute buffer (left pending, applied as it enters the
         lock); the first decode step after it gives the compute buffer's pages back and the
-        budget returns."""
+        budget returns. Under ``--cache-victims auto``, a window of decode steps may end here
+        (``victims_control``)."""
+        if self._victims is not None:
+            self._victims.before_decode(n_tokens <= max(1, self.streaming.streamer.decode_rows))
         lending = self._lending
         if lending is None or (n_tokens <= LEND_FROM_TOKENS and not lending.lent):
             return

@@ -42,7 +42,7 @@ from bmoe.domain.streaming.decode_routing import (
     Scorer,
 )
 from bmoe.domain.streaming.prefetch import PreviousTokenPrefetch, next_moe_layer, prefill_reads_ahead
-from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, Victims
+from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, Victims, VictimsSetting
 from bmoe.ports.expert_source import IExpertSource
 from bmoe.ports.router_view import IRouterView
 
@@ -62,7 +62,7 @@ class PolicyStreaming:
         eviction: Eviction = DEFAULT_EVICTION,
         half_life: int = DEFAULT_HALF_LIFE,
         pass_layers: bool = False,
-        victims: Victims = DEFAULT_VICTIMS,
+        victims: VictimsSetting = DEFAULT_VICTIMS,
     ) -> None:
         """``routing`` (with the ``routers`` it evaluates): the decode routing policies;
         None, or settings that are all off, for none. ``eviction``, ``half_life``: the cache's
@@ -71,8 +71,15 @@ class PolicyStreaming:
         need every call)."""
         self.source = source
         sizes = [source.entry_bytes(layer) for layer in range(source.n_layer)]
+        scope: Victims = "layer" if victims == "layer" else "global"  # auto: global first, a twin beside
         self.policy = ExpertCachePolicy(
-            budget_bytes, sizes, source.n_expert, eviction=eviction, half_life=half_life, victims=victims
+            budget_bytes,
+            sizes,
+            source.n_expert,
+            eviction=eviction,
+            half_life=half_life,
+            victims=scope,
+            scope_twin=victims == "auto",
         )
         self.prefetcher = PreviousTokenPrefetch(prefetch_depth, sizes)
         self.prefill_ahead = prefill_ahead
@@ -227,15 +234,26 @@ class PolicyStreaming:
             **self._routing_counters(),
         )
 
+    def set_victims(self, victims: Victims) -> None:
+        """``--cache-victims auto``'s choice, from the next request on."""
+        self.policy.set_victims(victims)
+
     def _rule_counters(self) -> dict[str, Any]:
-        """The rule in charge, the victims' scope and, adaptive, the chooser's switches and
-        the ghosts' hits."""
+        """The rule in charge, the victims' scope (and its twin's figures, if any) and,
+        adaptive, the chooser's switches and the ghosts' hits."""
         ghosts, chooser = self.policy.ghosts, self.policy.chooser
-        if ghosts is None or chooser is None:
-            return {"cache_rule": self.policy.rule, "cache_victims": self.policy.victims}
-        return {
+        twin = self.policy.twin_counters()
+        scope = {
             "cache_rule": self.policy.rule,
             "cache_victims": self.policy.victims,
+            "cross_evictions": self.policy.counters.cross_evictions,
+            "twin_misses": twin.get("misses", 0),
+            "twin_cross_evictions": twin.get("cross_evictions", 0),
+        }
+        if ghosts is None or chooser is None:
+            return scope
+        return {
+            **scope,
             "rule_switches": chooser.switches,
             "ghost_wanted": ghosts.wanted,
             "ghost_lru_hits": ghosts.hits["lru"],

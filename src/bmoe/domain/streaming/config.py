@@ -8,7 +8,7 @@ from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LI
 from bmoe.domain.streaming.decode_routing import MAX_PREDICT_DEPTH
 from bmoe.domain.streaming.engine_options import EngineOptions
 from bmoe.domain.streaming.usage_profile import WARM_SHARE
-from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS, Victims
+from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS_SETTINGS, VictimsSetting
 from bmoe.errors import ConfigError
 
 MIB = 1024 * 1024
@@ -50,7 +50,10 @@ class StreamConfig:
       first, where its share of the budget holds two tokens' top-k; each miss is then read
       into its victim's row, no page moved: faster where a page move is dear and the disk
       fast, a few points fewer hits; where the model's graph gathers per-expert tensors by
-      id, gpt-oss and gemma4, ``"global"``), ``bmoe.domain.streaming.victims``.
+      id, gpt-oss and gemma4, ``"global"``), or ``"auto"`` (whichever of the two costs this
+      machine less, weighed every 16 decode tokens from the reads and page moves measured and
+      a twin of the cache under the other scope: ``victims_chooser``),
+      ``bmoe.domain.streaming.victims``.
     - ``pass_layers``: a call of a layer the cache holds whole (every expert resident) is
       passed: no request, and llama.cpp's graph does not stop at the layer's routing for the
       callback (``ExpertCachePolicy.pass_layer``; never under the decode routing policies and
@@ -95,7 +98,7 @@ class StreamConfig:
     odirect: bool = True
     policy: str = "fast"
     eviction: Eviction = DEFAULT_EVICTION  # --cache-policy
-    victims: Victims = DEFAULT_VICTIMS  # --cache-victims
+    victims: VictimsSetting = DEFAULT_VICTIMS  # --cache-victims
     half_life: int = DEFAULT_HALF_LIFE  # --cache-half-life, decode tokens
     pass_layers: bool = False
     prefetch: int = 0
@@ -153,8 +156,10 @@ class StreamConfig:
             raise ConfigError("--cache-governor on needs the cache: not with --cache-mb 0")
         if self.policy not in STREAM_POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(STREAM_POLICIES)}, not {self.policy!r}")
-        if self.victims not in VICTIMS:
-            raise ConfigError(f"--cache-victims must be one of {', '.join(VICTIMS)}, not {self.victims!r}")
+        if self.victims not in VICTIMS_SETTINGS:
+            raise ConfigError(
+                f"--cache-victims must be one of {', '.join(VICTIMS_SETTINGS)}, not {self.victims!r}"
+            )
         if self.eviction not in EVICTIONS:
             raise ConfigError(f"--cache-policy must be one of {', '.join(EVICTIONS)}, not {self.eviction!r}")
         if self.half_life < 1:

@@ -82,6 +82,10 @@ class StreamCounters:
     ghost_slru_hits: int = 0
     ghost_lfu_hits: int = 0
     cache_victims: str = ""  # --cache-victims in force ("" where not reported)
+    cross_evictions: int = 0  # evictions of another layer's entry by a request (a page move each)
+    twin_misses: int = 0  # --cache-victims auto: the scope twin's misses on the same requests
+    twin_cross_evictions: int = 0  # ... and its evictions of another layer's entry
+    victims_switches: int = 0  # ... the times the chooser changed the live cache's scope
     release_s: float = 0.0  # moving or giving evicted pages back, on the eval thread (inside mgmt_s)
     release_lanes_s: float = 0.0  # ... on the worker lanes
     releases_deferred: int = 0  # evictions whose pages were given back off the read path

@@ -38,7 +38,7 @@ from bmoe.domain.streaming.cache_policy import DEFAULT_EVICTION, DEFAULT_HALF_LI
 from bmoe.domain.streaming.config import StreamConfig
 from bmoe.domain.streaming.decode_routing import MAX_PREDICT_DEPTH, RoutingSettings
 from bmoe.domain.streaming.engine_options import EngineOptions
-from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS, Victims
+from bmoe.domain.streaming.victims import DEFAULT_VICTIMS, VICTIMS_SETTINGS, VictimsSetting
 from bmoe.errors import ConfigError
 
 
@@ -49,7 +49,7 @@ class StreamerSettings:
 
     eviction: Eviction = DEFAULT_EVICTION
     half_life: int = DEFAULT_HALF_LIFE  # decode tokens
-    victims: Victims = DEFAULT_VICTIMS
+    victims: VictimsSetting = DEFAULT_VICTIMS
     prefetch_k: int = 0
     prefill_ahead: bool = True
     pass_layers: bool = False
@@ -61,8 +61,8 @@ class StreamerSettings:
             raise ConfigError(f"eviction must be one of {', '.join(EVICTIONS)}, not {self.eviction!r}")
         if self.half_life < 1:
             raise ConfigError(f"half_life must be >= 1 decode token, not {self.half_life}")
-        if self.victims not in VICTIMS:
-            raise ConfigError(f"victims must be one of {', '.join(VICTIMS)}, not {self.victims!r}")
+        if self.victims not in VICTIMS_SETTINGS:
+            raise ConfigError(f"victims must be one of {', '.join(VICTIMS_SETTINGS)}, not {self.victims!r}")
         if self.prefetch_k < 0:
             raise ConfigError(f"prefetch_k must be >= 0 layers, not {self.prefetch_k}")
         r = self.routing

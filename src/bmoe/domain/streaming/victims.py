@@ -1,7 +1,8 @@
 """Whose entries a miss evicts (``--cache-victims``): the rule's choice over every layer, or
-the missing layer's own first.
+the missing layer's own first; or, ``auto``, whichever costs this machine less as the run
+goes (``victims_chooser``).
 
-``"layer"`` (streaming's default) applies where the layer's share of the budget (the budget
+``"layer"`` applies where the layer's share of the budget (the budget
 in entries of that layer over the MoE layers) holds at least ``LAYER_VICTIM_CYCLES`` tokens'
 top-k; below it the layers' hot experts differ too much for a fixed split, and the global
 choice keeps the hot layers' experts. The engine reads each such miss into the row its
@@ -19,7 +20,10 @@ from bmoe.domain.streaming.use_counts import UseCounts
 
 Victims = Literal["global", "layer"]
 VICTIMS: tuple[Victims, ...] = ("global", "layer")
-DEFAULT_VICTIMS: Victims = "global"
+VictimsSetting = Literal["global", "layer", "auto"]
+VICTIMS_SETTINGS: tuple[VictimsSetting, ...] = ("global", "layer", "auto")
+"""What ``--cache-victims`` takes: a scope, or ``auto`` (the scope chosen as the run goes)."""
+DEFAULT_VICTIMS: VictimsSetting = "global"
 """What streaming uses unless told (``StreamConfig.victims``, ``--cache-victims``). ``layer``
 trades hits for page moves: on this project's VM (a page move's TLB shootdown exits to the
 hypervisor, the disk reads 2-3 GB/s) the trained bench model at a quarter of its experts
