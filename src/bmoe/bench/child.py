@@ -123,6 +123,16 @@ class StockStepper:
         self._model.close()  # type: ignore[no-untyped-call]
 
 
+_COUNTED = """
+hits misses evictions rereads bytes_read bytes_landed io_s mgmt_s stall_s stall_ahead_s
+prefetch_issued prefetch_hits prefetch_wasted decode_slots predict_slots predict_agree
+route_ahead_slots route_ahead_agree dropped substituted land_s lane_cpu_s rank_s issue_s
+cross_evictions twin_misses twin_cross_evictions victims_switches pages_recycled rows_swapped
+"""
+COUNTED = tuple(_COUNTED.split())
+"""The streamer's counters each measured stretch records (differences of ``StreamCounters``)."""
+
+
 class BmoeStepper:
     """A bmoe session, resident or streaming."""
 
@@ -201,34 +211,9 @@ class BmoeStepper:
         if streaming is None:
             return None
         c = streaming.counters()
-        return {
-            "hits": c.hits,
-            "misses": c.misses,
-            "evictions": c.evictions,
-            "rereads": c.rereads,
-            "bytes_read": c.bytes_read,
-            "bytes_landed": c.bytes_landed,
-            "io_s": c.io_s,
-            "mgmt_s": c.mgmt_s,
-            "stall_s": c.stall_s,
-            "stall_ahead_s": c.stall_ahead_s,
-            "prefetch_issued": c.prefetch_issued,
-            "prefetch_hits": c.prefetch_hits,
-            "prefetch_wasted": c.prefetch_wasted,
-            "decode_slots": c.decode_slots,
-            "predict_slots": c.predict_slots,
-            "predict_agree": c.predict_agree,
-            "route_ahead_slots": c.route_ahead_slots,
-            "route_ahead_agree": c.route_ahead_agree,
-            "dropped": c.dropped,
-            "substituted": c.substituted,
-            "land_s": c.land_s,
-            "lane_cpu_s": c.lane_cpu_s,
-            "rank_s": c.rank_s,
-            "issue_s": c.issue_s,
-            # the wait for reads by MoE layer (``stall_layer_N``): where a token's stall sits
-            **{f"stall_layer_{i}": s for i, s in enumerate(c.stall_layers)},
-        }
+        # the wait for reads by MoE layer (``stall_layer_N``): where a token's stall sits
+        stalls = {f"stall_layer_{i}": s for i, s in enumerate(c.stall_layers)}
+        return {**{name: getattr(c, name) for name in COUNTED}, **stalls}
 
     def stream_info(self) -> dict[str, Any] | None:
         streaming = self.session.streaming
