@@ -30,8 +30,9 @@ hypervisor, the disk reads 2-3 GB/s) the trained bench model at a quarter of its
 decoded 1.11-1.48x as fast with it, the bench models 1.03-1.20x; but over 248 tokens it hit
 44.9% where the global choice hit 47.5% (5% more bytes read), and with the disk held to
 400 MiB/s it decoded 0.96x. Where moves are cheap (a phone's broadcast TLB invalidation, no
-VM) and the disk slow, the global choice wins; docs/benchmarks.md. Choosing from the
-measured cost of a move and of a read is the next step."""
+VM) and the disk slow, the global choice wins; docs/benchmarks.md. ``auto`` chooses from the
+measured cost of a move and of a read (``victims_chooser``); opt-in until measured on the
+48-layer model and under memory limits."""
 LAYER_VICTIM_CYCLES = 2
 """``"layer"`` applies where a layer's share holds this many tokens' top-k."""
 
