@@ -46,12 +46,12 @@ class StreamConfig:
       :mod:`bmoe.domain.streaming.rule_chooser`), :mod:`bmoe.domain.streaming.cache_policy`.
       Lossless either way: only what is read changes.
     - ``victims``: whose entries a miss evicts (``--cache-victims``): ``"global"`` (the
-      default: the rule's choice over every layer) or ``"layer"`` (the missing layer's own
+      rule's choice over every layer) or ``"layer"`` (the missing layer's own
       first, where its share of the budget holds two tokens' top-k; each miss is then read
       into its victim's row, no page moved: faster where a page move is dear and the disk
       fast, a few points fewer hits; where the model's graph gathers per-expert tensors by
-      id, gpt-oss and gemma4, ``"global"``), or ``"auto"`` (whichever of the two costs this
-      machine less, weighed every 16 decode tokens from the reads and page moves measured and
+      id, gpt-oss and gemma4, ``"global"``), or ``"auto"`` (the default: whichever of the two
+      costs this machine less, weighed every 16 decode tokens from the reads and page moves measured and
       a twin of the cache under the other scope: ``victims_chooser``),
       ``bmoe.domain.streaming.victims``.
     - ``pass_layers``: a call of a layer the cache holds whole (every expert resident) is

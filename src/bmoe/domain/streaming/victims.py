@@ -23,16 +23,18 @@ VICTIMS: tuple[Victims, ...] = ("global", "layer")
 VictimsSetting = Literal["global", "layer", "auto"]
 VICTIMS_SETTINGS: tuple[VictimsSetting, ...] = ("global", "layer", "auto")
 """What ``--cache-victims`` takes: a scope, or ``auto`` (the scope chosen as the run goes)."""
-DEFAULT_VICTIMS: VictimsSetting = "global"
+DEFAULT_VICTIMS: VictimsSetting = "auto"
 """What streaming uses unless told (``StreamConfig.victims``, ``--cache-victims``). ``layer``
 trades hits for page moves: on this project's VM (a page move's TLB shootdown exits to the
 hypervisor, the disk reads 2-3 GB/s) the trained bench model at a quarter of its experts
 decoded 1.11-1.48x as fast with it, the bench models 1.03-1.20x; but over 248 tokens it hit
 44.9% where the global choice hit 47.5% (5% more bytes read), and with the disk held to
 400 MiB/s it decoded 0.96x. Where moves are cheap (a phone's broadcast TLB invalidation, no
-VM) and the disk slow, the global choice wins; docs/benchmarks.md. ``auto`` chooses from the
-measured cost of a move and of a read (``victims_chooser``); opt-in until measured on the
-48-layer model and under memory limits."""
+VM) and the disk slow, the global choice wins; docs/benchmarks.md. So ``auto`` (the
+default) chooses from the measured cost of a move and of a read (``victims_chooser``): against
+``global``, interleaved, 1.04-1.05x on the 48-layer model at 3,072 MiB and with the auto budget
+in 2 GiB (trained and 16-layer models), 0.98x at the edges (the 16-layer model at 1,536 MiB,
+the trained one over 248 tokens at 400 MiB/s, where ``layer`` alone decoded 0.95x)."""
 LAYER_VICTIM_CYCLES = 2
 """``"layer"`` applies where a layer's share holds this many tokens' top-k."""
 
