@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bmoe.domain.streaming.victims_chooser import ScopeVerdict, ScopeWindow, VictimsChooser
+from bmoe.runtime import victims_control
 from bmoe.testing.fixtures import FIXTURES, fixture_path
 
 TinyModelPath = Callable[..., Path]
@@ -85,3 +87,23 @@ def crashing_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+
+
+
+class HeldChooser(VictimsChooser):
+    """``--cache-victims auto``'s chooser holding its first scope: what it would choose comes
+    from this machine's timings (the wait for reads, the time a page move takes), so two
+    executions compared decision for decision (the fast path against the reference policy,
+    a run against its repeat) would differ by the machine's noise, not by a fault. The
+    chooser's own decisions are tests/unit/test_victims_chooser.py's; a scope changed during
+    a decode, bit for bit, is test_expert_rows_gates.py's (a scripted chooser)."""
+
+    def observe(self, window: ScopeWindow) -> ScopeVerdict:
+        self.last = ScopeVerdict(self.scope, None, None, False)
+        return self.last
+
+
+@pytest.fixture(autouse=True)
+def victims_scope_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process gates run ``auto`` with its scope held (``HeldChooser``)."""
+    monkeypatch.setattr(victims_control, "VictimsChooser", HeldChooser)
