@@ -5,8 +5,9 @@ Each scope has its price (``victims``): ``global`` evicts the coldest entry of a
 and the engine moves that entry's pages under the miss's row (``mremap``: a TLB shootdown
 that interrupts the compute threads); ``layer`` evicts the missing layer's own entry, its
 row read over in place (no move), at the cost of a few points of hits. Which costs less
-depends on the machine: a move costs ~12 us on the eval thread of this project's VM (its
-IPI exits to the hypervisor) and much less on a phone; a miss costs the read of an expert
+depends on the machine: moving an expert's pages (three ``mremap``, one a projection) takes
+~40 us of the eval thread on this project's VM (each shootdown's IPI exits to the
+hypervisor), much less on a phone; a miss costs the read of an expert
 (0.4 ms at 3 GB/s, 6 ms at 400 MiB/s for a 2.5 MiB one).
 
 So over windows of ``WINDOW_TOKENS`` decode tokens the chooser weighs, for the live cache
