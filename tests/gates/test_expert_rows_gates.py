@@ -131,6 +131,16 @@ def test_rows_are_permutations_set_before_the_first_read(tiny_model_path: TinyMo
         assert streamer.stats()["rows_rewritten"] == 0  # global victims, no rows: no id rewritten
 
 
+def two_tokens_a_layer(s: Session) -> Any:
+    """Each MoE layer's share of the cache two tokens' top-k: where a miss takes its own
+    layer's victim (``--cache-victims layer``). Returns the C streamer."""
+    assert s.streaming is not None
+    streamer = s.streaming.streaming.streamer
+    n_moe = sum(1 for layer in range(s.model.n_layer) if streamer.entry_bytes(layer) > 0)
+    s.streaming.set_budget(2 * s.model.n_expert_used * n_moe * s.streaming.info.entry_bytes)
+    return streamer
+
+
 @pytest.mark.parametrize("name", SERVED)
 def test_misses_read_into_their_victims_rows_give_the_resident_output(
     tiny_model_path: TinyModel, name: str
@@ -141,12 +151,10 @@ def test_misses_read_into_their_victims_rows_give_the_resident_output(
     tokens, logits = resident(path)
     stream = StreamConfig(enabled=True, cache_mb=None, victims="layer")
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
-        assert s.streaming is not None
         m = s.model
-        n_moe = sum(1 for layer in range(m.n_layer) if s.streaming.streaming.streamer.entry_bytes(layer) > 0)
-        s.streaming.set_budget(2 * m.n_expert_used * n_moe * s.streaming.info.entry_bytes)
+        streamer = two_tokens_a_layer(s)
         result = s.generate(REQUEST)
-        stats = s.streaming.streaming.streamer.stats()
+        stats = streamer.stats()
         assert tuple(result.tokens) == tokens and np.array_equal(s.last_logits(), logits)
         assert stats["rows_rewritten"] > 0
         if 2 * m.n_expert_used < m.n_expert:  # else the share holds every expert: nothing evicted
@@ -176,12 +184,10 @@ def test_the_victims_scope_changed_between_decode_steps_gives_the_resident_outpu
     tokens, logits = resident(path)
     stream = StreamConfig(enabled=True, cache_mb=None, victims="auto")
     with Session.open(SessionConfig(model_path=path, context=PARAMS, stream=stream)) as s:
-        assert s.streaming is not None
         m = s.model
-        streamer = s.streaming.streaming.streamer
-        n_moe = sum(1 for layer in range(m.n_layer) if streamer.entry_bytes(layer) > 0)
-        s.streaming.set_budget(2 * m.n_expert_used * n_moe * s.streaming.info.entry_bytes)
+        streamer = two_tokens_a_layer(s)
         result = s.generate(REQUEST)
+        assert s.streaming is not None
         counters = s.streaming.counters()
         assert tuple(result.tokens) == tokens and np.array_equal(s.last_logits(), logits)
         assert streamer.settings()["victims"] == "auto"

@@ -74,6 +74,14 @@ cdef class ExpertCacheCore:
         core_free(self.c)
         self.c = NULL
 
+    cdef list _walk(self, core_t * g, int32_t i):
+        """``g``'s entries from ``i`` along the list to its tail (none where ``g`` is NULL)."""
+        out = []
+        while g != NULL and i >= 0:
+            out.append((i // g.n_expert, i % g.n_expert))
+            i = g.next[i]
+        return out
+
     cdef tuple _entries(self, int32_t * idx, int n):
         return tuple((idx[i] // self.c.n_expert, idx[i] % self.c.n_expert) for i in range(n))
 
@@ -146,21 +154,11 @@ cdef class ExpertCacheCore:
 
     def resident(self):
         """Resident entries in eviction order: probation oldest first, then protected."""
-        out = []
-        cdef int32_t i = self.c.head
-        while i >= 0:
-            out.append((i // self.c.n_expert, i % self.c.n_expert))
-            i = self.c.next[i]
-        return out
+        return self._walk(self.c, self.c.head)
 
     def kept(self):
         """The protected segment's entries, oldest first (from ``kept_head`` to the tail)."""
-        out = []
-        cdef int32_t i = self.c.kept_head
-        while i >= 0:
-            out.append((i // self.c.n_expert, i % self.c.n_expert))
-            i = self.c.next[i]
-        return out
+        return self._walk(self.c, self.c.kept_head)
 
     def uses(self, int layer, int expert):
         """The entry's decayed use count (lfu and adaptive; 0 under the others)."""
@@ -186,12 +184,7 @@ cdef class ExpertCacheCore:
     def ghost_resident(self, str rule):
         """The ghost of ``rule``'s entries in its eviction order (adaptive)."""
         cdef core_t * g = self.c.ghost[RULES.index(rule)]
-        out = []
-        cdef int32_t i = g.head if g != NULL else -1
-        while i >= 0:
-            out.append((i // g.n_expert, i % g.n_expert))
-            i = g.next[i]
-        return out
+        return self._walk(g, g.head if g != NULL else -1)
 
     @property
     def victims(self):
@@ -215,12 +208,7 @@ cdef class ExpertCacheCore:
     def twin_resident(self):
         """The scope twin's entries in its eviction order (``[]`` without a twin)."""
         cdef core_t * g = self.c.twin
-        out = []
-        cdef int32_t i = g.head if g != NULL else -1
-        while i >= 0:
-            out.append((i // g.n_expert, i % g.n_expert))
-            i = g.next[i]
-        return out
+        return self._walk(g, g.head if g != NULL else -1)
 
     @property
     def kept_bytes(self):

@@ -18,6 +18,17 @@ cdef inline void core_feed_ghost(core_t * g, core_t * c, int layer, int n_tokens
     core_plan_one(g, layer, n_tokens, as_decode)
 
 
+cdef inline void core_feed_twin(core_t * c, int layer, int n_tokens, int as_decode) noexcept nogil:
+    """Request of ``c``'s scope twin (if any, ``cache_twin``) the ids ``c`` just planned, under
+    the rule ``c`` has in charge now (the twin's protected segment refitted where it changed)."""
+    cdef core_t * g = c.twin
+    if g == NULL:
+        return
+    if g.rule != c.rule:
+        g.rule = c.rule
+        core_fit_kept(g, core_kept_cap(g))
+    core_feed_ghost(g, c, layer, n_tokens, as_decode)
+
 cdef inline void core_choose(core_t * c) noexcept nogil:
     """A window has ended: hand the victim choice to the rule whose ghost hit most in it when
     it leads the rule in charge by more than the margin (as ``RuleChooser.observe``)."""

@@ -1,27 +1,6 @@
-# The scope twin (included by ``cache_core.pxd`` before the ghosts): under
-# ``--cache-victims auto``, the live core under the other victims' scope, as
-# ``bmoe.domain.streaming.scope_twin`` decides.
-
-
-cdef inline void core_feed_twin(core_t * c, int layer, int n_tokens, int as_decode) noexcept nogil:
-    """Request of ``c``'s twin (if any) the ids ``c`` just planned, as the same kind of request,
-    under the rule ``c`` has in charge now (the protected segment refitted where it changed)."""
-    cdef core_t * g = c.twin
-    cdef int w
-    cdef int32_t e
-    if g == NULL:
-        return
-    if g.rule != c.rule:
-        g.rule = c.rule
-        core_fit_kept(g, core_kept_cap(g))
-    core_begin(g)
-    for w in range(c.n_wanted):
-        e = c.order[w]
-        g.wanted[e] = 1
-        g.count[e] = c.count[e]
-        g.order[w] = e
-    g.n_wanted = c.n_wanted
-    core_plan_one(g, layer, n_tokens, as_decode)
+# The scope twin (included by ``cache_core.pxd`` before the ghosts, which feed it: their
+# ``core_feed_twin``): under ``--cache-victims auto``, the live core under the other
+# victims' scope, as ``bmoe.domain.streaming.scope_twin`` decides.
 
 
 cdef inline int core_make_twin(core_t * c, int counting) noexcept nogil:

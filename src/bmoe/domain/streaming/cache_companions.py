@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from bmoe.domain.streaming.ghost_caches import GhostCache, GhostCaches, Rule
+from bmoe.domain.streaming.ghost_caches import GhostCache, GhostCaches
 from bmoe.domain.streaming.rule_chooser import RuleChooser
 from bmoe.domain.streaming.scope_twin import ScopeTwin, TwinCache, other_scope
 from bmoe.domain.streaming.victims import Victims
@@ -37,6 +37,6 @@ def companions(
         ghosts = GhostCaches(lambda rule: make(eviction=rule, victims=victims))
         chooser = RuleChooser(n_moe, window_tokens=window_tokens, margin_permille=margin_permille)
     if scope_twin:
-        rule: Rule = "lfu" if eviction in ("adaptive", "lfu") else "lru" if eviction == "lru" else "slru"
-        twin = ScopeTwin(make(eviction=rule, victims=other_scope(victims)))
+        twin_eviction = "lfu" if eviction == "adaptive" else eviction  # adaptive's: follows its rule
+        twin = ScopeTwin(make(eviction=twin_eviction, victims=other_scope(victims)))
     return ghosts, chooser, twin
